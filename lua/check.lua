@@ -1,0 +1,65 @@
+-- tollgate's check: every limit of a policy, for every identifier of a request, decided in
+-- one atomic call, all-or-nothing.
+--
+-- KEYS: one per (identifier, limit), identifier-major: KEYS[(id - 1) * L + l].
+-- ARGV: now (µs; empty to read the server clock), cost, L, then per limit: algorithm
+--       (1 sliding log, 2 sliding window, 3 fixed window, 4 GCRA / token bucket), count,
+--       window (µs), largest cost (count, or the burst).
+-- Returns {allowed, now, then per key: remaining, reset_after, retry_after, admitted}
+-- with the times in µs relative to now.
+--
+-- Phase 1 only reads. Only when every pair admits does phase 2 write: a denied request
+-- charges nothing anywhere and leaves every key, TTLs included, as it was.
+
+local now
+if ARGV[1] == '' then
+  -- Redis is the clock: the application servers' clocks drift, Redis' is one for all.
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+else
+  now = tonumber(ARGV[1])
+end
+local cost = tonumber(ARGV[2])
+local nlimits = tonumber(ARGV[3])
+
+local limits = {}
+for l = 1, nlimits do
+  local a = 3 + (l - 1) * 4
+  limits[l] = {
+    alg = ALG[tonumber(ARGV[a + 1])],
+    n = tonumber(ARGV[a + 2]),
+    w = tonumber(ARGV[a + 3]),
+    burst = tonumber(ARGV[a + 4]),
+  }
+end
+
+local states, admitted, retry_at = {}, {}, {}
+local allowed = true
+for k = 1, #KEYS do
+  local lim = limits[(k - 1) % nlimits + 1]
+  states[k] = lim.alg.load(KEYS[k], lim)
+  admitted[k], retry_at[k] = lim.alg.evaluate(states[k], lim, now, cost)
+  allowed = allowed and admitted[k]
+end
+
+if allowed then
+  for k = 1, #KEYS do
+    local lim = limits[(k - 1) % nlimits + 1]
+    lim.alg.commit(states[k], lim, now, cost)
+  end
+end
+
+local out = { allowed and 1 or 0, now }
+for k = 1, #KEYS do
+  local lim = limits[(k - 1) % nlimits + 1]
+  local remaining, reset = lim.alg.report(states[k], lim, now)
+  local retry = 0
+  if not admitted[k] then
+    retry = retry_at[k] - now
+  end
+  out[#out + 1] = remaining
+  out[#out + 1] = reset
+  out[#out + 1] = retry
+  out[#out + 1] = admitted[k] and 1 or 0
+end
+return out

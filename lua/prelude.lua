@@ -1,0 +1,41 @@
+-- tollgate: shared helpers for the check script.
+--
+-- The check script is this file, one file per algorithm, and check.lua, concatenated in that
+-- order (see src/store/redis.rs). All times are integer microseconds held in Lua numbers
+-- (doubles, exact below 2^53); policies are validated so that every product stays below that.
+
+-- An integer as the decimal string Redis expects. tostring() would print 1.7e+15 and lose
+-- digits, so every number written to Redis goes through here.
+local function int(x)
+  return string.format('%.0f', x)
+end
+
+-- Floor division of non-negative integers, exact even where a/b rounds up to an integer.
+local function idiv(a, b)
+  local q = math.floor(a / b)
+  if q * b > a then
+    q = q - 1
+  elseif (q + 1) * b <= a then
+    q = q + 1
+  end
+  return q
+end
+
+-- Sets the key's TTL so that it outlives its state: the state stops mattering at `expires_at`
+-- (µs); the TTL is that, rounded up to whole milliseconds, plus one millisecond because Redis
+-- takes the expiry's base time when the script starts, a little before TIME was read.
+local function expire(key, expires_at, now)
+  local ms = math.ceil((expires_at - now) / 1000) + 1
+  if ms < 1 then
+    ms = 1
+  end
+  redis.call('PEXPIRE', key, int(ms))
+end
+
+-- Each algorithm fills this table with four functions:
+--   load(key, lim)                 -> st   read the state (nothing written)
+--   evaluate(st, lim, now, cost)   -> admitted, retry_at
+--   commit(st, lim, now, cost)     charge `cost`, write the state and its TTL
+--   report(st, lim, now)           -> remaining, reset_after
+-- `lim` is {n = count, w = window µs, burst = largest cost}. They mirror src/algorithm.rs.
+local ALG = {}

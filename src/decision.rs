@@ -1,0 +1,85 @@
+//! What a check decided.
+
+use std::time::Duration;
+
+use crate::policy::Limit;
+
+/// The decision of one check: admitted or not, and for every (identifier, limit) pair its
+/// remaining quota and reset time.
+///
+/// A denied check charged nothing anywhere; [`Decision::retry_after`] says when the same
+/// request would be admitted if nothing else happened in between.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Decision {
+    pub(crate) allowed: bool,
+    pub(crate) cost: u64,
+    pub(crate) statuses: Vec<LimitStatus>,
+}
+
+/// The state of one limit for one identifier, as seen by a check.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct LimitStatus {
+    /// Index of the identifier in the slice given to the check (its first occurrence, when
+    /// the same identifier was given twice).
+    pub identifier: usize,
+    /// Index of the limit in the policy.
+    pub limit_index: usize,
+    /// The limit.
+    pub limit: Limit,
+    /// Whether this limit admitted the request for this identifier.
+    pub admitted: bool,
+    /// How many more cost units this limit admits right now, after this decision.
+    pub remaining: u64,
+    /// Time until this limit's full quota is available again (zero when it already is).
+    pub reset_after: Duration,
+    /// When this limit denied: time until it would admit the same cost.
+    pub retry_after: Option<Duration>,
+}
+
+impl Decision {
+    /// Whether the request was admitted (by every limit, for every identifier).
+    pub fn is_allowed(&self) -> bool {
+        self.allowed
+    }
+
+    /// The cost the request was checked with.
+    pub fn cost(&self) -> u64 {
+        self.cost
+    }
+
+    /// When denied: the earliest time from the decision at which the same request would be
+    /// admitted if nothing else happens — the longest wait among the limits that denied.
+    /// `None` when admitted.
+    pub fn retry_after(&self) -> Option<Duration> {
+        self.denied_by().and_then(|s| s.retry_after)
+    }
+
+    /// When denied: the limit (and identifier) that holds the request back longest.
+    pub fn denied_by(&self) -> Option<&LimitStatus> {
+        if self.allowed {
+            return None;
+        }
+        self.statuses
+            .iter()
+            .filter(|s| !s.admitted)
+            .max_by_key(|s| s.retry_after)
+    }
+
+    /// Every (identifier, limit) pair, identifier-major.
+    pub fn statuses(&self) -> &[LimitStatus] {
+        &self.statuses
+    }
+
+    /// For each limit of the policy, in order, the status of the most constrained identifier
+    /// (least remaining, then longest reset): what rate-limit headers report.
+    pub fn limits(&self) -> impl Iterator<Item = &LimitStatus> + '_ {
+        let n = self.statuses.iter().map(|s| s.limit_index + 1).max().unwrap_or(0);
+        (0..n).filter_map(move |l| {
+            self.statuses
+                .iter()
+                .filter(|s| s.limit_index == l)
+                .min_by_key(|s| (s.remaining, std::cmp::Reverse(s.reset_after)))
+        })
+    }
+}

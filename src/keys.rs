@@ -1,0 +1,121 @@
+//! Store keys: `PREFIX:{IDENTIFIER}:LIMIT`.
+//!
+//! * All keys of one identifier share the `{hash tag}`, so in Redis Cluster they live in one
+//!   slot.
+//! * The identifier is escaped so that user input cannot close the tag or collide with another
+//!   identifier: `%`, `{`, `}` and `#` become `%25`, `%7B`, `%7D` and `%23`. Escaping is
+//!   injective, and the prefix may not contain braces, so the key determines prefix,
+//!   identifier and limit uniquely.
+//! * An identifier longer than [`MAX_PLAIN_ID`] bytes (once escaped) is replaced by `#` and its
+//!   SHA-1 in hex: a 10 KB header value costs 41 bytes of key, not 10 KB, in every key and
+//!   every memory-store entry. `#` cannot start an escaped identifier, so hashed and plain
+//!   identifiers never meet; two long identifiers would need a SHA-1 collision to share state,
+//!   which gives the party who forged it nothing but sharing its own budget.
+//! * The limit part names the algorithm and all its parameters, so that changing a policy
+//!   starts new state instead of reading state of another shape.
+
+use std::fmt::Write;
+
+use crate::policy::{Algorithm, Limit};
+
+/// Identifiers longer than this (escaped) are hashed.
+pub(crate) const MAX_PLAIN_ID: usize = 128;
+
+/// Escapes (or hashes) an identifier for use inside a hash tag.
+pub(crate) fn escape_identifier(id: &str) -> String {
+    let mut out = String::with_capacity(id.len().min(MAX_PLAIN_ID + 8));
+    for c in id.chars() {
+        match c {
+            '%' => out.push_str("%25"),
+            '{' => out.push_str("%7B"),
+            '}' => out.push_str("%7D"),
+            '#' => out.push_str("%23"),
+            c => out.push(c),
+        }
+        if out.len() > MAX_PLAIN_ID {
+            let digest = sha1_smol::Sha1::from(id.as_bytes()).digest().to_string();
+            return format!("#{digest}");
+        }
+    }
+    out
+}
+
+/// The limit part of a key, e.g. `w10x1000000` (sliding window, 10 per 1 s).
+fn limit_tag(out: &mut String, limit: &Limit) {
+    let (letter, burst) = match limit.algorithm() {
+        Algorithm::SlidingLog => ('l', None),
+        Algorithm::SlidingWindow => ('w', None),
+        Algorithm::FixedWindow => ('f', None),
+        Algorithm::TokenBucket { capacity } => ('b', Some(capacity)),
+        Algorithm::Gcra { burst } => ('g', Some(burst)),
+    };
+    let _ = write!(out, "{letter}{}x{}", limit.count(), limit.window_us());
+    if let Some(b) = burst {
+        let _ = write!(out, "b{b}");
+    }
+}
+
+/// Builds the key of one (identifier, limit) pair; `escaped` comes from [`escape_identifier`].
+pub(crate) fn key(prefix: &str, escaped: &str, limit: &Limit) -> String {
+    let mut out = String::with_capacity(prefix.len() + escaped.len() + 32);
+    out.push_str(prefix);
+    out.push_str(":{");
+    out.push_str(escaped);
+    out.push_str("}:");
+    limit_tag(&mut out, limit);
+    out
+}
+
+/// Whether `prefix` is usable: not empty, no braces (they would break the hash tag).
+pub(crate) fn valid_prefix(prefix: &str) -> bool {
+    !prefix.is_empty() && !prefix.contains(['{', '}'])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashSet;
+
+    #[test]
+    fn identifiers_cannot_inject_tags_or_collide() {
+        let limit = Limit::per_second(10).unwrap();
+        let ids = [
+            "a", "a}", "{a}", "a%7D", "a%257D", "#a", "%23a", "", "}", "{", "a:b", "a}:w10x1000000",
+        ];
+        let keys: HashSet<String> = ids
+            .iter()
+            .map(|id| key("rl", &escape_identifier(id), &limit))
+            .collect();
+        assert_eq!(keys.len(), ids.len());
+        for k in &keys {
+            // exactly one hash tag, and it is the identifier's
+            assert_eq!(k.matches('{').count(), 1, "{k}");
+            assert_eq!(k.matches('}').count(), 1, "{k}");
+        }
+        assert_eq!(key("rl", &escape_identifier("ip:1.2.3.4"), &limit), "rl:{ip:1.2.3.4}:w10x1000000");
+    }
+
+    #[test]
+    fn long_identifiers_are_hashed_and_distinct() {
+        let a = "x".repeat(10 * 1024);
+        let mut b = a.clone();
+        b.push('y');
+        let (ea, eb) = (escape_identifier(&a), escape_identifier(&b));
+        assert_eq!(ea.len(), 41);
+        assert!(ea.starts_with('#'));
+        assert_ne!(ea, eb);
+        // at the boundary: 128 plain bytes stay plain, 129 are hashed
+        assert_eq!(escape_identifier(&"y".repeat(128)), "y".repeat(128));
+        assert!(escape_identifier(&"y".repeat(129)).starts_with('#'));
+        // escaping counts: 43 braces escape to 129 bytes
+        assert!(escape_identifier(&"{".repeat(43)).starts_with('#'));
+    }
+
+    #[test]
+    fn prefixes_without_braces_only() {
+        assert!(valid_prefix("tollgate"));
+        assert!(valid_prefix("app:v2"));
+        assert!(!valid_prefix(""));
+        assert!(!valid_prefix("a{b"));
+    }
+}

@@ -1,0 +1,188 @@
+//! The limiter: a store and a policy, usable without tower.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::decision::{Decision, LimitStatus};
+use crate::keys;
+use crate::policy::Policy;
+use crate::store::{Plan, Store, StoreError};
+
+/// The most distinct identifiers one check may name.
+pub const MAX_IDENTIFIERS: usize = 16;
+
+/// Checks requests against a [`Policy`], with its state in a [`Store`].
+///
+/// A cheap handle: clones share the store and the policy.
+///
+/// ```
+/// # async fn run() -> Result<(), tollgate::Error> {
+/// use tollgate::{Limiter, MemoryStore};
+///
+/// let limiter = Limiter::new(MemoryStore::new(), "10/s, 120/min, 240/h".parse().unwrap());
+/// // The client IP and the user together: admitted only if both are under every limit.
+/// let decision = limiter.check(&["ip:203.0.113.9", "user:42"]).await?;
+/// assert!(decision.is_allowed());
+/// # Ok(()) }
+/// # tokio::runtime::Runtime::new().unwrap().block_on(run()).unwrap();
+/// ```
+#[derive(Clone)]
+pub struct Limiter {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    store: Store,
+    policy: Policy,
+}
+
+impl fmt::Debug for Limiter {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Limiter")
+            .field("store", &self.inner.store)
+            .field("policy", &self.inner.policy.to_string())
+            .finish()
+    }
+}
+
+impl Limiter {
+    /// A limiter applying `policy`, keeping its state in `store`.
+    pub fn new(store: impl Into<Store>, policy: Policy) -> Limiter {
+        Limiter {
+            inner: Arc::new(Inner {
+                store: store.into(),
+                policy,
+            }),
+        }
+    }
+
+    /// The policy.
+    pub fn policy(&self) -> &Policy {
+        &self.inner.policy
+    }
+
+    /// The store.
+    pub fn store(&self) -> &Store {
+        &self.inner.store
+    }
+
+    /// Checks one request of cost 1 for the given identifiers. See [`Limiter::check_n`].
+    pub async fn check<I: AsRef<str>>(&self, identifiers: &[I]) -> Result<Decision, Error> {
+        self.check_n(identifiers, 1).await
+    }
+
+    /// Checks one request of cost `cost` (its weight) for the given identifiers: admitted
+    /// only if every limit admits it for every identifier, and then charged everywhere; when
+    /// denied, charged nowhere. On Redis this is one script call.
+    ///
+    /// Identifiers are free text (`"ip:203.0.113.9"`, `"user:42"`); any bytes are safe, long
+    /// ones are hashed. Giving the same identifier twice counts it once.
+    ///
+    /// Errors: [`Error::Cost`] when `cost` is 0 or more than some limit could ever admit
+    /// (a request that can never fit is an error, not an eternal denial),
+    /// [`Error::NoIdentifiers`] / [`Error::TooManyIdentifiers`], and [`Error::Store`] when
+    /// the store could not decide.
+    pub async fn check_n<I: AsRef<str>>(
+        &self,
+        identifiers: &[I],
+        cost: u64,
+    ) -> Result<Decision, Error> {
+        let policy = &self.inner.policy;
+        let max = policy.max_cost();
+        if cost == 0 || cost > max {
+            return Err(Error::Cost { cost, max });
+        }
+        // Distinct identifiers, each with the index of its first occurrence.
+        let mut firsts: Vec<usize> = Vec::with_capacity(identifiers.len());
+        for (i, id) in identifiers.iter().enumerate() {
+            if !firsts.iter().any(|&f| identifiers[f].as_ref() == id.as_ref()) {
+                firsts.push(i);
+            }
+        }
+        if firsts.is_empty() {
+            return Err(Error::NoIdentifiers);
+        }
+        if firsts.len() > MAX_IDENTIFIERS {
+            return Err(Error::TooManyIdentifiers(firsts.len()));
+        }
+        let ids: Vec<String> = firsts
+            .iter()
+            .map(|&i| keys::escape_identifier(identifiers[i].as_ref()))
+            .collect();
+        let limits = policy.limits();
+        let plan = Plan {
+            ids: &ids,
+            limits,
+            cost,
+        };
+        let outcome = self.inner.store.check(&plan).await.map_err(Error::Store)?;
+        let statuses = outcome
+            .entries
+            .iter()
+            .enumerate()
+            .map(|(k, e)| LimitStatus {
+                identifier: firsts[k / limits.len()],
+                limit_index: k % limits.len(),
+                limit: limits[k % limits.len()],
+                admitted: e.admitted,
+                remaining: e.remaining,
+                reset_after: Duration::from_micros(e.reset_after_us),
+                retry_after: (!e.admitted).then(|| Duration::from_micros(e.retry_after_us)),
+            })
+            .collect();
+        Ok(Decision {
+            allowed: outcome.allowed,
+            cost,
+            statuses,
+        })
+    }
+}
+
+/// A check that could not be decided.
+///
+/// Being limited is not an error: that is a [`Decision`] that is not allowed. These are the
+/// two other outcomes — a request that is impossible as asked, and a store that failed.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum Error {
+    /// The cost is 0, or more than the policy could ever admit at once.
+    Cost {
+        /// The cost asked for.
+        cost: u64,
+        /// The largest cost the policy admits ([`Policy::max_cost`]).
+        max: u64,
+    },
+    /// No identifier was given.
+    NoIdentifiers,
+    /// More than [`MAX_IDENTIFIERS`] distinct identifiers were given.
+    TooManyIdentifiers(usize),
+    /// The store could not decide.
+    Store(StoreError),
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::Cost { cost, max } => write!(
+                f,
+                "a request of cost {cost} can never be admitted (costs must be between 1 and {max})"
+            ),
+            Error::NoIdentifiers => f.write_str("no identifier to rate-limit"),
+            Error::TooManyIdentifiers(n) => write!(
+                f,
+                "{n} identifiers in one check (at most {MAX_IDENTIFIERS})"
+            ),
+            Error::Store(e) => fmt::Display::fmt(e, f),
+        }
+    }
+}
+
+impl std::error::Error for Error {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Error::Store(e) => Some(e),
+            _ => None,
+        }
+    }
+}

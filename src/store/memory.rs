@@ -1,0 +1,236 @@
+//! The in-process store.
+//!
+//! State lives in a fixed number of shards, each a mutex around a hash map from key to state.
+//! A check locks the shards its keys fall in (in index order, so checks never deadlock),
+//! decides, and commits only when everything admits — the same all-or-nothing as the Redis
+//! script, with the same algorithms (`src/algorithm.rs`).
+//!
+//! # Memory bound
+//!
+//! Every state knows when it stops mattering (the same instant the Redis store uses for its
+//! TTL). Expired states are swept whenever a shard has doubled since its last sweep, so memory
+//! follows the live key count. On top of that the store holds at most `max_keys` states
+//! (default 1,000,000, split evenly over the shards). A flood of distinct keys that reaches the
+//! bound evicts, among a sample of states of the full shard, the one closest to expiry — the
+//! policy Redis calls `volatile-ttl`. An evicted key starts again from an empty state: at the
+//! bound the store errs on the side of admitting a client it no longer remembers, rather than
+//! refusing clients it has never seen. A sliding-log state holds one `u64` per admitted cost
+//! unit, so its size is bounded by the limit's count.
+
+use std::collections::hash_map::RandomState;
+use std::collections::HashMap;
+use std::hash::BuildHasher;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use super::{system_micros, Clock, Entry, Outcome, Plan};
+use crate::algorithm::{self, State};
+use crate::keys;
+
+const SHARDS: usize = 64;
+const DEFAULT_MAX_KEYS: usize = 1_000_000;
+const MIN_SWEEP: usize = 1024;
+const EVICTION_SAMPLE: usize = 16;
+/// The memory store's key prefix (it shares nothing, so any constant does).
+const PREFIX: &str = "m";
+
+/// State in this process: for single-process applications, tests and local development.
+///
+/// A cheap handle: clones share the state.
+#[derive(Debug, Clone)]
+pub struct MemoryStore {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    shards: Box<[Mutex<Shard>]>,
+    hasher: RandomState,
+    clock: Clock,
+    max_per_shard: usize,
+}
+
+#[derive(Debug, Default)]
+struct Shard {
+    map: HashMap<String, Stored>,
+    next_sweep: usize,
+}
+
+#[derive(Debug)]
+struct Stored {
+    state: State,
+    expires_at: u64,
+}
+
+/// Configures a [`MemoryStore`].
+#[derive(Debug, Clone, Default)]
+pub struct MemoryStoreBuilder {
+    clock: Clock,
+    max_keys: Option<usize>,
+}
+
+impl MemoryStoreBuilder {
+    /// Reads the time from `clock` instead of the system clock.
+    pub fn clock(mut self, clock: Clock) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// The most (identifier, limit) states the store keeps (default 1,000,000). At the bound
+    /// the states closest to expiry are evicted first (see the module documentation).
+    pub fn max_keys(mut self, max_keys: usize) -> Self {
+        self.max_keys = Some(max_keys);
+        self
+    }
+
+    /// Builds the store.
+    pub fn build(self) -> MemoryStore {
+        let max_keys = self.max_keys.unwrap_or(DEFAULT_MAX_KEYS).max(1);
+        MemoryStore {
+            inner: Arc::new(Inner {
+                shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
+                hasher: RandomState::new(),
+                clock: self.clock,
+                max_per_shard: max_keys.div_ceil(SHARDS),
+            }),
+        }
+    }
+}
+
+impl Default for MemoryStore {
+    fn default() -> Self {
+        MemoryStore::new()
+    }
+}
+
+impl MemoryStore {
+    /// A store with the system clock and the default bound.
+    pub fn new() -> MemoryStore {
+        MemoryStore::builder().build()
+    }
+
+    /// Configures a store.
+    pub fn builder() -> MemoryStoreBuilder {
+        MemoryStoreBuilder::default()
+    }
+
+    /// How many states the store holds now (expired ones not yet swept included).
+    pub fn len(&self) -> usize {
+        self.inner.shards.iter().map(|s| lock(s).map.len()).sum()
+    }
+
+    /// Whether the store holds no state.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub(crate) fn check(&self, plan: &Plan<'_>) -> Outcome {
+        let inner = &*self.inner;
+        let now = inner.clock.manual_now().unwrap_or_else(system_micros);
+        let nlimits = plan.limits.len();
+
+        // (shard, key) per (identifier, limit) pair, identifier-major.
+        let pairs: Vec<(usize, String)> = plan
+            .ids
+            .iter()
+            .flat_map(|id| plan.limits.iter().map(move |l| keys::key(PREFIX, id, l)))
+            .map(|k| ((inner.hasher.hash_one(&k) as usize) % SHARDS, k))
+            .collect();
+        let mut shard_ids: Vec<usize> = pairs.iter().map(|(s, _)| *s).collect();
+        shard_ids.sort_unstable();
+        shard_ids.dedup();
+        let mut guards: Vec<MutexGuard<'_, Shard>> =
+            shard_ids.iter().map(|&s| lock(&inner.shards[s])).collect();
+        let guard_of = |s: usize| shard_ids.binary_search(&s).unwrap_or(0);
+
+        // Phase 1: decide, reading only.
+        let verdicts: Vec<algorithm::Verdict> = pairs
+            .iter()
+            .enumerate()
+            .map(|(k, (s, key))| {
+                let shard = &guards[guard_of(*s)];
+                let state = live(shard.map.get(key), now);
+                algorithm::evaluate(state, &plan.limits[k % nlimits], now, plan.cost)
+            })
+            .collect();
+        let allowed = verdicts.iter().all(|v| v.admitted);
+
+        // Phase 2: charge everything, only when everything admitted.
+        if allowed {
+            for (k, (s, key)) in pairs.iter().enumerate() {
+                let limit = &plan.limits[k % nlimits];
+                let g = guard_of(*s);
+                let shard = &mut *guards[g];
+                if !shard.map.contains_key(key) {
+                    make_room(shard, now, inner.max_per_shard, &pairs);
+                }
+                let stored = shard.map.entry(key.clone()).or_insert_with(|| Stored {
+                    state: algorithm::new_state(limit),
+                    expires_at: 0,
+                });
+                if stored.expires_at <= now {
+                    stored.state = algorithm::new_state(limit);
+                }
+                algorithm::commit(&mut stored.state, limit, now, plan.cost);
+                stored.expires_at = algorithm::expires_at(&stored.state, limit);
+            }
+        }
+
+        let entries = pairs
+            .iter()
+            .zip(&verdicts)
+            .enumerate()
+            .map(|(k, ((s, key), v))| {
+                let shard = &guards[guard_of(*s)];
+                let state = live(shard.map.get(key), now);
+                let r = algorithm::report(state, &plan.limits[k % nlimits], now);
+                Entry {
+                    admitted: v.admitted,
+                    remaining: r.remaining,
+                    reset_after_us: r.reset_after,
+                    retry_after_us: if v.admitted {
+                        0
+                    } else {
+                        v.retry_at.saturating_sub(now)
+                    },
+                }
+            })
+            .collect();
+        Outcome { allowed, entries }
+    }
+}
+
+fn lock(shard: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
+    // A panic while holding the lock cannot leave a state half-written in a way that matters
+    // more than losing it would, so a poisoned shard is used as is.
+    shard.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The state, unless it has expired (then it decides like no state).
+fn live(stored: Option<&Stored>, now: u64) -> Option<&State> {
+    stored.filter(|s| s.expires_at > now).map(|s| &s.state)
+}
+
+/// Before inserting into `shard`: sweep expired states when the shard has grown enough since
+/// the last sweep, and evict one when it is at its bound.
+fn make_room(shard: &mut Shard, now: u64, max: usize, protected: &[(usize, String)]) {
+    let len = shard.map.len();
+    if len >= shard.next_sweep.max(MIN_SWEEP) || len >= max {
+        shard.map.retain(|_, s| s.expires_at > now);
+        shard.next_sweep = (shard.map.len() * 2).max(MIN_SWEEP);
+    }
+    while shard.map.len() >= max {
+        let victim = shard
+            .map
+            .iter()
+            .filter(|(k, _)| !protected.iter().any(|(_, p)| p == *k))
+            .take(EVICTION_SAMPLE)
+            .min_by_key(|(_, s)| s.expires_at)
+            .map(|(k, _)| k.clone());
+        match victim {
+            Some(k) => {
+                shard.map.remove(&k);
+            }
+            None => break,
+        }
+    }
+}
