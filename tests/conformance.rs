@@ -1,0 +1,367 @@
+//! One suite, run unchanged against the memory store and a real `redis-server`: same
+//! scenarios, same decisions. Time comes from a manual clock shared by the test and the store.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{manual_clock, RedisServer};
+use tollgate::{Clock, Decision, Error, Limiter, ManualClock, MemoryStore, Store};
+
+struct Env {
+    clock: ManualClock,
+    store: Store,
+    _server: Option<RedisServer>,
+}
+
+impl Env {
+    async fn memory() -> Env {
+        let clock = manual_clock();
+        let store = MemoryStore::builder()
+            .clock(Clock::Manual(clock.clone()))
+            .build();
+        Env {
+            clock,
+            store: store.into(),
+            _server: None,
+        }
+    }
+
+    async fn redis() -> Env {
+        let server = RedisServer::start();
+        let clock = manual_clock();
+        let store = server.store(Clock::Manual(clock.clone())).await;
+        Env {
+            clock,
+            store: store.into(),
+            _server: Some(server),
+        }
+    }
+
+    fn limiter(&self, policy: &str) -> Limiter {
+        Limiter::new(self.store.clone(), policy.parse().unwrap())
+    }
+
+    fn advance_ms(&self, ms: u64) {
+        self.clock.advance(Duration::from_millis(ms));
+    }
+
+    fn advance_us(&self, us: u64) {
+        self.clock.advance(Duration::from_micros(us));
+    }
+}
+
+async fn check(l: &Limiter, ids: &[&str]) -> Decision {
+    l.check(ids).await.unwrap()
+}
+
+async fn admitted_of(l: &Limiter, ids: &[&str], n: usize) -> usize {
+    let mut k = 0;
+    for _ in 0..n {
+        if check(l, ids).await.is_allowed() {
+            k += 1;
+        }
+    }
+    k
+}
+
+macro_rules! conformance {
+    ($($name:ident),* $(,)?) => {
+        mod memory {
+            $(#[tokio::test] async fn $name() { super::$name(super::Env::memory().await).await })*
+        }
+        mod redis {
+            $(#[tokio::test] async fn $name() { super::$name(super::Env::redis().await).await })*
+        }
+    };
+}
+
+conformance!(
+    stripe_request_limiter,
+    stripe_burst_with_fractional_refill,
+    seed_003_fixed_windows_two_identifiers,
+    seed_003_every_limit_binds,
+    rolling_window_edge,
+    same_microsecond_requests_all_count,
+    denied_requests_charge_nothing,
+    retry_after_is_exact,
+    weighted_costs,
+    impossible_costs_are_errors,
+    duplicate_identifiers_count_once,
+    long_and_hostile_identifiers,
+);
+
+/// Seed 002's test: a burst of `capacity` admitted, the next denied; one second later exactly
+/// `rate` more admitted, then denied.
+async fn stripe_request_limiter(env: Env) {
+    let l = env.limiter("100/s bucket capacity=500");
+    assert_eq!(admitted_of(&l, &["user:1"], 500).await, 500);
+    let d = check(&l, &["user:1"]).await;
+    assert!(!d.is_allowed());
+    assert_eq!(d.retry_after(), Some(Duration::from_millis(10)));
+    env.advance_ms(1000);
+    assert_eq!(admitted_of(&l, &["user:1"], 100).await, 100);
+    assert!(!check(&l, &["user:1"]).await.is_allowed());
+    // another user is untouched
+    assert_eq!(check(&l, &["user:2"]).await.statuses()[0].remaining, 499);
+}
+
+/// The same with a rate whose emission interval is not a whole number of microseconds.
+async fn stripe_burst_with_fractional_refill(env: Env) {
+    for policy in ["3/s bucket capacity=5", "3/s gcra burst=5", "7/3s gcra"] {
+        let l = env.limiter(policy);
+        let (rate, burst) = match policy {
+            "7/3s gcra" => (7, 7),
+            _ => (3, 5),
+        };
+        let id = policy;
+        assert_eq!(admitted_of(&l, &[id], burst + 2).await, burst, "{policy}");
+        let window = if policy == "7/3s gcra" { 3000 } else { 1000 };
+        env.advance_ms(window);
+        assert_eq!(admitted_of(&l, &[id], rate + 2).await, rate, "{policy}");
+        // and again: no drift from rounding
+        env.advance_ms(window);
+        assert_eq!(admitted_of(&l, &[id], rate + 2).await, rate, "{policy}");
+    }
+}
+
+/// Seed 003's policy, as fixed windows, for an IP and a user in one check: each of the three
+/// limits is driven past, in turn, at exactly the expected request.
+async fn seed_003_fixed_windows_two_identifiers(env: Env) {
+    let l = env.limiter("10/s fixed, 120/min fixed, 240/h fixed");
+    let ids = ["ip:198.51.100.7", "user:ada"];
+    // 12 seconds of 10 requests fill the minute; the 11th of each second hits 10/s.
+    for second in 0..12 {
+        assert_eq!(admitted_of(&l, &ids, 10).await, 10, "second {second}");
+        let d = check(&l, &ids).await;
+        // In second 11 the minute is full too, and it holds the request back longer.
+        let (binding, wait) = if second < 11 { (0, 1) } else { (1, 49) };
+        assert_eq!(d.denied_by().unwrap().limit_index, binding);
+        assert_eq!(d.retry_after(), Some(Duration::from_secs(wait)));
+        env.advance_ms(1000);
+    }
+    let d = check(&l, &ids).await;
+    assert_eq!(d.denied_by().unwrap().limit_index, 1, "120/min binds at second 12");
+    assert_eq!(d.retry_after(), Some(Duration::from_secs(48)));
+    env.advance_ms(48_000);
+    for _ in 0..12 {
+        assert_eq!(admitted_of(&l, &ids, 10).await, 10);
+        env.advance_ms(1000);
+    }
+    env.advance_ms(48_000);
+    let d = check(&l, &ids).await;
+    assert_eq!(d.denied_by().unwrap().limit_index, 2, "240/h binds in minute 2");
+    assert_eq!(d.retry_after(), Some(Duration::from_secs(3600 - 120)));
+    // Every pair reports: both identifiers are at 0 for the hour.
+    let hour: Vec<_> = d.statuses().iter().filter(|s| s.limit_index == 2).collect();
+    assert_eq!(hour.len(), 2);
+    assert!(hour.iter().all(|s| s.remaining == 0 && !s.admitted));
+
+    // The IP is exhausted for the hour; a second user behind it is denied by the IP's limits
+    // only, and is charged nothing.
+    let d = check(&l, &["ip:198.51.100.7", "user:bob"]).await;
+    assert!(!d.is_allowed());
+    assert_eq!(d.denied_by().unwrap().identifier, 0, "{d:#?}");
+    for s in d.statuses().iter().filter(|s| s.identifier == 1) {
+        assert!(s.admitted);
+        assert_eq!(s.remaining, s.limit.count(), "user:bob charged nothing");
+    }
+    // and after the hour, everything is back
+    env.advance_ms(3600 * 1000);
+    assert!(check(&l, &ids).await.is_allowed());
+}
+
+/// Driving seed 003's policy at 11 requests per second, every algorithm eventually denies
+/// with each of its three limits, and never admits more than 10 in a second, 120 in a minute
+/// or 240 in the hour.
+async fn seed_003_every_limit_binds(env: Env) {
+    for alg in ["log", "sliding", "fixed"] {
+        let l = env.limiter(&format!("10/s {alg}, 120/min {alg}, 240/h {alg}"));
+        let ids = [&*format!("ip:{alg}"), "user:x"];
+        let mut binding = [0u32; 3];
+        let mut per_second = Vec::new();
+        for _ in 0..180 {
+            let mut admitted = 0;
+            for _ in 0..11 {
+                let d = check(&l, &ids).await;
+                match d.denied_by() {
+                    None => admitted += 1,
+                    Some(s) => binding[s.limit_index] += 1,
+                }
+            }
+            per_second.push(admitted);
+            env.advance_ms(1000);
+        }
+        assert!(binding.iter().all(|&b| b > 0), "{alg}: {binding:?}");
+        assert!(per_second.iter().all(|&a| a <= 10), "{alg}");
+        for m in per_second.windows(60) {
+            assert!(m.iter().sum::<usize>() <= 120, "{alg}");
+        }
+        assert_eq!(per_second.iter().sum::<usize>(), 240, "{alg}");
+        // start the next algorithm in a fresh hour
+        env.advance_ms(3 * 3600 * 1000);
+    }
+}
+
+/// Seed 000: with 10/s as a sliding log, 10 requests at t=0.999 s and 10 at t=1.000 s are not
+/// all admitted. (A fixed window admits all 20: that is the difference.)
+async fn rolling_window_edge(env: Env) {
+    let log = env.limiter("10/s log");
+    let fixed = env.limiter("10/s fixed");
+    env.advance_ms(999);
+    assert_eq!(admitted_of(&log, &["a"], 10).await, 10);
+    assert_eq!(admitted_of(&fixed, &["a"], 10).await, 10);
+    env.advance_ms(1);
+    assert_eq!(admitted_of(&log, &["a"], 10).await, 0);
+    assert_eq!(admitted_of(&fixed, &["a"], 10).await, 10);
+    // the log admits again exactly when the first entries leave the window
+    env.advance_ms(998);
+    assert_eq!(admitted_of(&log, &["a"], 1).await, 0);
+    env.advance_ms(1);
+    assert_eq!(admitted_of(&log, &["a"], 20).await, 10);
+}
+
+/// 100 requests within the same microsecond are all counted.
+async fn same_microsecond_requests_all_count(env: Env) {
+    for policy in ["100/s log", "100/s", "100/s fixed", "100/s gcra"] {
+        let l = env.limiter(policy);
+        assert_eq!(admitted_of(&l, &["same"], 100).await, 100, "{policy}");
+        let d = check(&l, &["same"]).await;
+        assert!(!d.is_allowed(), "{policy}");
+        assert_eq!(d.statuses()[0].remaining, 0, "{policy}");
+    }
+}
+
+/// A denied request leaves every other limit and identifier as it was.
+async fn denied_requests_charge_nothing(env: Env) {
+    let l = env.limiter("2/s fixed, 10/s log, 10/s, 10/s gcra, 10/s bucket capacity=20");
+    assert_eq!(admitted_of(&l, &["a", "b"], 2).await, 2);
+    let before = check(&l, &["a", "b"]).await;
+    assert_eq!(before.denied_by().unwrap().limit_index, 0);
+    for _ in 0..50 {
+        let d = check(&l, &["a", "b"]).await;
+        assert_eq!(d, before, "repeated denials change nothing");
+    }
+    let remaining: Vec<u64> = before.statuses().iter().map(|s| s.remaining).collect();
+    assert_eq!(remaining, [0, 8, 8, 8, 18, 0, 8, 8, 8, 18]);
+    // "c" next to the exhausted "a": denied, and "c" has its whole quota afterwards
+    assert!(!check(&l, &["a", "c"]).await.is_allowed());
+    let c = check(&l, &["c"]).await;
+    assert!(c.is_allowed());
+    let remaining: Vec<u64> = c.statuses().iter().map(|s| s.remaining).collect();
+    assert_eq!(remaining, [1, 9, 9, 9, 19]);
+}
+
+/// `retry_after` is exact: denied a millisecond (and a microsecond) before it, admitted at it.
+async fn retry_after_is_exact(env: Env) {
+    let policies = [
+        "5/s log",
+        "4/700ms log",
+        "5/s",
+        "7/1300ms",
+        "5/s fixed",
+        "3/s gcra burst=2",
+        "7/s bucket capacity=3",
+        "11/min gcra burst=4",
+        "5/s, 9/3s log, 20/min fixed",
+    ];
+    // an irregular but reproducible walk
+    let mut seed = 0x2545_f491_4f6c_dd1du64;
+    let mut step = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed % 400_000
+    };
+    for policy in policies {
+        let l = env.limiter(policy);
+        for cost in [1, 2] {
+            let id = format!("{policy}/{cost}");
+            for _round in 0..6 {
+                // spend until denied
+                let denied = loop {
+                    let d = l.check_n(&[&id], cost).await.unwrap();
+                    if !d.is_allowed() {
+                        break d;
+                    }
+                    env.advance_us(step() / 4);
+                };
+                let wait = denied.retry_after().unwrap();
+                assert!(wait > Duration::ZERO, "{policy}");
+                let wait_us = wait.as_micros() as u64;
+                if wait_us > 1000 {
+                    env.advance_us(wait_us - 1000);
+                    let d = l.check_n(&[&id], cost).await.unwrap();
+                    assert!(!d.is_allowed(), "{policy} cost {cost}: admitted 1 ms early");
+                    env.advance_us(999);
+                } else {
+                    env.advance_us(wait_us - 1);
+                }
+                let d = l.check_n(&[&id], cost).await.unwrap();
+                assert!(!d.is_allowed(), "{policy} cost {cost}: admitted 1 µs early");
+                env.advance_us(1);
+                let d = l.check_n(&[&id], cost).await.unwrap();
+                assert!(d.is_allowed(), "{policy} cost {cost}: denied at retry_after");
+                env.advance_us(step());
+            }
+        }
+    }
+}
+
+/// A request may cost more than 1.
+async fn weighted_costs(env: Env) {
+    for policy in ["10/s log", "10/s", "10/s fixed", "10/s gcra", "10/s bucket"] {
+        let l = env.limiter(policy);
+        let d = l.check_n(&["w"], 7).await.unwrap();
+        assert!(d.is_allowed(), "{policy}");
+        assert_eq!(d.statuses()[0].remaining, 3, "{policy}");
+        assert_eq!(d.cost(), 7);
+        assert!(!l.check_n(&["w"], 4).await.unwrap().is_allowed(), "{policy}");
+        assert!(l.check_n(&["w"], 3).await.unwrap().is_allowed(), "{policy}");
+        env.advance_ms(5000);
+    }
+}
+
+/// A cost that no limit could ever admit is an error, not an eternal denial.
+async fn impossible_costs_are_errors(env: Env) {
+    let l = env.limiter("10/s, 5/s gcra burst=8");
+    assert!(matches!(
+        l.check_n(&["x"], 9).await,
+        Err(Error::Cost { cost: 9, max: 8 })
+    ));
+    assert!(matches!(l.check_n(&["x"], 0).await, Err(Error::Cost { .. })));
+    assert!(l.check_n(&["x"], 8).await.unwrap().is_allowed());
+    let none: [&str; 0] = [];
+    assert!(matches!(l.check(&none).await, Err(Error::NoIdentifiers)));
+    let many: Vec<String> = (0..17).map(|i| i.to_string()).collect();
+    assert!(matches!(
+        l.check(&many).await,
+        Err(Error::TooManyIdentifiers(17))
+    ));
+}
+
+/// The same identifier twice is one identifier (it must not be charged twice).
+async fn duplicate_identifiers_count_once(env: Env) {
+    let l = env.limiter("4/s log");
+    let d = check(&l, &["dup", "dup"]).await;
+    assert_eq!(d.statuses().len(), 1);
+    assert_eq!(d.statuses()[0].remaining, 3);
+    assert_eq!(admitted_of(&l, &["dup", "other", "dup"], 5).await, 3);
+}
+
+/// Identifiers are free text: braces, `%`, `#`, 10 KB values, and none of them collide.
+async fn long_and_hostile_identifiers(env: Env) {
+    let l = env.limiter("1/min");
+    let big = "k".repeat(10 * 1024);
+    let mut bigger = big.clone();
+    bigger.push('!');
+    let ids = [
+        "a", "a}", "{a}", "a%7D", "#a", "%23a", "", "}{", &*big, &*bigger, "ключ", "a\0b",
+    ];
+    for id in ids {
+        assert!(check(&l, &[id]).await.is_allowed(), "{id:.20}");
+    }
+    for id in ids {
+        assert!(!check(&l, &[id]).await.is_allowed(), "{id:.20}");
+    }
+}
