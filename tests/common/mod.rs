@@ -19,7 +19,26 @@ impl RedisServer {
     /// when `redis-server` is not installed: `scripts/test.sh` installs it.
     pub fn start() -> RedisServer {
         for _ in 0..5 {
-            let port = free_port();
+            if let Some(server) = RedisServer::try_start(free_port()) {
+                return server;
+            }
+        }
+        panic!("could not start redis-server");
+    }
+
+    /// Starts a server on `port` (after a restart, say), retrying while the port is busy.
+    pub fn start_on(port: u16) -> RedisServer {
+        for _ in 0..50 {
+            if let Some(server) = RedisServer::try_start(port) {
+                return server;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        panic!("could not start redis-server on port {port}");
+    }
+
+    fn try_start(port: u16) -> Option<RedisServer> {
+        {
             let child = Command::new("redis-server")
                 .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
                 .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
@@ -30,11 +49,10 @@ impl RedisServer {
                 .expect("redis-server is required for the tests: run scripts/test.sh, which installs it");
             let mut server = RedisServer { child, port };
             if server.wait_ready() {
-                return server;
+                return Some(server);
             }
-            let _ = server.child.kill();
+            None
         }
-        panic!("could not start redis-server");
     }
 
     fn wait_ready(&mut self) -> bool {

@@ -1,0 +1,293 @@
+//! What the Redis store writes, looked at in Redis itself; concurrency through real
+//! connections; and a Redis that is flushed, down, stalled or restarted.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use common::{manual_clock, unique_prefix, RedisServer};
+use redis::Commands;
+use tollgate::{Clock, Error, Limiter, RedisStore, StoreError};
+
+/// Every key under `prefix`, with its DUMP and absolute expiry time (ms).
+fn snapshot(conn: &mut redis::Connection, prefix: &str) -> BTreeMap<String, (Vec<u8>, i64)> {
+    let keys: Vec<String> = conn.keys(format!("{prefix}:*")).unwrap();
+    keys.into_iter()
+        .map(|k| {
+            let dump: Vec<u8> = redis::cmd("DUMP").arg(&k).query(conn).unwrap();
+            let at: i64 = redis::cmd("PEXPIRETIME").arg(&k).query(conn).unwrap();
+            (k, (dump, at))
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn a_denied_request_leaves_redis_exactly_as_it_was() {
+    let server = RedisServer::start();
+    let clock = manual_clock();
+    let store = server.store(Clock::Manual(clock.clone())).await;
+    let prefix = store.prefix().to_string();
+    let l = Limiter::new(
+        store,
+        "3/s fixed, 10/s log, 10/s, 10/s gcra, 10/s bucket capacity=20"
+            .parse()
+            .unwrap(),
+    );
+    let mut conn = server.conn();
+    for _ in 0..3 {
+        assert!(l.check(&["ip:1", "user:1"]).await.unwrap().is_allowed());
+        clock.advance(Duration::from_millis(7));
+    }
+    let before = snapshot(&mut conn, &prefix);
+    assert_eq!(before.len(), 10, "5 limits x 2 identifiers");
+    for _ in 0..5 {
+        assert!(!l.check(&["ip:1", "user:1"]).await.unwrap().is_allowed());
+        // a fresh identifier denied alongside an exhausted one gets no key at all
+        assert!(!l.check(&["ip:1", "user:2"]).await.unwrap().is_allowed());
+        clock.advance(Duration::from_millis(3));
+    }
+    assert_eq!(snapshot(&mut conn, &prefix), before);
+    // the log holds exactly the three admitted entries
+    let log: Vec<String> = conn
+        .keys(format!("{prefix}:{{ip:1}}:l*"))
+        .unwrap();
+    let card: usize = conn.zcard(&log[0]).unwrap();
+    assert_eq!(card, 3);
+}
+
+#[tokio::test]
+async fn same_microsecond_entries_are_distinct_members() {
+    let server = RedisServer::start();
+    let clock = manual_clock();
+    let store = server.store(Clock::Manual(clock.clone())).await;
+    let prefix = store.prefix().to_string();
+    let l = Limiter::new(store, "1000/s log".parse().unwrap());
+    for _ in 0..100 {
+        assert!(l.check(&["k"]).await.unwrap().is_allowed());
+    }
+    assert!(l.check_n(&["k"], 5).await.unwrap().is_allowed());
+    let mut conn = server.conn();
+    let key: Vec<String> = conn.keys(format!("{prefix}:*")).unwrap();
+    let members: Vec<(String, f64)> = conn.zrange_withscores(&key[0], 0, -1).unwrap();
+    assert_eq!(members.len(), 105);
+    let now = clock.now_micros() as f64;
+    assert!(members.iter().all(|(_, score)| *score == now));
+}
+
+/// Every key gets a positive TTL no shorter than its state's lifetime, and is gone once its
+/// state no longer matters. (Manual clock: lifetimes are exact; PTTL counts real time.)
+#[tokio::test]
+async fn ttls_cover_the_state_lifetime() {
+    let server = RedisServer::start();
+    let clock = manual_clock(); // midnight: aligned to every window below
+    let store = server.store(Clock::Manual(clock.clone())).await;
+    let prefix = store.prefix().to_string();
+    let l = Limiter::new(
+        store,
+        "10/h log, 10/h, 10/h fixed, 10/h gcra, 4/h bucket capacity=2"
+            .parse()
+            .unwrap(),
+    );
+    clock.advance(Duration::from_secs(60));
+    assert!(l.check(&["a"]).await.unwrap().is_allowed());
+    let mut conn = server.conn();
+    // lifetime from the decision, in ms
+    let expected = [
+        ("l", 3_600_000),           // the entry leaves the log after the window
+        ("w", 2 * 3_600_000 - 60_000), // the count weighs on the next window too
+        ("f", 3_600_000 - 60_000),  // the window ends
+        ("g", 360_000),             // one emission interval of debt
+        ("b", 900_000),
+    ];
+    for (tag, lifetime) in expected {
+        let keys: Vec<String> = conn.keys(format!("{prefix}:{{a}}:{tag}*")).unwrap();
+        assert_eq!(keys.len(), 1, "{tag}");
+        let pttl: i64 = conn.pttl(&keys[0]).unwrap();
+        assert!(pttl > 0, "{tag}: {pttl}");
+        assert!(pttl <= lifetime + 1, "{tag}: {pttl} > {lifetime}");
+        assert!(pttl >= lifetime - 2000, "{tag}: {pttl} much shorter than {lifetime}");
+    }
+}
+
+#[tokio::test]
+async fn keys_disappear_once_their_state_no_longer_matters() {
+    let server = RedisServer::start();
+    let store = server.store(Clock::Real).await;
+    let prefix = store.prefix().to_string();
+    let l = Limiter::new(
+        store,
+        "5/150ms log, 5/150ms, 5/150ms fixed, 5/150ms gcra, 5/150ms bucket"
+            .parse()
+            .unwrap(),
+    );
+    for _ in 0..3 {
+        assert!(l.check(&["ip:9", "user:9"]).await.unwrap().is_allowed());
+    }
+    let mut conn = server.conn();
+    let keys: Vec<String> = conn.keys(format!("{prefix}:*")).unwrap();
+    assert_eq!(keys.len(), 10);
+    for k in &keys {
+        let pttl: i64 = conn.pttl(k).unwrap();
+        assert!(pttl > 0 && pttl <= 301, "{k}: {pttl}");
+    }
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let left: Vec<String> = conn.keys(format!("{prefix}:*")).unwrap();
+        if left.is_empty() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "keys left: {left:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Many tasks on several connections hammering one key never get more than the limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_checks_never_exceed_the_limit() {
+    let server = RedisServer::start();
+    for (policy, exact) in [
+        ("50/h log", true),
+        ("50/h gcra", true),
+        ("50/h bucket", true),
+        ("50/h", false),
+        ("50/d fixed", false),
+    ] {
+        let prefix = unique_prefix();
+        let mut tasks = Vec::new();
+        for _connection in 0..4 {
+            let store = RedisStore::builder(server.url())
+                .prefix(prefix.clone())
+                .timeout(Duration::from_secs(5))
+                .build()
+                .await
+                .unwrap();
+            let l = Limiter::new(store, policy.parse().unwrap());
+            for _task in 0..8 {
+                let l = l.clone();
+                tasks.push(tokio::spawn(async move {
+                    let mut admitted = 0;
+                    for _ in 0..25 {
+                        if l.check(&["hot"]).await.unwrap().is_allowed() {
+                            admitted += 1;
+                        }
+                    }
+                    admitted
+                }));
+            }
+        }
+        let mut total = 0;
+        for t in tasks {
+            total += t.await.unwrap();
+        }
+        // 800 attempts at a limit of 50; a window boundary may fall inside the run only for
+        // the window algorithms, which then still admit at most the limit per window.
+        if exact {
+            assert_eq!(total, 50, "{policy}");
+        } else {
+            assert!((50..=100).contains(&total), "{policy}: {total}");
+        }
+    }
+}
+
+/// After `SCRIPT FLUSH` (as after a restart or failover) the script is loaded again.
+#[tokio::test]
+async fn script_flush_is_survived() {
+    let server = RedisServer::start();
+    let store = server.store(Clock::Real).await;
+    let l = Limiter::new(store, "5/s".parse().unwrap());
+    assert!(l.check(&["a"]).await.unwrap().is_allowed());
+    let mut conn = server.conn();
+    let _: () = redis::cmd("SCRIPT").arg("FLUSH").query(&mut conn).unwrap();
+    assert!(l.check(&["a"]).await.unwrap().is_allowed());
+    let d = l.check(&["a"]).await.unwrap();
+    assert_eq!(d.statuses()[0].remaining, 2);
+}
+
+/// Nothing listening: a typed error, fast.
+#[tokio::test]
+async fn redis_down_is_a_store_error() {
+    let port = common::free_port();
+    let url = format!("redis://127.0.0.1:{port}/");
+    assert!(RedisStore::connect(url.clone()).await.is_err());
+    let store = RedisStore::builder(url).build_lazy().unwrap();
+    let l = Limiter::new(store, "5/s".parse().unwrap());
+    let started = Instant::now();
+    let err = l.check(&["a"]).await.unwrap_err();
+    assert!(matches!(err, Error::Store(_)), "{err}");
+    assert!(started.elapsed() < Duration::from_secs(3));
+}
+
+/// A server that accepts connections and never answers: the check times out, with a typed
+/// error, after the configured timeout.
+#[tokio::test]
+async fn a_stalled_redis_times_out() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let hold = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((sock, _)) = listener.accept().await {
+            held.push(sock);
+        }
+    });
+    let store = RedisStore::builder(format!("redis://{addr}/"))
+        .timeout(Duration::from_millis(200))
+        .connect_timeout(Duration::from_millis(200))
+        .build_lazy()
+        .unwrap();
+    let l = Limiter::new(store, "5/s".parse().unwrap());
+    let started = Instant::now();
+    let err = l.check(&["a"]).await.unwrap_err();
+    let took = started.elapsed();
+    assert!(
+        matches!(err, Error::Store(StoreError::Timeout(_)) | Error::Store(StoreError::Backend(_))),
+        "{err}"
+    );
+    assert!(took < Duration::from_secs(2), "{took:?}");
+    hold.abort();
+}
+
+/// Redis restarts on the same port: checks fail while it is down, then work again on the same
+/// store (reconnected, script reloaded), with the state gone as Redis lost it.
+#[tokio::test]
+async fn redis_restart_is_survived() {
+    let server = RedisServer::start();
+    let port = server.port;
+    let store = RedisStore::builder(server.url())
+        .timeout(Duration::from_millis(500))
+        .build()
+        .await
+        .unwrap();
+    let l = Limiter::new(store, "100/min".parse().unwrap());
+    assert!(l.check(&["a"]).await.unwrap().is_allowed());
+    drop(server);
+    assert!(l.check(&["a"]).await.is_err());
+    let _again = common::RedisServer::start_on(port);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match l.check(&["a"]).await {
+            Ok(d) => {
+                assert!(d.is_allowed());
+                assert_eq!(d.statuses()[0].remaining, 99, "fresh state after restart");
+                break;
+            }
+            Err(e) => {
+                assert!(Instant::now() < deadline, "never recovered: {e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn bad_configuration_is_refused() {
+    for prefix in ["", "a{b", "}"] {
+        let err = RedisStore::builder("redis://127.0.0.1:1/")
+            .prefix(prefix)
+            .build_lazy()
+            .unwrap_err();
+        assert!(matches!(err, StoreError::Config(_)), "{prefix}: {err}");
+    }
+    let err = RedisStore::builder("not a url").build_lazy().unwrap_err();
+    assert!(err.to_string().contains("not a url"), "{err}");
+}
