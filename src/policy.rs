@@ -594,8 +594,10 @@ mod tests {
     fn limits_validate_their_fields() {
         assert!(Limit::new(1, Duration::from_micros(1500), Algorithm::DEFAULT).is_err());
         assert!(Limit::new(1, Duration::from_secs(1), Algorithm::Gcra { burst: MAX_COUNT + 1 }).is_err());
-        // a burst of 1000 per 1/day would tolerate 1000 days of debt: refused
-        assert!(Limit::new(1, Duration::from_secs(86_400), Algorithm::Gcra { burst: 1000 }).is_err());
+        // a burst of 50,000 at 1/day would tolerate 137 years of debt: refused
+        let long = Limit::new(1, Duration::from_secs(86_400), Algorithm::Gcra { burst: 50_000 });
+        assert_eq!(long.unwrap_err().kind(), &PolicyErrorKind::Overflow);
+        assert!(Limit::new(1, Duration::from_secs(86_400), Algorithm::Gcra { burst: 1000 }).is_ok());
         assert!(Limit::per_second(10).is_ok());
         let l: Limit = " 10 / s ".replace(' ', "").parse().unwrap();
         assert_eq!(l, Limit::per_second(10).unwrap());
