@@ -253,7 +253,11 @@ fn deny(retry_at: u64) -> Verdict {
 }
 
 /// The entries still inside the rolling window `(now - w, +inf)`.
-fn live_entries(entries: &VecDeque<u64>, now: u64, w: u64) -> std::collections::vec_deque::Iter<'_, u64> {
+fn live_entries(
+    entries: &VecDeque<u64>,
+    now: u64,
+    w: u64,
+) -> std::collections::vec_deque::Iter<'_, u64> {
     let start = if now >= w {
         entries.partition_point(|&s| s <= now - w)
     } else {

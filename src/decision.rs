@@ -74,7 +74,12 @@ impl Decision {
     /// For each limit of the policy, in order, the status of the most constrained identifier
     /// (least remaining, then longest reset): what rate-limit headers report.
     pub fn limits(&self) -> impl Iterator<Item = &LimitStatus> + '_ {
-        let n = self.statuses.iter().map(|s| s.limit_index + 1).max().unwrap_or(0);
+        let n = self
+            .statuses
+            .iter()
+            .map(|s| s.limit_index + 1)
+            .max()
+            .unwrap_or(0);
         (0..n).filter_map(move |l| {
             self.statuses
                 .iter()

@@ -80,7 +80,18 @@ mod tests {
     fn identifiers_cannot_inject_tags_or_collide() {
         let limit = Limit::per_second(10).unwrap();
         let ids = [
-            "a", "a}", "{a}", "a%7D", "a%257D", "#a", "%23a", "", "}", "{", "a:b", "a}:w10x1000000",
+            "a",
+            "a}",
+            "{a}",
+            "a%7D",
+            "a%257D",
+            "#a",
+            "%23a",
+            "",
+            "}",
+            "{",
+            "a:b",
+            "a}:w10x1000000",
         ];
         let keys: HashSet<String> = ids
             .iter()
@@ -92,7 +103,10 @@ mod tests {
             assert_eq!(k.matches('{').count(), 1, "{k}");
             assert_eq!(k.matches('}').count(), 1, "{k}");
         }
-        assert_eq!(key("rl", &escape_identifier("ip:1.2.3.4"), &limit), "rl:{ip:1.2.3.4}:w10x1000000");
+        assert_eq!(
+            key("rl", &escape_identifier("ip:1.2.3.4"), &limit),
+            "rl:{ip:1.2.3.4}:w10x1000000"
+        );
     }
 
     #[test]

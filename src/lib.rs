@@ -10,7 +10,7 @@
 //! use tollgate::{Limiter, MemoryStore, Policy};
 //!
 //! # tokio::runtime::Runtime::new().unwrap().block_on(async {
-//! let policy: Policy = "3/s, 100/h".parse()?;
+//! let policy: Policy = "3/s log, 100/h".parse()?;
 //! // For a fleet: `RedisStore::connect("redis://127.0.0.1/").await?` instead.
 //! let limiter = Limiter::new(MemoryStore::new(), policy);
 //!
@@ -61,6 +61,6 @@ pub mod store;
 pub use decision::{Decision, LimitStatus};
 pub use limiter::{Error, Limiter, MAX_IDENTIFIERS};
 pub use policy::{Algorithm, Limit, Policy, PolicyError};
-pub use store::{Clock, ManualClock, MemoryStore, Store, StoreError};
 #[cfg(feature = "redis")]
 pub use store::RedisStore;
+pub use store::{Clock, ManualClock, MemoryStore, Store, StoreError};

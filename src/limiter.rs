@@ -96,7 +96,10 @@ impl Limiter {
         // Distinct identifiers, each with the index of its first occurrence.
         let mut firsts: Vec<usize> = Vec::with_capacity(identifiers.len());
         for (i, id) in identifiers.iter().enumerate() {
-            if !firsts.iter().any(|&f| identifiers[f].as_ref() == id.as_ref()) {
+            if !firsts
+                .iter()
+                .any(|&f| identifiers[f].as_ref() == id.as_ref())
+            {
                 firsts.push(i);
             }
         }

@@ -129,7 +129,7 @@ impl Limit {
         if window > MAX_WINDOW {
             return err(PolicyErrorKind::Overflow);
         }
-        if window.subsec_nanos() % 1_000_000 != 0 {
+        if !window.subsec_nanos().is_multiple_of(1_000_000) {
             return err(PolicyErrorKind::SubMillisecondWindow);
         }
         if let Some(burst) = limit.burst() {
@@ -209,11 +209,16 @@ impl fmt::Display for Limit {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}/", self.count)?;
         let ms = self.window.as_millis();
-        let (n, unit) = [(86_400_000, "d"), (3_600_000, "h"), (60_000, "min"), (1000, "s")]
-            .into_iter()
-            .find(|(size, _)| ms != 0 && ms % size == 0)
-            .map(|(size, unit)| (ms / size, unit))
-            .unwrap_or((ms, "ms"));
+        let (n, unit) = [
+            (86_400_000, "d"),
+            (3_600_000, "h"),
+            (60_000, "min"),
+            (1000, "s"),
+        ]
+        .into_iter()
+        .find(|(size, _)| ms != 0 && ms.is_multiple_of(*size))
+        .map(|(size, unit)| (ms / size, unit))
+        .unwrap_or((ms, "ms"));
         if n != 1 || unit == "ms" {
             write!(f, "{n}")?;
         }
@@ -305,13 +310,11 @@ fn parse_number(text: &str) -> Result<u64, PolicyErrorKind> {
 }
 
 fn parse_window(text: &str) -> Result<Duration, PolicyErrorKind> {
-    let split = text.find(|c: char| !c.is_ascii_digit() && c != '_').unwrap_or(text.len());
+    let split = text
+        .find(|c: char| !c.is_ascii_digit() && c != '_')
+        .unwrap_or(text.len());
     let (n, unit) = text.split_at(split);
-    let n = if n.is_empty() {
-        1
-    } else {
-        parse_number(n)?
-    };
+    let n = if n.is_empty() { 1 } else { parse_number(n)? };
     let unit_ms: u64 = match unit {
         "ms" => 1,
         "s" | "sec" | "second" | "seconds" => 1000,
@@ -471,7 +474,9 @@ impl fmt::Display for PolicyError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "invalid rate limit {:?}: ", self.part)?;
         match &self.kind {
-            PolicyErrorKind::Empty => f.write_str("no limit given (expected e.g. \"10/s, 120/min\")"),
+            PolicyErrorKind::Empty => {
+                f.write_str("no limit given (expected e.g. \"10/s, 120/min\")")
+            }
             PolicyErrorKind::Syntax(what) => f.write_str(what),
             PolicyErrorKind::BadCount => f.write_str("the count is not a whole number"),
             PolicyErrorKind::ZeroCount => f.write_str("the count must be at least 1"),
@@ -480,10 +485,9 @@ impl fmt::Display for PolicyError {
             PolicyErrorKind::SubMillisecondWindow => {
                 f.write_str("the window must be a whole number of milliseconds")
             }
-            PolicyErrorKind::UnknownUnit(u) => write!(
-                f,
-                "unknown window unit {u:?} (expected ms, s, min, h or d)"
-            ),
+            PolicyErrorKind::UnknownUnit(u) => {
+                write!(f, "unknown window unit {u:?} (expected ms, s, min, h or d)")
+            }
             PolicyErrorKind::UnknownAlgorithm(a) => write!(
                 f,
                 "unknown algorithm {a:?} (expected sliding, log, fixed, bucket or gcra)"
@@ -518,8 +522,14 @@ mod tests {
         let l = p.limits();
         assert_eq!(l.len(), 3);
         assert_eq!((l[0].count(), l[0].window()), (10, Duration::from_secs(1)));
-        assert_eq!((l[1].count(), l[1].window()), (120, Duration::from_secs(60)));
-        assert_eq!((l[2].count(), l[2].window()), (240, Duration::from_secs(3600)));
+        assert_eq!(
+            (l[1].count(), l[1].window()),
+            (120, Duration::from_secs(60))
+        );
+        assert_eq!(
+            (l[2].count(), l[2].window()),
+            (240, Duration::from_secs(3600))
+        );
         assert!(l.iter().all(|l| l.algorithm() == Algorithm::SlidingWindow));
         assert_eq!(p.to_string(), "10/s, 120/min, 240/h");
     }
@@ -567,17 +577,29 @@ mod tests {
             ("10/s,", PolicyErrorKind::Empty),
             ("0/s", PolicyErrorKind::ZeroCount),
             ("10/0s", PolicyErrorKind::ZeroWindow),
-            ("10/fortnight", PolicyErrorKind::UnknownUnit("fortnight".into())),
-            ("10/s leaky", PolicyErrorKind::UnknownAlgorithm("leaky".into())),
+            (
+                "10/fortnight",
+                PolicyErrorKind::UnknownUnit("fortnight".into()),
+            ),
+            (
+                "10/s leaky",
+                PolicyErrorKind::UnknownAlgorithm("leaky".into()),
+            ),
             ("10/s burst=5", PolicyErrorKind::BurstNotAllowed),
             ("10/s gcra burst=0", PolicyErrorKind::ZeroBurst),
-            ("10/s gcra rate=5", PolicyErrorKind::UnknownParameter("rate".into())),
+            (
+                "10/s gcra rate=5",
+                PolicyErrorKind::UnknownParameter("rate".into()),
+            ),
             ("99999999999999999999999/s", PolicyErrorKind::Overflow),
             ("60000000/s", PolicyErrorKind::Overflow),
             ("1/99999999999999d", PolicyErrorKind::Overflow),
             ("1/401d", PolicyErrorKind::Overflow),
             ("ten/s", PolicyErrorKind::BadCount),
-            ("10 per second", PolicyErrorKind::Syntax("expected COUNT/WINDOW, as in 10/s")),
+            (
+                "10 per second",
+                PolicyErrorKind::Syntax("expected COUNT/WINDOW, as in 10/s"),
+            ),
             ("10/s, 10/s", PolicyErrorKind::Duplicate),
         ];
         for (text, kind) in cases {
@@ -593,11 +615,27 @@ mod tests {
     #[test]
     fn limits_validate_their_fields() {
         assert!(Limit::new(1, Duration::from_micros(1500), Algorithm::DEFAULT).is_err());
-        assert!(Limit::new(1, Duration::from_secs(1), Algorithm::Gcra { burst: MAX_COUNT + 1 }).is_err());
+        assert!(Limit::new(
+            1,
+            Duration::from_secs(1),
+            Algorithm::Gcra {
+                burst: MAX_COUNT + 1
+            }
+        )
+        .is_err());
         // a burst of 50,000 at 1/day would tolerate 137 years of debt: refused
-        let long = Limit::new(1, Duration::from_secs(86_400), Algorithm::Gcra { burst: 50_000 });
+        let long = Limit::new(
+            1,
+            Duration::from_secs(86_400),
+            Algorithm::Gcra { burst: 50_000 },
+        );
         assert_eq!(long.unwrap_err().kind(), &PolicyErrorKind::Overflow);
-        assert!(Limit::new(1, Duration::from_secs(86_400), Algorithm::Gcra { burst: 1000 }).is_ok());
+        assert!(Limit::new(
+            1,
+            Duration::from_secs(86_400),
+            Algorithm::Gcra { burst: 1000 }
+        )
+        .is_ok());
         assert!(Limit::per_second(10).is_ok());
         let l: Limit = " 10 / s ".replace(' ', "").parse().unwrap();
         assert_eq!(l, Limit::per_second(10).unwrap());

@@ -141,7 +141,11 @@ async fn seed_003_fixed_windows_two_identifiers(env: Env) {
         env.advance_ms(1000);
     }
     let d = check(&l, &ids).await;
-    assert_eq!(d.denied_by().unwrap().limit_index, 1, "120/min binds at second 12");
+    assert_eq!(
+        d.denied_by().unwrap().limit_index,
+        1,
+        "120/min binds at second 12"
+    );
     assert_eq!(d.retry_after(), Some(Duration::from_secs(48)));
     env.advance_ms(48_000);
     for _ in 0..12 {
@@ -150,7 +154,11 @@ async fn seed_003_fixed_windows_two_identifiers(env: Env) {
     }
     env.advance_ms(48_000);
     let d = check(&l, &ids).await;
-    assert_eq!(d.denied_by().unwrap().limit_index, 2, "240/h binds in minute 2");
+    assert_eq!(
+        d.denied_by().unwrap().limit_index,
+        2,
+        "240/h binds in minute 2"
+    );
     assert_eq!(d.retry_after(), Some(Duration::from_secs(3600 - 120)));
     // Every pair reports: both identifiers are at 0 for the hour.
     let hour: Vec<_> = d.statuses().iter().filter(|s| s.limit_index == 2).collect();
@@ -301,7 +309,10 @@ async fn retry_after_is_exact(env: Env) {
                 assert!(!d.is_allowed(), "{policy} cost {cost}: admitted 1 µs early");
                 env.advance_us(1);
                 let d = l.check_n(&[&id], cost).await.unwrap();
-                assert!(d.is_allowed(), "{policy} cost {cost}: denied at retry_after");
+                assert!(
+                    d.is_allowed(),
+                    "{policy} cost {cost}: denied at retry_after"
+                );
                 env.advance_us(step());
             }
         }
@@ -316,7 +327,10 @@ async fn weighted_costs(env: Env) {
         assert!(d.is_allowed(), "{policy}");
         assert_eq!(d.statuses()[0].remaining, 3, "{policy}");
         assert_eq!(d.cost(), 7);
-        assert!(!l.check_n(&["w"], 4).await.unwrap().is_allowed(), "{policy}");
+        assert!(
+            !l.check_n(&["w"], 4).await.unwrap().is_allowed(),
+            "{policy}"
+        );
         assert!(l.check_n(&["w"], 3).await.unwrap().is_allowed(), "{policy}");
         env.advance_ms(5000);
     }
@@ -329,7 +343,10 @@ async fn impossible_costs_are_errors(env: Env) {
         l.check_n(&["x"], 9).await,
         Err(Error::Cost { cost: 9, max: 8 })
     ));
-    assert!(matches!(l.check_n(&["x"], 0).await, Err(Error::Cost { .. })));
+    assert!(matches!(
+        l.check_n(&["x"], 0).await,
+        Err(Error::Cost { .. })
+    ));
     assert!(l.check_n(&["x"], 8).await.unwrap().is_allowed());
     let none: [&str; 0] = [];
     assert!(matches!(l.check(&none).await, Err(Error::NoIdentifiers)));

@@ -13,7 +13,9 @@ use std::time::Duration;
 use common::{manual_clock, RedisServer};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
-use tollgate::{Algorithm, Clock, Decision, Limit, Limiter, ManualClock, MemoryStore, Policy, Store};
+use tollgate::{
+    Algorithm, Clock, Decision, Limit, Limiter, ManualClock, MemoryStore, Policy, Store,
+};
 
 const POLICIES: &[&str] = &[
     "5/s log",
@@ -206,10 +208,17 @@ fn report(limit: &Limit, ev: &[(u64, u64)], now: u64) -> (u64, u64) {
             (n - used, if used > 0 { (i + 1) * w - now } else { 0 })
         }
         Algorithm::SlidingWindow => {
-            let remaining = (0..=n).rev().find(|&k| window_ok(n, w, ev, now, k)).unwrap_or(0);
+            let remaining = (0..=n)
+                .rev()
+                .find(|&k| window_ok(n, w, ev, now, k))
+                .unwrap_or(0);
             let i = now / w;
             let curr = sum_in(ev, (i * w) as i128 - 1, ((i + 1) * w) as i128 - 1);
-            let prev = if i == 0 { 0 } else { sum_in(ev, ((i - 1) * w) as i128 - 1, (i * w) as i128 - 1) };
+            let prev = if i == 0 {
+                0
+            } else {
+                sum_in(ev, ((i - 1) * w) as i128 - 1, (i * w) as i128 - 1)
+            };
             let reset = if curr > 0 {
                 (i + 2) * w - now
             } else if prev > 0 {
@@ -285,11 +294,15 @@ fn runner(cases: u32) -> TestRunner {
 
 #[test]
 fn memory_store_matches_the_model() {
-    let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
     runner(400)
         .run(&case(), |(p, ops)| {
             let clock = manual_clock();
-            let store = MemoryStore::builder().clock(Clock::Manual(clock.clone())).build();
+            let store = MemoryStore::builder()
+                .clock(Clock::Manual(clock.clone()))
+                .build();
             rt.block_on(run_case(store.into(), &clock, p, &ops))
         })
         .unwrap();
@@ -298,7 +311,10 @@ fn memory_store_matches_the_model() {
 #[test]
 fn redis_store_matches_the_model() {
     let server = RedisServer::start();
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
     runner(120)
         .run(&case(), |(p, ops)| {
             rt.block_on(async {
@@ -314,28 +330,36 @@ fn redis_store_matches_the_model() {
 #[test]
 fn stores_agree_step_by_step() {
     let server = RedisServer::start();
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
     runner(40)
-        .run(&(0..POLICIES.len(), prop::collection::vec(op(), 100..300)), |(p, ops)| {
-            rt.block_on(async {
-                let clock = manual_clock();
-                let memory = Limiter::new(
-                    MemoryStore::builder().clock(Clock::Manual(clock.clone())).build(),
-                    POLICIES[p].parse().unwrap(),
-                );
-                let redis = Limiter::new(
-                    server.store(Clock::Manual(clock.clone())).await,
-                    POLICIES[p].parse().unwrap(),
-                );
-                for op in &ops {
-                    clock.advance(Duration::from_micros(op.dt_us));
-                    let names: Vec<&str> = op.ids.iter().map(|&i| IDS[i]).collect();
-                    let a = memory.check_n(&names, op.cost).await.unwrap();
-                    let b = redis.check_n(&names, op.cost).await.unwrap();
-                    prop_assert_eq!(a, b);
-                }
-                Ok(())
-            })
-        })
+        .run(
+            &(0..POLICIES.len(), prop::collection::vec(op(), 100..300)),
+            |(p, ops)| {
+                rt.block_on(async {
+                    let clock = manual_clock();
+                    let memory = Limiter::new(
+                        MemoryStore::builder()
+                            .clock(Clock::Manual(clock.clone()))
+                            .build(),
+                        POLICIES[p].parse().unwrap(),
+                    );
+                    let redis = Limiter::new(
+                        server.store(Clock::Manual(clock.clone())).await,
+                        POLICIES[p].parse().unwrap(),
+                    );
+                    for op in &ops {
+                        clock.advance(Duration::from_micros(op.dt_us));
+                        let names: Vec<&str> = op.ids.iter().map(|&i| IDS[i]).collect();
+                        let a = memory.check_n(&names, op.cost).await.unwrap();
+                        let b = redis.check_n(&names, op.cost).await.unwrap();
+                        prop_assert_eq!(a, b);
+                    }
+                    Ok(())
+                })
+            },
+        )
         .unwrap();
 }

@@ -49,9 +49,7 @@ async fn a_denied_request_leaves_redis_exactly_as_it_was() {
     }
     assert_eq!(snapshot(&mut conn, &prefix), before);
     // the log holds exactly the three admitted entries
-    let log: Vec<String> = conn
-        .keys(format!("{prefix}:{{ip:1}}:l*"))
-        .unwrap();
+    let log: Vec<String> = conn.keys(format!("{prefix}:{{ip:1}}:l*")).unwrap();
     let card: usize = conn.zcard(&log[0]).unwrap();
     assert_eq!(card, 3);
 }
@@ -94,10 +92,10 @@ async fn ttls_cover_the_state_lifetime() {
     let mut conn = server.conn();
     // lifetime from the decision, in ms
     let expected = [
-        ("l", 3_600_000),           // the entry leaves the log after the window
+        ("l", 3_600_000),              // the entry leaves the log after the window
         ("w", 2 * 3_600_000 - 60_000), // the count weighs on the next window too
-        ("f", 3_600_000 - 60_000),  // the window ends
-        ("g", 360_000),             // one emission interval of debt
+        ("f", 3_600_000 - 60_000),     // the window ends
+        ("g", 360_000),                // one emission interval of debt
         ("b", 900_000),
     ];
     for (tag, lifetime) in expected {
@@ -106,7 +104,10 @@ async fn ttls_cover_the_state_lifetime() {
         let pttl: i64 = conn.pttl(&keys[0]).unwrap();
         assert!(pttl > 0, "{tag}: {pttl}");
         assert!(pttl <= lifetime + 1, "{tag}: {pttl} > {lifetime}");
-        assert!(pttl >= lifetime - 2000, "{tag}: {pttl} much shorter than {lifetime}");
+        assert!(
+            pttl >= lifetime - 2000,
+            "{tag}: {pttl} much shorter than {lifetime}"
+        );
     }
 }
 
@@ -240,7 +241,10 @@ async fn a_stalled_redis_times_out() {
     let err = l.check(&["a"]).await.unwrap_err();
     let took = started.elapsed();
     assert!(
-        matches!(err, Error::Store(StoreError::Timeout(_)) | Error::Store(StoreError::Backend(_))),
+        matches!(
+            err,
+            Error::Store(StoreError::Timeout(_)) | Error::Store(StoreError::Backend(_))
+        ),
         "{err}"
     );
     assert!(took < Duration::from_secs(2), "{took:?}");

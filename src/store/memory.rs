@@ -276,7 +276,11 @@ mod tests {
         }
         // at 100 µs a request and 1 s of life, about 10,000 keys per limit are alive at a
         // time; sweeps keep the store within twice that, not the 40,000 ever created
-        assert!(store.len() <= 2 * 2 * 10_000 + 2 * MIN_SWEEP * SHARDS / 16, "{}", store.len());
+        assert!(
+            store.len() <= 2 * 2 * 10_000 + 2 * MIN_SWEEP * SHARDS / 16,
+            "{}",
+            store.len()
+        );
         clock.advance(Duration::from_secs(2));
         for i in 0..(MIN_SWEEP * SHARDS) {
             l.check(&[format!("later{i}")]).await.unwrap();

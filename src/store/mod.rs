@@ -96,7 +96,9 @@ impl ManualClock {
 
 impl fmt::Debug for ManualClock {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_tuple("ManualClock").field(&self.now_micros()).finish()
+        f.debug_tuple("ManualClock")
+            .field(&self.now_micros())
+            .finish()
     }
 }
 

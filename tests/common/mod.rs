@@ -62,7 +62,8 @@ impl RedisServer {
                 return false; // exited: port taken meanwhile
             }
             if TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
-                if let Ok(mut c) = redis::Client::open(self.url()).and_then(|c| c.get_connection()) {
+                if let Ok(mut c) = redis::Client::open(self.url()).and_then(|c| c.get_connection())
+                {
                     if redis::cmd("PING").query::<String>(&mut c).is_ok() {
                         return true;
                     }
@@ -79,7 +80,10 @@ impl RedisServer {
 
     /// A plain synchronous connection, to look at what the scripts wrote.
     pub fn conn(&self) -> redis::Connection {
-        redis::Client::open(self.url()).unwrap().get_connection().unwrap()
+        redis::Client::open(self.url())
+            .unwrap()
+            .get_connection()
+            .unwrap()
     }
 
     /// A store on this server with a fresh prefix and the given clock.
@@ -102,7 +106,11 @@ impl Drop for RedisServer {
 }
 
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 pub fn unique_prefix() -> String {
