@@ -1,0 +1,220 @@
+//! Checks per second through each store, against baselines measured in the same run.
+//!
+//! `cargo bench --bench throughput [-- --redis URL] [--seconds N] [--tasks N]`
+//!
+//! Without `--redis`, starts its own `redis-server` on a free loopback port. Redis phases
+//! compare a tollgate check with the ceiling for any script-based limiter — `EVALSHA` of a
+//! script that only returns 1, on the same server, connection kind and concurrency — and
+//! report Redis' own CPU time per call (`INFO commandstats`). The memory phase compares a
+//! check with a bare `Mutex<HashMap>` counter increment.
+
+use std::collections::HashMap;
+use std::net::TcpListener;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use redis::aio::ConnectionManager;
+use tollgate::{Limiter, MemoryStore, RedisStore, Store};
+
+struct Options {
+    redis: Option<String>,
+    seconds: u64,
+    tasks: usize,
+}
+
+fn options() -> Options {
+    let mut o = Options {
+        redis: None,
+        seconds: 3,
+        tasks: 32,
+    };
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        match a.as_str() {
+            "--redis" => o.redis = args.next(),
+            "--seconds" => o.seconds = args.next().and_then(|v| v.parse().ok()).unwrap_or(3),
+            "--tasks" => o.tasks = args.next().and_then(|v| v.parse().ok()).unwrap_or(32),
+            _ => {} // cargo bench passes --bench
+        }
+    }
+    o
+}
+
+/// Runs `op` from `tasks` concurrent tasks for `seconds`; returns operations per second.
+async fn measure<F, Fut>(tasks: usize, seconds: u64, op: F) -> f64
+where
+    F: Fn(u64) -> Fut + Clone + Send + 'static,
+    Fut: std::future::Future<Output = ()> + Send,
+{
+    let stop = Arc::new(AtomicBool::new(false));
+    let count = Arc::new(AtomicU64::new(0));
+    let started = Instant::now();
+    let handles: Vec<_> = (0..tasks)
+        .map(|t| {
+            let (stop, count, op) = (stop.clone(), count.clone(), op.clone());
+            tokio::spawn(async move {
+                let mut i = t as u64 * 1_000_000;
+                while !stop.load(Ordering::Relaxed) {
+                    op(i).await;
+                    i += 1;
+                    count.fetch_add(1, Ordering::Relaxed);
+                    // memory-store checks never wait: let the timer run
+                    if i % 64 == 0 {
+                        tokio::task::yield_now().await;
+                    }
+                }
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_secs(seconds)).await;
+    stop.store(true, Ordering::Relaxed);
+    for h in handles {
+        let _ = h.await;
+    }
+    count.load(Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64()
+}
+
+/// Redis' own time per EVALSHA since the last reset, in µs.
+async fn usec_per_call(conn: &mut ConnectionManager) -> f64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(conn)
+        .await
+        .unwrap_or_default();
+    info.lines()
+        .find(|l| l.starts_with("cmdstat_evalsha:"))
+        .and_then(|l| l.split(',').find(|f| f.starts_with("usec_per_call=")))
+        .and_then(|f| f["usec_per_call=".len()..].parse().ok())
+        .unwrap_or(f64::NAN)
+}
+
+async fn reset_stats(conn: &mut ConnectionManager) {
+    let _: Result<(), _> = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query_async(conn)
+        .await;
+}
+
+struct Server(Child);
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn start_redis() -> (Server, String) {
+    let port = TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("no free port");
+    let child = Command::new("redis-server")
+        .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", ""])
+        .args(["--appendonly", "no"])
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("redis-server is required (scripts/test.sh installs it)");
+    let url = format!("redis://127.0.0.1:{port}/");
+    for _ in 0..200 {
+        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    (Server(child), url)
+}
+
+fn row(name: &str, ops: f64, baseline: f64, usec: Option<f64>) {
+    let usec = usec.map_or(String::new(), |u| format!("{u:>10.2}"));
+    println!(
+        "{name:<44} {ops:>12.0} {:>8.2} {usec}",
+        ops / baseline
+    );
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    let o = options();
+    let (_server, url) = match o.redis.clone() {
+        Some(url) => (None, url),
+        None => {
+            let (s, url) = start_redis();
+            (Some(s), url)
+        }
+    };
+    let (tasks, secs) = (o.tasks, o.seconds);
+    println!("{tasks} concurrent tasks, {secs} s per row; ratio = ops/s relative to the row's baseline\n");
+    println!("{:<44} {:>12} {:>8} {:>10}", "redis", "ops/s", "ratio", "µs/call");
+
+    let client = redis::Client::open(url.as_str()).unwrap();
+    let mut admin = ConnectionManager::new(client.clone()).await.unwrap();
+    let conn = ConnectionManager::new(client).await.unwrap();
+    let trivial = Arc::new(redis::Script::new("return 1"));
+
+    reset_stats(&mut admin).await;
+    let baseline = measure(tasks, secs, {
+        let (conn, trivial) = (conn.clone(), trivial.clone());
+        move |_| {
+            let (mut conn, trivial) = (conn.clone(), trivial.clone());
+            async move {
+                let _: i64 = trivial.invoke_async(&mut conn).await.unwrap();
+            }
+        }
+    })
+    .await;
+    let u = usec_per_call(&mut admin).await;
+    row("EVALSHA 'return 1' (baseline)", baseline, baseline, Some(u));
+
+    let store = RedisStore::connect(url.clone()).await.unwrap();
+    for (name, policy, n_ids, spread) in [
+        ("1 limit, 1 identifier, hot key", "1000000/s gcra", 1, false),
+        ("1 limit, 1 identifier, 10k keys", "100/s", 1, true),
+        ("10/s,120/min,240/h x ip+user (6 keys)", "10/s, 120/min, 240/h", 2, true),
+        ("sliding log 1000/s, 10k keys", "1000/s log", 1, true),
+    ] {
+        let limiter = Limiter::new(Store::from(store.clone()), policy.parse().unwrap());
+        reset_stats(&mut admin).await;
+        let ops = measure(tasks, secs, move |i| {
+            let limiter = limiter.clone();
+            async move {
+                let k = if spread { i % 10_000 } else { 0 };
+                let ids = [format!("ip:{k}"), format!("user:{k}")];
+                let _ = limiter.check(&ids[..n_ids]).await;
+            }
+        })
+        .await;
+        let u = usec_per_call(&mut admin).await;
+        row(&format!("tollgate {name}"), ops, baseline, Some(u));
+    }
+
+    println!("\n{:<44} {:>12} {:>8}", "memory", "ops/s", "ratio");
+    let map: Arc<Mutex<HashMap<String, u64>>> = Arc::default();
+    let floor = measure(tasks, secs, move |i| {
+        let map = map.clone();
+        async move {
+            let key = format!("ip:{}", i % 10_000);
+            *map.lock().unwrap().entry(key).or_default() += 1;
+        }
+    })
+    .await;
+    row("Mutex<HashMap> counter (baseline)", floor, floor, None);
+    let memory = MemoryStore::new();
+    for (name, policy) in [
+        ("sliding window 100/s, 10k keys", "100/s"),
+        ("10/s,120/min,240/h, 10k keys", "10/s, 120/min, 240/h"),
+        ("gcra 100/s, 10k keys", "100/s gcra"),
+    ] {
+        let limiter = Limiter::new(memory.clone(), policy.parse().unwrap());
+        let ops = measure(tasks, secs, move |i| {
+            let limiter = limiter.clone();
+            async move {
+                let _ = limiter.check(&[format!("ip:{}", i % 10_000)]).await;
+            }
+        })
+        .await;
+        row(&format!("tollgate {name}"), ops, floor, None);
+    }
+}
