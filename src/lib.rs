@@ -53,6 +53,7 @@
 
 mod algorithm;
 mod decision;
+pub mod key;
 mod keys;
 mod limiter;
 pub mod policy;
