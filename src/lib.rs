@@ -55,11 +55,13 @@ mod algorithm;
 mod decision;
 pub mod key;
 mod keys;
+pub mod layer;
 mod limiter;
 pub mod policy;
 pub mod store;
 
 pub use decision::{Decision, LimitStatus};
+pub use layer::{KeyedRateLimitLayer, RateLimitLayer, RateLimited};
 pub use limiter::{Error, Limiter, MAX_IDENTIFIERS};
 pub use policy::{Algorithm, Limit, Policy, PolicyError};
 #[cfg(feature = "redis")]

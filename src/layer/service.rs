@@ -1,0 +1,103 @@
+//! The HTTP rate-limiting service.
+
+use std::fmt;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use http::{Request, Response};
+use tower_service::Service;
+
+use super::future::ResponseFuture;
+use super::response::own_response;
+use super::{Config, MissingKey};
+use crate::key::{KeyExtractor, PeerIp, RequestView};
+
+/// An HTTP service wrapped by [`RateLimitLayer`](super::RateLimitLayer).
+pub struct RateLimit<S> {
+    inner: S,
+    config: Arc<Config>,
+}
+
+impl<S> RateLimit<S> {
+    pub(crate) fn new(inner: S, config: Arc<Config>) -> Self {
+        RateLimit { inner, config }
+    }
+
+    /// The inner service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The inner service, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// The inner service, unwrapped.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+}
+
+impl<S: Clone> Clone for RateLimit<S> {
+    fn clone(&self) -> Self {
+        RateLimit {
+            inner: self.inner.clone(),
+            config: self.config.clone(),
+        }
+    }
+}
+
+impl<S: fmt::Debug> fmt::Debug for RateLimit<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RateLimit")
+            .field("inner", &self.inner)
+            .field("limiter", &self.config.default)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for RateLimit<S>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
+    ReqBody: Send + 'static,
+{
+    type Response = Response<super::ResponseBody<ResBody>>;
+    type Error = S::Error;
+    type Future = ResponseFuture<S, ReqBody>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
+        let config = &self.config;
+        let view = RequestView::of(&req);
+        let grpc = view.is_grpc();
+        let limiter = match config.rules.iter().find(|(matches, _)| matches(&view)) {
+            Some((_, Some(limiter))) => limiter.clone(),
+            Some((_, None)) => return ResponseFuture::calling(self.inner.call(req), None, config),
+            None => config.default.clone(),
+        };
+        let ids: Vec<String> = if config.keys.is_empty() {
+            PeerIp::default().extract(&view).into_iter().collect()
+        } else {
+            config.keys.iter().filter_map(|k| k.0.extract(&view)).collect()
+        };
+        if ids.is_empty() {
+            return match config.missing {
+                MissingKey::Allow => ResponseFuture::calling(self.inner.call(req), None, config),
+                MissingKey::Reject(status) => ResponseFuture::ready(
+                    own_response(status, "no rate-limit key found in the request", grpc),
+                    config,
+                ),
+            };
+        }
+        let cost = config.cost.as_ref().map_or(1, |f| f(&view));
+        // The ready service answers this request; a fresh clone waits for the next one.
+        let clone = self.inner.clone();
+        let inner = std::mem::replace(&mut self.inner, clone);
+        let check = Box::pin(async move { limiter.check_n(&ids, cost).await });
+        ResponseFuture::checking(check, inner, req, config, grpc)
+    }
+}
