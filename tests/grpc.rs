@@ -1,0 +1,85 @@
+//! The layer in a real tonic server, called by a real tonic client over TCP.
+
+#[path = "../examples/greeter/mod.rs"]
+mod greeter;
+
+use std::time::Duration;
+
+use greeter::{GreeterClient, GreeterServer, HelloRequest};
+use tollgate::key::{GrpcMethod, Header};
+use tollgate::{Limiter, MemoryStore, RateLimitLayer};
+use tonic::transport::server::TcpIncoming;
+use tonic::{Code, Request};
+
+async fn serve(layer: RateLimitLayer) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        tonic::transport::Server::builder()
+            .layer(layer)
+            .add_service(GreeterServer)
+            .serve_with_incoming(TcpIncoming::from(listener))
+            .await
+            .unwrap();
+    });
+    format!("http://{addr}")
+}
+
+fn hello(name: &str, api_key: &str) -> Request<HelloRequest> {
+    let mut req = Request::new(HelloRequest { name: name.into() });
+    req.metadata_mut().insert("x-api-key", api_key.parse().unwrap());
+    req
+}
+
+#[tokio::test]
+async fn a_tonic_client_gets_resource_exhausted() {
+    let limiter = Limiter::new(MemoryStore::new(), "2/min".parse().unwrap());
+    let layer = RateLimitLayer::new(limiter).key(Header::named("x-api-key").unwrap());
+    let url = serve(layer).await;
+    let mut client = GreeterClient::connect(url).await.unwrap();
+
+    for _ in 0..2 {
+        let reply = client.say_hello(hello("ada", "k1")).await.unwrap();
+        assert_eq!(reply.get_ref().message, "hello, ada");
+        // admitted responses carry the rate-limit fields as metadata
+        assert!(reply.metadata().get("ratelimit").is_some());
+    }
+    let status = client.say_hello(hello("ada", "k1")).await.unwrap_err();
+    assert_eq!(status.code(), Code::ResourceExhausted);
+    assert!(status.message().contains("2/min"), "{}", status.message());
+    let retry: u64 = status.metadata().get("retry-after").unwrap().to_str().unwrap().parse().unwrap();
+    // the sliding window frees the second request somewhere in the next minute
+    assert!((1..=120).contains(&retry), "{retry}");
+
+    // another API key is its own client
+    let reply = client.say_hello(hello("bob", "k2")).await.unwrap();
+    assert_eq!(reply.get_ref().message, "hello, bob");
+}
+
+/// The method as the key: one budget per gRPC method, whoever calls.
+#[tokio::test]
+async fn per_method_limits() {
+    let limiter = Limiter::new(MemoryStore::new(), "3/min".parse().unwrap());
+    let url = serve(RateLimitLayer::new(limiter).key(GrpcMethod)).await;
+    let mut client = GreeterClient::connect(url).await.unwrap();
+    for key in ["a", "b", "c"] {
+        client.say_hello(hello("x", key)).await.unwrap();
+    }
+    let status = client.say_hello(hello("x", "d")).await.unwrap_err();
+    assert_eq!(status.code(), Code::ResourceExhausted);
+}
+
+#[tokio::test]
+async fn a_missing_key_is_a_grpc_status_too() {
+    let limiter = Limiter::new(MemoryStore::new(), "2/min".parse().unwrap());
+    let layer = RateLimitLayer::new(limiter).key(Header::named("x-api-key").unwrap());
+    let url = serve(layer).await;
+    let mut client = GreeterClient::connect(url).await.unwrap();
+    let req = Request::new(HelloRequest { name: "eve".into() });
+    let status = tokio::time::timeout(Duration::from_secs(5), client.say_hello(req))
+        .await
+        .unwrap()
+        .unwrap_err();
+    assert_eq!(status.code(), Code::Internal);
+    assert!(status.message().contains("no rate-limit key"));
+}

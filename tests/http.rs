@@ -1,0 +1,313 @@
+//! The HTTP layer in a real axum server over TCP, with a real HTTP client.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use axum::routing::get;
+use axum::Router;
+use bytes::Bytes;
+use common::{manual_clock, RedisServer};
+use http::{HeaderMap, StatusCode};
+use http_body_util::{BodyExt, Empty};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use tollgate::key::Header;
+use tollgate::layer::{MissingKey, OnStoreError};
+use tollgate::{Clock, Limiter, ManualClock, MemoryStore, RateLimitLayer, RedisStore, Store};
+
+/// Serves `app` on a free loopback port (with the peer address available to extractors).
+async fn serve(app: Router) -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        axum::serve(
+            listener,
+            app.into_make_service_with_connect_info::<SocketAddr>(),
+        )
+        .await
+        .unwrap();
+    });
+    addr
+}
+
+struct Reply {
+    status: StatusCode,
+    headers: HeaderMap,
+    body: String,
+}
+
+async fn get_with(addr: SocketAddr, path: &str, headers: &[(&str, &str)]) -> Reply {
+    let client = Client::builder(TokioExecutor::new()).build_http::<Empty<Bytes>>();
+    let mut req = http::Request::get(format!("http://{addr}{path}"));
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    let res = client.request(req.body(Empty::new()).unwrap()).await.unwrap();
+    let status = res.status();
+    let headers = res.headers().clone();
+    let body = res.into_body().collect().await.unwrap().to_bytes();
+    Reply {
+        status,
+        headers,
+        body: String::from_utf8_lossy(&body).into_owned(),
+    }
+}
+
+async fn get_path(addr: SocketAddr, path: &str) -> Reply {
+    get_with(addr, path, &[]).await
+}
+
+fn app(layer: RateLimitLayer) -> Router {
+    Router::new()
+        .route("/", get(|| async { "ok" }))
+        .route("/login", get(|| async { "welcome" }))
+        .route("/health", get(|| async { "healthy" }))
+        .layer(layer)
+}
+
+fn memory(clock: &ManualClock) -> Store {
+    MemoryStore::builder()
+        .clock(Clock::Manual(clock.clone()))
+        .build()
+        .into()
+}
+
+/// The `RateLimit` field, parsed as a structured-field list: (name, r, t) per item.
+fn ratelimit_items(headers: &HeaderMap) -> Vec<(String, i64, i64)> {
+    let raw = headers.get("ratelimit").expect("RateLimit header").as_bytes();
+    let list = sfv::Parser::new(raw).parse::<sfv::List>().expect("RateLimit parses as a list");
+    list.iter()
+        .map(|member| {
+            let sfv::ListEntry::Item(item) = member else {
+                panic!("inner list in RateLimit")
+            };
+            let name = item.bare_item.as_string().expect("name is a string").as_str().to_string();
+            let int = |k: &str| {
+                item.params
+                    .iter()
+                    .find(|(key, _)| key.as_str() == k)
+                    .and_then(|(_, v)| v.as_integer())
+                    .map(i64::from)
+                    .unwrap_or_else(|| panic!("{k} missing"))
+            };
+            (name, int("r"), int("t"))
+        })
+        .collect()
+}
+
+/// The `RateLimit-Policy` field: (name, q, w) per item.
+fn policy_items(headers: &HeaderMap) -> Vec<(String, i64, i64)> {
+    let raw = headers.get("ratelimit-policy").expect("RateLimit-Policy header").as_bytes();
+    let list = sfv::Parser::new(raw).parse::<sfv::List>().expect("RateLimit-Policy parses");
+    list.iter()
+        .map(|member| {
+            let sfv::ListEntry::Item(item) = member else {
+                panic!("inner list")
+            };
+            let name = item.bare_item.as_string().unwrap().as_str().to_string();
+            let int = |k: &str| {
+                item.params
+                    .iter()
+                    .find(|(key, _)| key.as_str() == k)
+                    .and_then(|(_, v)| v.as_integer())
+                    .map(i64::from)
+                    .unwrap()
+            };
+            (name, int("q"), int("w"))
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn limited_requests_get_429_and_every_response_carries_the_headers() {
+    let clock = manual_clock();
+    let limiter = Limiter::new(memory(&clock), "3/s log, 5/min".parse().unwrap());
+    let addr = serve(app(RateLimitLayer::new(limiter))).await;
+    for n in 0..3 {
+        let r = get_path(addr, "/").await;
+        assert_eq!(r.status, StatusCode::OK);
+        assert_eq!(r.body, "ok");
+        assert_eq!(
+            policy_items(&r.headers),
+            [("3/s log".to_string(), 3, 1), ("5/min".to_string(), 5, 60)]
+        );
+        let items = ratelimit_items(&r.headers);
+        assert_eq!(items[0], ("3/s log".to_string(), 2 - n, 1));
+        assert_eq!(items[1].1, 4 - n);
+        assert!(r.headers.get("retry-after").is_none());
+    }
+    let r = get_path(addr, "/").await;
+    assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(r.headers["retry-after"], "1");
+    assert_eq!(r.headers["content-type"], "text/plain; charset=utf-8");
+    assert!(r.body.contains("3/s log"), "{}", r.body);
+    assert_eq!(ratelimit_items(&r.headers)[0].1, 0);
+    policy_items(&r.headers);
+}
+
+/// `Retry-After` is whole seconds, rounded up: never early.
+#[tokio::test]
+async fn retry_after_rounds_up() {
+    let clock = manual_clock();
+    let limiter = Limiter::new(memory(&clock), "1/2500ms log".parse().unwrap());
+    let addr = serve(app(RateLimitLayer::new(limiter))).await;
+    assert_eq!(get_path(addr, "/").await.status, StatusCode::OK);
+    for (advance_ms, expected) in [(0, "3"), (500, "2"), (1, "2"), (999, "1"), (999, "1")] {
+        clock.advance(Duration::from_millis(advance_ms));
+        let r = get_path(addr, "/").await;
+        assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(r.headers["retry-after"], expected, "after +{advance_ms} ms");
+    }
+    clock.advance(Duration::from_millis(1));
+    assert_eq!(get_path(addr, "/").await.status, StatusCode::OK);
+}
+
+/// An API key and a user together: admitted only if both are under the limit, and a
+/// rejected request charges neither.
+#[tokio::test]
+async fn two_identifiers_are_all_or_nothing_over_http() {
+    let clock = manual_clock();
+    let limiter = Limiter::new(memory(&clock), "2/min log".parse().unwrap());
+    let layer = RateLimitLayer::new(limiter)
+        .key(Header::named("x-api-key").unwrap())
+        .key(Header::named("x-user").unwrap());
+    let addr = serve(app(layer)).await;
+    let k1u1 = [("x-api-key", "k1"), ("x-user", "u1")];
+    assert_eq!(get_with(addr, "/", &k1u1).await.status, StatusCode::OK);
+    assert_eq!(get_with(addr, "/", &k1u1).await.status, StatusCode::OK);
+    let r = get_with(addr, "/", &[("x-api-key", "k1"), ("x-user", "u2")]).await;
+    assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS, "k1 is exhausted");
+    // u2 was not charged by that rejection: with a fresh key it has both requests left
+    let r = get_with(addr, "/", &[("x-api-key", "k2"), ("x-user", "u2")]).await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert_eq!(ratelimit_items(&r.headers)[0].1, 1);
+    let r = get_with(addr, "/", &[("x-api-key", "k3"), ("x-user", "u2")]).await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert_eq!(ratelimit_items(&r.headers)[0].1, 0);
+}
+
+#[tokio::test]
+async fn routes_have_their_own_policies_and_health_checks_bypass() {
+    let clock = manual_clock();
+    let store = memory(&clock);
+    let strict = Limiter::new(store.clone(), "1/min".parse().unwrap());
+    let layer = RateLimitLayer::new(Limiter::new(store, "100/min".parse().unwrap()))
+        .key(Header::named("x-api-key").unwrap())
+        .bypass(|req| req.uri.path() == "/health")
+        .route(|req| req.uri.path() == "/login", strict);
+    let addr = serve(app(layer)).await;
+    let key = [("x-api-key", "k")];
+    assert_eq!(get_with(addr, "/login", &key).await.status, StatusCode::OK);
+    let r = get_with(addr, "/login", &key).await;
+    assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(policy_items(&r.headers)[0].0, "1/min");
+    let r = get_with(addr, "/", &key).await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert_eq!(policy_items(&r.headers)[0].0, "100/min");
+    for _ in 0..5 {
+        let r = get_path(addr, "/health").await;
+        assert_eq!(r.status, StatusCode::OK);
+        assert!(r.headers.get("ratelimit").is_none());
+    }
+}
+
+#[tokio::test]
+async fn a_missing_key_is_rejected_or_allowed_as_configured() {
+    let clock = manual_clock();
+    let limiter = Limiter::new(memory(&clock), "1/min".parse().unwrap());
+    let strict = RateLimitLayer::new(limiter.clone()).key(Header::named("x-api-key").unwrap());
+    let addr = serve(app(strict)).await;
+    let r = get_path(addr, "/").await;
+    assert_eq!(r.status, StatusCode::INTERNAL_SERVER_ERROR);
+    assert!(r.body.contains("no rate-limit key"), "{}", r.body);
+
+    let lenient = RateLimitLayer::new(limiter)
+        .key(Header::named("x-api-key").unwrap())
+        .on_missing_key(MissingKey::Reject(StatusCode::UNAUTHORIZED));
+    let addr = serve(app(lenient.clone())).await;
+    assert_eq!(get_path(addr, "/").await.status, StatusCode::UNAUTHORIZED);
+    let addr = serve(app(lenient.on_missing_key(MissingKey::Allow))).await;
+    for _ in 0..3 {
+        assert_eq!(get_path(addr, "/").await.status, StatusCode::OK);
+    }
+}
+
+#[tokio::test]
+async fn a_custom_rejection_and_the_legacy_headers() {
+    let clock = manual_clock();
+    let limiter = Limiter::new(memory(&clock), "1/min".parse().unwrap());
+    let layer = RateLimitLayer::new(limiter)
+        .key(Header::named("x-api-key").unwrap())
+        .legacy_headers(true)
+        .on_limited(|_req, decision| {
+            let body = format!(
+                "{{\"error\":\"slow down\",\"retry_ms\":{}}}",
+                decision.retry_after().unwrap().as_millis()
+            );
+            http::Response::builder()
+                .status(StatusCode::SERVICE_UNAVAILABLE)
+                .header("content-type", "application/json")
+                .body(Bytes::from(body))
+                .unwrap()
+        });
+    let addr = serve(app(layer)).await;
+    let key = [("x-api-key", "k")];
+    let r = get_with(addr, "/", &key).await;
+    assert_eq!(r.headers["x-ratelimit-limit"], "1");
+    assert_eq!(r.headers["x-ratelimit-remaining"], "0");
+    assert_eq!(r.headers["x-ratelimit-reset"], "120");
+    let r = get_with(addr, "/", &key).await;
+    assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(r.headers["content-type"], "application/json");
+    assert!(r.body.contains("\"retry_ms\":"), "{}", r.body);
+    assert!(r.headers.contains_key("retry-after"));
+    assert!(r.headers.contains_key("ratelimit"));
+    assert_eq!(r.headers["x-ratelimit-remaining"], "0");
+}
+
+/// Header values that are not UTF-8, and 10 KB keys, are keys like any other.
+#[tokio::test]
+async fn odd_header_values_are_keys_too() {
+    let clock = manual_clock();
+    let limiter = Limiter::new(memory(&clock), "1/min".parse().unwrap());
+    let layer = RateLimitLayer::new(limiter).key(Header::named("x-api-key").unwrap());
+    let addr = serve(app(layer)).await;
+    let big = "k".repeat(10 * 1024);
+    for value in ["caf\u{e9}", &big, "plain"] {
+        assert_eq!(get_with(addr, "/", &[("x-api-key", value)]).await.status, StatusCode::OK);
+        assert_eq!(
+            get_with(addr, "/", &[("x-api-key", value)]).await.status,
+            StatusCode::TOO_MANY_REQUESTS
+        );
+    }
+}
+
+/// With Redis, the same layer; and with Redis gone, the failure policy decides.
+#[tokio::test]
+async fn redis_backed_layer_and_its_failure_policy() {
+    let server = RedisServer::start();
+    let store = server.store(Clock::Real).await;
+    let limiter = Limiter::new(store, "2/min".parse().unwrap());
+    let key = [("x-api-key", "k")];
+    let addr = serve(app(RateLimitLayer::new(limiter).key(Header::named("x-api-key").unwrap()))).await;
+    assert_eq!(get_with(addr, "/", &key).await.status, StatusCode::OK);
+    assert_eq!(get_with(addr, "/", &key).await.status, StatusCode::OK);
+    assert_eq!(get_with(addr, "/", &key).await.status, StatusCode::TOO_MANY_REQUESTS);
+
+    let dead = RedisStore::builder(format!("redis://127.0.0.1:{}/", common::free_port()))
+        .timeout(Duration::from_millis(200))
+        .build_lazy()
+        .unwrap();
+    let limiter = Limiter::new(dead, "2/min".parse().unwrap());
+    let open = RateLimitLayer::new(limiter.clone()).key(Header::named("x-api-key").unwrap());
+    let addr = serve(app(open.clone())).await;
+    let r = get_with(addr, "/", &key).await;
+    assert_eq!(r.status, StatusCode::OK, "fails open by default");
+    assert!(r.headers.get("ratelimit").is_none());
+    let addr = serve(app(open.on_store_error(OnStoreError::Deny))).await;
+    let r = get_with(addr, "/", &key).await;
+    assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(r.headers["retry-after"], "1");
+}
