@@ -40,7 +40,9 @@ fn patterns() -> Vec<(&'static str, Vec<u64>)> {
     let edges: Vec<u64> = (1..60)
         .flat_map(|s| {
             let end = s * W_US;
-            (0..N).map(move |k| end - 1000 + k).chain((0..N).map(move |k| end + k))
+            (0..N)
+                .map(move |k| end - 1000 + k)
+                .chain((0..N).map(move |k| end + k))
         })
         .collect();
     // bursts of 3N every 1.7 windows
@@ -81,7 +83,9 @@ fn max_in_window(admitted: &[u64]) -> usize {
 
 async fn run(policy: &str, arrivals: &[u64]) -> Vec<u64> {
     let clock = ManualClock::new(START);
-    let store = MemoryStore::builder().clock(Clock::Manual(clock.clone())).build();
+    let store = MemoryStore::builder()
+        .clock(Clock::Manual(clock.clone()))
+        .build();
     let limiter = Limiter::new(store, policy.parse().unwrap());
     let mut admitted = Vec::new();
     let mut now = 0;

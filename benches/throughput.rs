@@ -61,7 +61,7 @@ where
                     i += 1;
                     count.fetch_add(1, Ordering::Relaxed);
                     // memory-store checks never wait: let the timer run
-                    if i % 64 == 0 {
+                    if i.is_multiple_of(64) {
                         tokio::task::yield_now().await;
                     }
                 }
@@ -112,7 +112,14 @@ fn start_redis() -> (Server, String) {
         .map(|a| a.port())
         .expect("no free port");
     let child = Command::new("redis-server")
-        .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", ""])
+        .args([
+            "--port",
+            &port.to_string(),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+        ])
         .args(["--appendonly", "no"])
         .stdout(Stdio::null())
         .spawn()
@@ -129,10 +136,7 @@ fn start_redis() -> (Server, String) {
 
 fn row(name: &str, ops: f64, baseline: f64, usec: Option<f64>) {
     let usec = usec.map_or(String::new(), |u| format!("{u:>10.2}"));
-    println!(
-        "{name:<44} {ops:>12.0} {:>8.2} {usec}",
-        ops / baseline
-    );
+    println!("{name:<44} {ops:>12.0} {:>8.2} {usec}", ops / baseline);
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
@@ -147,7 +151,10 @@ async fn main() {
     };
     let (tasks, secs) = (o.tasks, o.seconds);
     println!("{tasks} concurrent tasks, {secs} s per row; ratio = ops/s relative to the row's baseline\n");
-    println!("{:<44} {:>12} {:>8} {:>10}", "redis", "ops/s", "ratio", "µs/call");
+    println!(
+        "{:<44} {:>12} {:>8} {:>10}",
+        "redis", "ops/s", "ratio", "µs/call"
+    );
 
     let client = redis::Client::open(url.as_str()).unwrap();
     let mut admin = ConnectionManager::new(client.clone()).await.unwrap();
@@ -172,7 +179,12 @@ async fn main() {
     for (name, policy, n_ids, spread) in [
         ("1 limit, 1 identifier, hot key", "1000000/s gcra", 1, false),
         ("1 limit, 1 identifier, 10k keys", "100/s", 1, true),
-        ("10/s,120/min,240/h x ip+user (6 keys)", "10/s, 120/min, 240/h", 2, true),
+        (
+            "10/s,120/min,240/h x ip+user (6 keys)",
+            "10/s, 120/min, 240/h",
+            2,
+            true,
+        ),
         ("sliding log 1000/s, 10k keys", "1000/s log", 1, true),
     ] {
         let limiter = Limiter::new(Store::from(store.clone()), policy.parse().unwrap());

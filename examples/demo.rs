@@ -1,55 +1,121 @@
-//! Drives a burst of traffic through a limiter and prints, per tenth of a second, how many
-//! requests were admitted and how many were limited, by which limit.
+//! tollgate's demo: an axum server behind a `RateLimitLayer`.
 //!
 //! ```text
-//! cargo run --example demo                                  # in-memory store
-//! cargo run --example demo -- --redis redis://127.0.0.1/    # Redis store
-//! cargo run --example demo -- --policy "5/s log, 20/min"    # another policy
+//! cargo run --release --example demo -- [--serve] [--listen ADDR] [--redis URL]
+//!     [--policy TEXT] [--key ip|header:NAME] [--concurrency N] [--seconds N] [--rate N]
 //! ```
+//!
+//! Without `--serve`: starts the server on an ephemeral port (in-memory store, or Redis with
+//! `--redis`), drives a burst of traffic at it over HTTP, prints per second how many requests
+//! were admitted and how many limited, by which limit, and exits.
+//!
+//! With `--serve`: serves on `--listen` (default 127.0.0.1:3000) until killed. `GET /` answers
+//! `ok`; `GET /slow?ms=N` answers after N ms. Try
+//! `curl -i localhost:3000/` a few times in a row.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use tollgate::{Limiter, MemoryStore, Policy, RedisStore, Store};
+use axum::extract::Query;
+use axum::routing::get;
+use axum::Router;
+use bytes::Bytes;
+use http_body_util::{BodyExt, Empty};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use tollgate::key::{Header, PeerIp};
+use tollgate::{Limiter, MemoryStore, Policy, RateLimitLayer, RedisStore, Store};
 
-const USAGE: &str = "usage: demo [--redis URL] [--policy TEXT] [--seconds N] [--rate PER_SECOND]";
+const USAGE: &str = "usage: demo [--serve] [--listen ADDR] [--redis URL] [--policy TEXT] \
+[--key ip|header:NAME] [--concurrency N] [--seconds N] [--rate PER_SECOND]";
 
 struct Args {
+    serve: bool,
+    listen: SocketAddr,
     redis: Option<String>,
-    policy: String,
+    policy: Policy,
+    key: Key,
     seconds: u64,
-    rate: u64,
+    rate: u32,
+}
+
+enum Key {
+    Ip,
+    Header(Header, String),
 }
 
 fn parse_args() -> Result<Args, String> {
     let mut args = Args {
+        serve: false,
+        listen: SocketAddr::from(([127, 0, 0, 1], 3000)),
         redis: None,
-        policy: "10/s, 120/min, 240/h".into(),
-        seconds: 3,
+        policy: "10/s, 120/min, 240/h".parse().map_err(|e| format!("{e}"))?,
+        key: Key::Ip,
+        seconds: 4,
         rate: 40,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
-        let mut value = || {
-            it.next()
-                .ok_or_else(|| format!("{flag} needs a value\n{USAGE}"))
-        };
+        let mut value = || it.next().ok_or_else(|| format!("{flag} needs a value"));
         match flag.as_str() {
+            "--serve" => args.serve = true,
+            "--listen" => {
+                args.listen = value()?.parse().map_err(|e| format!("--listen: {e}"))?;
+            }
             "--redis" => args.redis = Some(value()?),
-            "--policy" => args.policy = value()?,
+            "--policy" => args.policy = value()?.parse().map_err(|e| format!("--policy: {e}"))?,
+            "--key" => {
+                let v = value()?;
+                args.key = match v.split_once(':') {
+                    None if v == "ip" => Key::Ip,
+                    Some(("header", name)) => Key::Header(
+                        Header::named(name).map_err(|e| format!("--key {v}: {e}"))?,
+                        name.to_string(),
+                    ),
+                    _ => return Err(format!("--key {v}: expected ip or header:NAME")),
+                };
+            }
+            "--concurrency" => {
+                let _ = value()?;
+                return Err(
+                    "--concurrency: the concurrent-requests limit is not available \
+                            in this version of tollgate yet"
+                        .into(),
+                );
+            }
             "--seconds" => {
                 args.seconds = value()?.parse().map_err(|e| format!("--seconds: {e}"))?
             }
             "--rate" => args.rate = value()?.parse().map_err(|e| format!("--rate: {e}"))?,
-            "-h" | "--help" => return Err(USAGE.into()),
-            other => return Err(format!("unknown argument {other:?}\n{USAGE}")),
+            "-h" | "--help" => return Err(String::new()),
+            other => return Err(format!("unknown argument {other:?}")),
         }
     }
-    if args.rate == 0 || args.rate > 100_000 {
-        return Err("--rate must be between 1 and 100000".into());
+    if args.rate == 0 || args.rate > 10_000 {
+        return Err("--rate must be between 1 and 10000".into());
     }
     Ok(args)
+}
+
+fn app(limiter: Limiter, key: &Key) -> Router {
+    let layer = RateLimitLayer::new(limiter).legacy_headers(false);
+    let layer = match key {
+        Key::Ip => layer.key(PeerIp::default()),
+        Key::Header(h, _) => layer.key(h.clone()),
+    };
+    Router::new()
+        .route("/", get(|| async { "ok\n" }))
+        .route(
+            "/slow",
+            get(|Query(q): Query<HashMap<String, u64>>| async move {
+                let ms = q.get("ms").copied().unwrap_or(0).min(60_000);
+                tokio::time::sleep(Duration::from_millis(ms)).await;
+                format!("ok after {ms} ms\n")
+            }),
+        )
+        .layer(layer)
 }
 
 #[tokio::main]
@@ -57,14 +123,10 @@ async fn main() -> ExitCode {
     let args = match parse_args() {
         Ok(a) => a,
         Err(e) => {
-            eprintln!("{e}");
-            return ExitCode::from(2);
-        }
-    };
-    let policy: Policy = match args.policy.parse() {
-        Ok(p) => p,
-        Err(e) => {
-            eprintln!("{e}");
+            if !e.is_empty() {
+                eprintln!("{e}");
+            }
+            eprintln!("{USAGE}");
             return ExitCode::from(2);
         }
     };
@@ -83,51 +145,102 @@ async fn main() -> ExitCode {
     } else {
         "memory"
     };
-    let limiter = Limiter::new(store, policy.clone());
-    // A fresh client identity per run, so repeated runs against one Redis start clean.
-    let client = format!("demo:{}", std::process::id());
-
+    let limiter = Limiter::new(store, args.policy.clone());
+    let listen = if args.serve {
+        args.listen
+    } else {
+        SocketAddr::from(([127, 0, 0, 1], 0))
+    };
+    let listener = match tokio::net::TcpListener::bind(listen).await {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("cannot listen on {listen}: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let addr = listener
+        .local_addr()
+        .expect("bound listener has an address");
+    let service = app(limiter, &args.key).into_make_service_with_connect_info::<SocketAddr>();
+    let server = tokio::spawn(async move { axum::serve(listener, service).await });
     println!(
-        "policy {policy} | store {backend} | {} requests/s for {} s from one client\n",
+        "policy {} | store {backend} | listening on http://{addr}",
+        args.policy
+    );
+    if args.serve {
+        return match server.await {
+            Ok(Ok(())) => ExitCode::SUCCESS,
+            Ok(Err(e)) => {
+                eprintln!("server failed: {e}");
+                ExitCode::FAILURE
+            }
+            Err(e) => {
+                eprintln!("server task failed: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
+    drive(addr, &args).await
+}
+
+/// Sends `rate` requests per second for `seconds` seconds and prints what happened.
+async fn drive(addr: SocketAddr, args: &Args) -> ExitCode {
+    println!(
+        "driving {} requests/s for {} s from one client\n",
         args.rate, args.seconds
     );
     println!(
-        "{:>6}  {:>8}  {:>7}  limited by",
-        "time", "admitted", "limited"
+        "{:>4}  {:>8}  {:>7}  limited by",
+        "sec", "admitted", "limited"
     );
-    let interval = Duration::from_secs(1) / args.rate as u32;
+    let client = Client::builder(TokioExecutor::new()).build_http::<Empty<Bytes>>();
+    let mut ticker = tokio::time::interval(Duration::from_secs(1) / args.rate);
     let start = Instant::now();
-    let mut ticker = tokio::time::interval(interval);
-    let slices = args.seconds * 10;
-    let (mut total_ok, mut total_limited) = (0u64, 0u64);
-    for slice in 0..slices {
-        let (mut ok, mut limited) = (0u64, 0u64);
-        let mut by: BTreeMap<String, u64> = BTreeMap::new();
-        let end = start + Duration::from_millis(100 * (slice + 1));
-        while Instant::now() < end {
+    let (mut total_ok, mut total_limited) = (0, 0);
+    for second in 1..=args.seconds {
+        let (mut ok, mut limited) = (0, 0);
+        let mut by: BTreeMap<String, u32> = BTreeMap::new();
+        while start.elapsed() < Duration::from_secs(second) {
             ticker.tick().await;
-            match limiter.check(&[&client]).await {
-                Ok(d) if d.is_allowed() => ok += 1,
-                Ok(d) => {
-                    limited += 1;
-                    if let Some(s) = d.denied_by() {
-                        *by.entry(s.limit.to_string()).or_default() += 1;
-                    }
-                }
+            let mut req = http::Request::get(format!("http://{addr}/"));
+            if let Key::Header(_, name) = &args.key {
+                req = req.header(name.as_str(), "demo-client");
+            }
+            let Ok(req) = req.body(Empty::new()) else {
+                eprintln!("could not build a request");
+                return ExitCode::FAILURE;
+            };
+            let res = match client.request(req).await {
+                Ok(r) => r,
                 Err(e) => {
-                    eprintln!("check failed: {e}");
+                    eprintln!("request failed: {e}");
                     return ExitCode::FAILURE;
                 }
+            };
+            let status = res.status();
+            let body = res
+                .into_body()
+                .collect()
+                .await
+                .map(|b| b.to_bytes())
+                .unwrap_or_default();
+            if status.is_success() {
+                ok += 1;
+            } else {
+                limited += 1;
+                // "rate limit exceeded: 10/s (retry in 1 s)"
+                let text = String::from_utf8_lossy(&body);
+                let limit = text
+                    .strip_prefix("rate limit exceeded: ")
+                    .and_then(|t| t.split(" (").next())
+                    .unwrap_or(status.as_str());
+                *by.entry(limit.to_string()).or_default() += 1;
             }
         }
         total_ok += ok;
         total_limited += limited;
         let by: Vec<String> = by.iter().map(|(l, n)| format!("{l} ×{n}")).collect();
-        println!(
-            "{:>5.1}s  {ok:>8}  {limited:>7}  {}",
-            (slice + 1) as f64 / 10.0,
-            by.join(", ")
-        );
+        println!("{second:>4}  {ok:>8}  {limited:>7}  {}", by.join(", "));
     }
     println!("\ntotal: {total_ok} admitted, {total_limited} limited");
     ExitCode::SUCCESS

@@ -27,7 +27,8 @@ async fn serve(layer: RateLimitLayer) -> String {
 
 fn hello(name: &str, api_key: &str) -> Request<HelloRequest> {
     let mut req = Request::new(HelloRequest { name: name.into() });
-    req.metadata_mut().insert("x-api-key", api_key.parse().unwrap());
+    req.metadata_mut()
+        .insert("x-api-key", api_key.parse().unwrap());
     req
 }
 
@@ -47,7 +48,14 @@ async fn a_tonic_client_gets_resource_exhausted() {
     let status = client.say_hello(hello("ada", "k1")).await.unwrap_err();
     assert_eq!(status.code(), Code::ResourceExhausted);
     assert!(status.message().contains("2/min"), "{}", status.message());
-    let retry: u64 = status.metadata().get("retry-after").unwrap().to_str().unwrap().parse().unwrap();
+    let retry: u64 = status
+        .metadata()
+        .get("retry-after")
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
     // the sliding window frees the second request somewhere in the next minute
     assert!((1..=120).contains(&retry), "{retry}");
 

@@ -13,7 +13,7 @@ use http::{HeaderMap, StatusCode};
 use http_body_util::{BodyExt, Empty};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use tollgate::key::Header;
+use tollgate::key::{ClientIp, Header, IpCidr, PeerIp};
 use tollgate::layer::{MissingKey, OnStoreError};
 use tollgate::{Clock, Limiter, ManualClock, MemoryStore, RateLimitLayer, RedisStore, Store};
 
@@ -44,7 +44,10 @@ async fn get_with(addr: SocketAddr, path: &str, headers: &[(&str, &str)]) -> Rep
     for (k, v) in headers {
         req = req.header(*k, *v);
     }
-    let res = client.request(req.body(Empty::new()).unwrap()).await.unwrap();
+    let res = client
+        .request(req.body(Empty::new()).unwrap())
+        .await
+        .unwrap();
     let status = res.status();
     let headers = res.headers().clone();
     let body = res.into_body().collect().await.unwrap().to_bytes();
@@ -76,14 +79,24 @@ fn memory(clock: &ManualClock) -> Store {
 
 /// The `RateLimit` field, parsed as a structured-field list: (name, r, t) per item.
 fn ratelimit_items(headers: &HeaderMap) -> Vec<(String, i64, i64)> {
-    let raw = headers.get("ratelimit").expect("RateLimit header").as_bytes();
-    let list = sfv::Parser::new(raw).parse::<sfv::List>().expect("RateLimit parses as a list");
+    let raw = headers
+        .get("ratelimit")
+        .expect("RateLimit header")
+        .as_bytes();
+    let list = sfv::Parser::new(raw)
+        .parse::<sfv::List>()
+        .expect("RateLimit parses as a list");
     list.iter()
         .map(|member| {
             let sfv::ListEntry::Item(item) = member else {
                 panic!("inner list in RateLimit")
             };
-            let name = item.bare_item.as_string().expect("name is a string").as_str().to_string();
+            let name = item
+                .bare_item
+                .as_string()
+                .expect("name is a string")
+                .as_str()
+                .to_string();
             let int = |k: &str| {
                 item.params
                     .iter()
@@ -99,8 +112,13 @@ fn ratelimit_items(headers: &HeaderMap) -> Vec<(String, i64, i64)> {
 
 /// The `RateLimit-Policy` field: (name, q, w) per item.
 fn policy_items(headers: &HeaderMap) -> Vec<(String, i64, i64)> {
-    let raw = headers.get("ratelimit-policy").expect("RateLimit-Policy header").as_bytes();
-    let list = sfv::Parser::new(raw).parse::<sfv::List>().expect("RateLimit-Policy parses");
+    let raw = headers
+        .get("ratelimit-policy")
+        .expect("RateLimit-Policy header")
+        .as_bytes();
+    let list = sfv::Parser::new(raw)
+        .parse::<sfv::List>()
+        .expect("RateLimit-Policy parses");
     list.iter()
         .map(|member| {
             let sfv::ListEntry::Item(item) = member else {
@@ -276,12 +294,56 @@ async fn odd_header_values_are_keys_too() {
     let addr = serve(app(layer)).await;
     let big = "k".repeat(10 * 1024);
     for value in ["caf\u{e9}", &big, "plain"] {
-        assert_eq!(get_with(addr, "/", &[("x-api-key", value)]).await.status, StatusCode::OK);
+        assert_eq!(
+            get_with(addr, "/", &[("x-api-key", value)]).await.status,
+            StatusCode::OK
+        );
         assert_eq!(
             get_with(addr, "/", &[("x-api-key", value)]).await.status,
             StatusCode::TOO_MANY_REQUESTS
         );
     }
+}
+
+/// The peer address keys requests by default; a forged `X-Forwarded-For` from an untrusted
+/// peer changes nothing, while one from a trusted proxy does.
+#[tokio::test]
+async fn forwarded_headers_are_believed_only_from_trusted_proxies() {
+    let clock = manual_clock();
+    let store = memory(&clock);
+    // The test client connects from 127.0.0.1.
+    let untrusted = RateLimitLayer::new(Limiter::new(store.clone(), "2/min".parse().unwrap())).key(
+        ClientIp::trusted_proxies(["10.0.0.0/8".parse::<IpCidr>().unwrap()]),
+    );
+    let addr = serve(app(untrusted)).await;
+    for forged in ["1.1.1.1", "2.2.2.2", "3.3.3.3"] {
+        let _ = get_with(addr, "/", &[("x-forwarded-for", forged)]).await;
+    }
+    // three requests, three different forged addresses: still one client, limited
+    let r = get_with(addr, "/", &[("x-forwarded-for", "4.4.4.4")]).await;
+    assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS);
+
+    let trusted = RateLimitLayer::new(Limiter::new(store.clone(), "2/min".parse().unwrap())).key(
+        ClientIp::trusted_proxies(["127.0.0.0/8".parse::<IpCidr>().unwrap()]),
+    );
+    let addr = serve(app(trusted)).await;
+    for client in ["203.0.113.1", "203.0.113.2", "203.0.113.3"] {
+        let r = get_with(addr, "/", &[("x-forwarded-for", client)]).await;
+        assert_eq!(r.status, StatusCode::OK, "{client} is its own client");
+    }
+    // a client prepending a fake address behind the trusted proxy is still itself
+    for _ in 0..2 {
+        let _ = get_with(addr, "/", &[("x-forwarded-for", "9.9.9.9, 203.0.113.1")]).await;
+    }
+    let r = get_with(addr, "/", &[("x-forwarded-for", "8.8.8.8, 203.0.113.1")]).await;
+    assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS);
+
+    let peer =
+        RateLimitLayer::new(Limiter::new(store, "1/min".parse().unwrap())).key(PeerIp::default());
+    let addr = serve(app(peer)).await;
+    assert_eq!(get_path(addr, "/").await.status, StatusCode::OK);
+    let r = get_with(addr, "/", &[("x-forwarded-for", "5.5.5.5")]).await;
+    assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS);
 }
 
 /// With Redis, the same layer; and with Redis gone, the failure policy decides.
@@ -291,10 +353,16 @@ async fn redis_backed_layer_and_its_failure_policy() {
     let store = server.store(Clock::Real).await;
     let limiter = Limiter::new(store, "2/min".parse().unwrap());
     let key = [("x-api-key", "k")];
-    let addr = serve(app(RateLimitLayer::new(limiter).key(Header::named("x-api-key").unwrap()))).await;
+    let addr = serve(app(
+        RateLimitLayer::new(limiter).key(Header::named("x-api-key").unwrap())
+    ))
+    .await;
     assert_eq!(get_with(addr, "/", &key).await.status, StatusCode::OK);
     assert_eq!(get_with(addr, "/", &key).await.status, StatusCode::OK);
-    assert_eq!(get_with(addr, "/", &key).await.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        get_with(addr, "/", &key).await.status,
+        StatusCode::TOO_MANY_REQUESTS
+    );
 
     let dead = RedisStore::builder(format!("redis://127.0.0.1:{}/", common::free_port()))
         .timeout(Duration::from_millis(200))

@@ -116,7 +116,9 @@ pub struct Extension<T> {
 
 impl<T> fmt::Debug for Extension<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Extension").field("kind", &self.kind).finish()
+        f.debug_struct("Extension")
+            .field("kind", &self.kind)
+            .finish()
     }
 }
 

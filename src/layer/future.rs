@@ -61,7 +61,9 @@ where
             State::Calling { .. } => "calling",
             State::Ready { .. } => "ready",
         };
-        f.debug_struct("ResponseFuture").field("state", &state).finish()
+        f.debug_struct("ResponseFuture")
+            .field("state", &state)
+            .finish()
     }
 }
 
@@ -87,7 +89,11 @@ where
         }
     }
 
-    pub(crate) fn calling(fut: S::Future, decision: Option<Decision>, config: &Arc<Config>) -> Self {
+    pub(crate) fn calling(
+        fut: S::Future,
+        decision: Option<Decision>,
+        config: &Arc<Config>,
+    ) -> Self {
         ResponseFuture {
             state: State::Calling { fut, decision },
             config: config.clone(),
@@ -127,7 +133,9 @@ where
                 StateProj::Checking { check, inner, req } => {
                     let result = ready!(check.as_mut().poll(cx));
                     let (Some(mut svc), Some(request)) = (inner.take(), req.take()) else {
-                        this.state.set(State::Ready { res: Some(misuse()) });
+                        this.state.set(State::Ready {
+                            res: Some(misuse()),
+                        });
                         continue;
                     };
                     let res = match result {

@@ -89,7 +89,7 @@ impl fmt::Display for RateLimited {
 
 impl std::error::Error for RateLimited {}
 
-/// Rate limiting for any `tower::Service`. See the [module](self) documentation.
+/// Rate limiting for any `tower::Service`: identifiers from a closure, rejections as errors.
 ///
 /// ```
 /// use std::time::Duration;
@@ -134,7 +134,10 @@ impl<F> fmt::Debug for KeyedRateLimitLayer<F> {
 
 impl<F> KeyedRateLimitLayer<F> {
     /// Checks each request against `limiter` for the identifiers `keys` returns.
-    pub fn new(limiter: Limiter, keys: F) -> Self {
+    pub fn new<Req>(limiter: Limiter, keys: F) -> Self
+    where
+        F: Fn(&Req) -> Keys,
+    {
         KeyedRateLimitLayer {
             limiter,
             keys: Arc::new(keys),
@@ -265,7 +268,8 @@ pub struct KeyedResponseFuture<S: Service<Req>, Req> {
 
 impl<S: Service<Req>, Req> fmt::Debug for KeyedResponseFuture<S, Req> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("KeyedResponseFuture").finish_non_exhaustive()
+        f.debug_struct("KeyedResponseFuture")
+            .finish_non_exhaustive()
     }
 }
 

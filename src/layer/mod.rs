@@ -58,7 +58,7 @@ pub enum OnStoreError {
     Deny,
 }
 
-/// Rate limiting for HTTP services. See the [module](self) documentation.
+/// Rate limiting for HTTP services. See the [`layer`](crate::layer) module documentation.
 ///
 /// ```
 /// use tollgate::key::{Header, PeerIp};

@@ -82,7 +82,11 @@ where
         let ids: Vec<String> = if config.keys.is_empty() {
             PeerIp::default().extract(&view).into_iter().collect()
         } else {
-            config.keys.iter().filter_map(|k| k.0.extract(&view)).collect()
+            config
+                .keys
+                .iter()
+                .filter_map(|k| k.0.extract(&view))
+                .collect()
         };
         if ids.is_empty() {
             return match config.missing {

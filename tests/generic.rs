@@ -1,0 +1,153 @@
+//! The keyed layer around services that are not HTTP servers: an outbound client.
+
+use std::convert::Infallible;
+use std::time::{Duration, Instant};
+
+use tollgate::{KeyedRateLimitLayer, Limiter, MemoryStore, RateLimited};
+use tower::{service_fn, BoxError, ServiceBuilder, ServiceExt};
+
+#[derive(Debug)]
+struct Charge {
+    provider: &'static str,
+    cents: u64,
+}
+
+async fn provider(charge: Charge) -> Result<String, Infallible> {
+    Ok(format!("charged {} at {}", charge.cents, charge.provider))
+}
+
+#[tokio::test]
+async fn a_limited_call_fails_with_a_downcastable_error() {
+    let limiter = Limiter::new(MemoryStore::new(), "2/min".parse().unwrap());
+    let svc = ServiceBuilder::new()
+        .layer(KeyedRateLimitLayer::new(limiter, |c: &Charge| {
+            format!("psp:{}", c.provider).into()
+        }))
+        .service(service_fn(provider));
+    for cents in [100, 200] {
+        let out = svc
+            .clone()
+            .oneshot(Charge {
+                provider: "acme",
+                cents,
+            })
+            .await
+            .unwrap();
+        assert_eq!(out, format!("charged {cents} at acme"));
+    }
+    let err: BoxError = svc
+        .clone()
+        .oneshot(Charge {
+            provider: "acme",
+            cents: 300,
+        })
+        .await
+        .unwrap_err();
+    let limited = err
+        .downcast_ref::<RateLimited>()
+        .expect("a RateLimited error");
+    assert!(limited.retry_after() > Duration::ZERO);
+    assert!(!limited.decision().is_allowed());
+    assert!(limited.to_string().contains("2/min"), "{limited}");
+    // another provider has its own budget
+    svc.oneshot(Charge {
+        provider: "other",
+        cents: 1,
+    })
+    .await
+    .unwrap();
+}
+
+/// The inner service's own errors pass through unchanged (boxed).
+#[tokio::test]
+async fn inner_errors_pass_through() {
+    #[derive(Debug)]
+    struct Declined;
+    impl std::fmt::Display for Declined {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("card declined")
+        }
+    }
+    impl std::error::Error for Declined {}
+
+    let limiter = Limiter::new(MemoryStore::new(), "5/min".parse().unwrap());
+    let svc = ServiceBuilder::new()
+        .layer(KeyedRateLimitLayer::new(limiter, |_: &Charge| "psp".into()))
+        .service(service_fn(|_c: Charge| async {
+            Err::<String, _>(Declined)
+        }));
+    let err = svc
+        .oneshot(Charge {
+            provider: "x",
+            cents: 1,
+        })
+        .await
+        .unwrap_err();
+    assert!(err.downcast_ref::<Declined>().is_some());
+}
+
+/// With `wait_up_to`, a call waits for the limit instead of failing: the provider sees a
+/// paced stream (seed 000's throttling), and calls that would wait too long still fail fast.
+#[tokio::test]
+async fn calls_can_wait_for_their_turn() {
+    let limiter = Limiter::new(MemoryStore::new(), "2/300ms log".parse().unwrap());
+    let svc = ServiceBuilder::new()
+        .layer(
+            KeyedRateLimitLayer::new(limiter.clone(), |_: &Charge| "psp".into())
+                .wait_up_to(Duration::from_secs(2)),
+        )
+        .service(service_fn(provider));
+    let started = Instant::now();
+    for cents in 0..6 {
+        svc.clone()
+            .oneshot(Charge {
+                provider: "p",
+                cents,
+            })
+            .await
+            .unwrap();
+    }
+    // six calls at two per 300 ms: the last two had to wait for two windows
+    assert!(
+        started.elapsed() >= Duration::from_millis(550),
+        "{:?}",
+        started.elapsed()
+    );
+
+    let impatient = ServiceBuilder::new()
+        .layer(
+            KeyedRateLimitLayer::new(limiter, |_: &Charge| "psp".into())
+                .wait_up_to(Duration::from_millis(10)),
+        )
+        .service(service_fn(provider));
+    let err = impatient
+        .oneshot(Charge {
+            provider: "p",
+            cents: 9,
+        })
+        .await
+        .unwrap_err();
+    assert!(err.is::<RateLimited>());
+}
+
+/// A cost that can never fit is an error of its own, not a rate limit.
+#[tokio::test]
+async fn impossible_costs_are_errors() {
+    let limiter = Limiter::new(MemoryStore::new(), "10/s".parse().unwrap());
+    let svc = ServiceBuilder::new()
+        .layer(KeyedRateLimitLayer::new(limiter, |c: &Charge| {
+            (vec!["psp".to_string()], c.cents).into()
+        }))
+        .service(service_fn(provider));
+    let err = svc
+        .oneshot(Charge {
+            provider: "p",
+            cents: 11,
+        })
+        .await
+        .unwrap_err();
+    assert!(matches!(
+        err.downcast_ref::<tollgate::Error>(),
+        Some(tollgate::Error::Cost { cost: 11, max: 10 })
+    ));
+}
