@@ -2,9 +2,10 @@
 -- one atomic call, all-or-nothing.
 --
 -- KEYS: one per (identifier, limit), identifier-major: KEYS[(id - 1) * L + l].
--- ARGV: now (µs; empty to read the server clock), cost, L, then per limit: algorithm
---       (1 sliding log, 2 sliding window, 3 fixed window, 4 GCRA / token bucket), count,
---       window (µs), largest cost (count, or the burst).
+-- ARGV: now (µs; empty to read the server clock), cost, L, lease id (for a concurrency
+--       limit; may be empty), then per limit: algorithm (1 sliding log, 2 sliding window,
+--       3 fixed window, 4 GCRA / token bucket, 5 concurrency), count, window (µs; the lease
+--       for concurrency), largest cost (count, or the burst).
 -- Returns {allowed, now, then per key: remaining, reset_after, retry_after, admitted}
 -- with the times in µs relative to now.
 --
@@ -21,10 +22,11 @@ else
 end
 local cost = tonumber(ARGV[2])
 local nlimits = tonumber(ARGV[3])
+LEASE = ARGV[4]
 
 local limits = {}
 for l = 1, nlimits do
-  local a = 3 + (l - 1) * 4
+  local a = 4 + (l - 1) * 4
   limits[l] = {
     alg = ALG[tonumber(ARGV[a + 1])],
     n = tonumber(ARGV[a + 2]),

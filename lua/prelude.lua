@@ -39,3 +39,6 @@ end
 --   report(st, lim, now)           -> remaining, reset_after
 -- `lim` is {n = count, w = window µs, burst = largest cost}. They mirror src/algorithm.rs.
 local ALG = {}
+
+-- The lease id a concurrency limit takes, set by check.lua from ARGV (Redis forbids globals).
+local LEASE = ''

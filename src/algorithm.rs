@@ -26,7 +26,14 @@ pub(crate) enum State {
     Fixed { idx: u64, count: u64 },
     /// GCRA: the theoretical arrival time, `tat + rem / count` microseconds.
     Gcra { tat: u64, rem: u64 },
+    /// Concurrency: the leases held, by id, with their deadlines (µs). A lease is live while
+    /// its deadline is after now.
+    Leases(Vec<(String, u64)>),
 }
+
+/// How long a denied concurrency check suggests waiting: slots free up when requests finish,
+/// which no one can predict, so this is a hint, capped by the earliest lease deadline.
+pub(crate) const CONCURRENCY_RETRY_US: u64 = 1_000_000;
 
 /// The outcome of `evaluate` for one pair.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -53,6 +60,7 @@ pub(crate) fn new_state(limit: &Limit) -> State {
             prev: 0,
         },
         Algorithm::FixedWindow => State::Fixed { idx: 0, count: 0 },
+        Algorithm::Concurrency => State::Leases(Vec::new()),
         _ => State::Gcra { tat: 0, rem: 0 },
     }
 }
@@ -99,6 +107,15 @@ pub(crate) fn evaluate(state: Option<&State>, limit: &Limit, now: u64, cost: u64
                 deny((i.max(*idx) + 1) * w)
             }
         }
+        State::Leases(leases) => {
+            let live = leases.iter().filter(|(_, d)| *d > now);
+            if (live.clone().count() as u64) < n {
+                admit()
+            } else {
+                let first = live.map(|(_, d)| *d).min().unwrap_or(now);
+                deny(first.min(now + CONCURRENCY_RETRY_US))
+            }
+        }
         State::Gcra { tat, rem } => {
             let g = Gcra::new(limit);
             let m = g.max((*tat, *rem), (now, 0));
@@ -115,10 +132,15 @@ pub(crate) fn evaluate(state: Option<&State>, limit: &Limit, now: u64, cost: u64
     }
 }
 
-/// Charges `cost` at `now`. Call only after `evaluate` admitted it.
-pub(crate) fn commit(state: &mut State, limit: &Limit, now: u64, cost: u64) {
+/// Charges `cost` at `now` (for a concurrency limit: takes the slot `lease`). Call only after
+/// `evaluate` admitted it.
+pub(crate) fn commit(state: &mut State, limit: &Limit, now: u64, cost: u64, lease: &str) {
     let w = limit.window_us();
     match state {
+        State::Leases(leases) => {
+            leases.retain(|(_, d)| *d > now);
+            leases.push((lease.to_string(), now + w));
+        }
         State::Log(entries) => {
             let cut = now.saturating_sub(w);
             while entries.front().is_some_and(|&s| now >= w && s <= cut) {
@@ -157,7 +179,11 @@ pub(crate) fn report(state: Option<&State>, limit: &Limit, now: u64) -> Report {
     let n = limit.count();
     let w = limit.window_us();
     let empty = Report {
-        remaining: limit.max_cost(),
+        remaining: if limit.is_concurrency() {
+            n
+        } else {
+            limit.max_cost()
+        },
         reset_after: 0,
     };
     let Some(state) = state else { return empty };
@@ -198,6 +224,13 @@ pub(crate) fn report(state: Option<&State>, limit: &Limit, now: u64) -> Report {
                 reset_after: (*idx + 1) * w - now,
             }
         }
+        State::Leases(leases) => {
+            let live = leases.iter().filter(|(_, d)| *d > now).count() as u64;
+            Report {
+                remaining: n.saturating_sub(live),
+                reset_after: 0,
+            }
+        }
         State::Gcra { tat, rem } => {
             let g = Gcra::new(limit);
             let m = g.max((*tat, *rem), (now, 0));
@@ -235,6 +268,25 @@ pub(crate) fn expires_at(state: &State, limit: &Limit) -> u64 {
         }
         State::Fixed { idx, .. } => (idx + 1) * w,
         State::Gcra { tat, rem } => tat + u64::from(*rem > 0),
+        State::Leases(leases) => leases.iter().map(|(_, d)| *d).max().unwrap_or(0),
+    }
+}
+
+/// Extends the lease `id` to `now + lease_us`, if it is still held and live.
+pub(crate) fn renew(state: &mut State, id: &str, now: u64, lease_us: u64) {
+    if let State::Leases(leases) = state {
+        for (lease, deadline) in leases.iter_mut() {
+            if lease == id && *deadline > now {
+                *deadline = now + lease_us;
+            }
+        }
+    }
+}
+
+/// Gives the slot `id` back (idempotent).
+pub(crate) fn release(state: &mut State, id: &str) {
+    if let State::Leases(leases) = state {
+        leases.retain(|(lease, _)| lease != id);
     }
 }
 

@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use crate::concurrency::ConcurrencyGuard;
 use crate::policy::Limit;
 
 /// The decision of one check: admitted or not, and for every (identifier, limit) pair its
@@ -9,12 +10,25 @@ use crate::policy::Limit;
 ///
 /// A denied check charged nothing anywhere; [`Decision::retry_after`] says when the same
 /// request would be admitted if nothing else happened in between.
-#[derive(Debug, Clone, PartialEq, Eq)]
+///
+/// When the policy has a concurrency limit, an admitted decision holds the request's slots
+/// until it — or the guard taken out of it with [`Decision::take_guard`] — is dropped.
+#[derive(Debug, Clone)]
 pub struct Decision {
     pub(crate) allowed: bool,
     pub(crate) cost: u64,
     pub(crate) statuses: Vec<LimitStatus>,
+    pub(crate) guard: Option<ConcurrencyGuard>,
 }
+
+/// Decisions compare by what was decided; the slots they hold do not take part.
+impl PartialEq for Decision {
+    fn eq(&self, other: &Decision) -> bool {
+        self.allowed == other.allowed && self.cost == other.cost && self.statuses == other.statuses
+    }
+}
+
+impl Eq for Decision {}
 
 /// The state of one limit for one identifier, as seen by a check.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -66,13 +80,25 @@ impl Decision {
             .max_by_key(|s| s.retry_after)
     }
 
+    /// The concurrency slots this decision holds (admitted, policy with a concurrency limit).
+    pub fn guard(&self) -> Option<&ConcurrencyGuard> {
+        self.guard.as_ref()
+    }
+
+    /// Takes the concurrency slots out of the decision, to hold them as long as the work
+    /// lasts (the decision can then be dropped or kept for its figures).
+    pub fn take_guard(&mut self) -> Option<ConcurrencyGuard> {
+        self.guard.take()
+    }
+
     /// Every (identifier, limit) pair, identifier-major.
     pub fn statuses(&self) -> &[LimitStatus] {
         &self.statuses
     }
 
     /// For each limit of the policy, in order, the status of the most constrained identifier
-    /// (least remaining, then longest reset): what rate-limit headers report.
+    /// (least remaining, then longest reset): what rate-limit headers report (they leave the
+    /// concurrency limit out: it is not a quota over time).
     pub fn limits(&self) -> impl Iterator<Item = &LimitStatus> + '_ {
         let n = self
             .statuses

@@ -48,6 +48,7 @@ fn limit_tag(out: &mut String, limit: &Limit) {
         Algorithm::FixedWindow => ('f', None),
         Algorithm::TokenBucket { capacity } => ('b', Some(capacity)),
         Algorithm::Gcra { burst } => ('g', Some(burst)),
+        Algorithm::Concurrency => ('c', None),
     };
     let _ = write!(out, "{letter}{}x{}", limit.count(), limit.window_us());
     if let Some(b) = burst {

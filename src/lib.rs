@@ -52,6 +52,7 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod algorithm;
+mod concurrency;
 mod decision;
 pub mod key;
 mod keys;
@@ -60,6 +61,7 @@ mod limiter;
 pub mod policy;
 pub mod store;
 
+pub use concurrency::ConcurrencyGuard;
 pub use decision::{Decision, LimitStatus};
 pub use layer::{KeyedRateLimitLayer, RateLimitLayer, RateLimited};
 pub use limiter::{Error, Limiter, MAX_IDENTIFIERS};

@@ -4,10 +4,11 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::concurrency::{lease_id, ConcurrencyGuard};
 use crate::decision::{Decision, LimitStatus};
 use crate::keys;
 use crate::policy::Policy;
-use crate::store::{Plan, Store, StoreError};
+use crate::store::{Lease, Plan, Store, StoreError};
 
 /// The most distinct identifiers one check may name.
 pub const MAX_IDENTIFIERS: usize = 16;
@@ -114,12 +115,26 @@ impl Limiter {
             .map(|&i| keys::escape_identifier(identifiers[i].as_ref()))
             .collect();
         let limits = policy.limits();
+        let lease = policy.concurrency().map(|_| lease_id());
         let plan = Plan {
             ids: &ids,
             limits,
             cost,
+            lease: lease.as_deref().unwrap_or(""),
         };
-        let outcome = self.inner.store.check(&plan).await.map_err(Error::Store)?;
+        let store = &self.inner.store;
+        let outcome = store.check(&plan).await.map_err(Error::Store)?;
+        let guard = match (policy.concurrency(), lease) {
+            (Some(limit), Some(id)) if outcome.allowed => {
+                let lease = Lease {
+                    keys: ids.iter().map(|id| store.key(id, limit)).collect(),
+                    id,
+                    lease_us: limit.window_us(),
+                };
+                Some(ConcurrencyGuard::new(lease, store.clone()))
+            }
+            _ => None,
+        };
         let statuses = outcome
             .entries
             .iter()
@@ -138,6 +153,7 @@ impl Limiter {
             allowed: outcome.allowed,
             cost,
             statuses,
+            guard,
         })
     }
 }

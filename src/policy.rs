@@ -17,6 +17,10 @@
 //! * `burst=B` (or `capacity=B`) — only for `bucket` and `gcra`: how many requests may arrive at
 //!   once; defaults to `COUNT`.
 //!
+//! A concurrency limit is written `N concurrent [lease=DURATION]`: at most N requests in flight
+//! per identifier ([`Algorithm::Concurrency`]); the lease (default 60 s) bounds how long a
+//! slot outlives a process that died holding it.
+//!
 //! Examples: `10/s, 120/min, 240/h` (seed-style multi-limit, default algorithm),
 //! `100/s bucket capacity=500` (Stripe's request limiter), `5/s gcra burst=20`,
 //! `10/s log` (exact rolling window), `1000/d fixed` (a daily quota aligned to UTC midnight).
@@ -36,6 +40,9 @@ pub const MAX_COUNT: u64 = 50_000_000;
 
 /// The longest window a limit accepts: 400 days.
 pub const MAX_WINDOW: Duration = Duration::from_secs(400 * 86_400);
+
+/// The lease of a concurrency limit when the text gives none.
+pub const DEFAULT_LEASE: Duration = Duration::from_secs(60);
 
 /// The longest burst tolerance (burst × window / count) of a token bucket or GCRA limit.
 const MAX_TOLERANCE_US: u128 = 1 << 50;
@@ -72,6 +79,11 @@ pub enum Algorithm {
         /// How many requests may arrive at once.
         burst: u64,
     },
+    /// At most `count` requests in flight at once; `window` is the lease: how long a slot
+    /// outlives a process that died holding it. Slots are held by a
+    /// [`ConcurrencyGuard`](crate::ConcurrencyGuard) and renewed while it lives. A request
+    /// takes one slot whatever its cost.
+    Concurrency,
 }
 
 impl Algorithm {
@@ -85,6 +97,7 @@ impl Algorithm {
             Algorithm::FixedWindow => "fixed",
             Algorithm::TokenBucket { .. } => "bucket",
             Algorithm::Gcra { .. } => "gcra",
+            Algorithm::Concurrency => "concurrent",
         }
     }
 }
@@ -185,10 +198,24 @@ impl Limit {
         self.algorithm
     }
 
+    /// At most `count` requests in flight, with the default lease of 60 s.
+    pub fn concurrent(count: u64) -> Result<Limit, PolicyError> {
+        Limit::new(count, DEFAULT_LEASE, Algorithm::Concurrency)
+    }
+
     /// The largest cost a single request may have under this limit: `count` for the window
-    /// algorithms, the capacity or burst for a token bucket or GCRA.
+    /// algorithms, the capacity or burst for a token bucket or GCRA; unbounded for a
+    /// concurrency limit (a request takes one slot whatever its cost).
     pub fn max_cost(&self) -> u64 {
-        self.burst().unwrap_or(self.count)
+        match self.algorithm {
+            Algorithm::Concurrency => u64::MAX,
+            _ => self.burst().unwrap_or(self.count),
+        }
+    }
+
+    /// Whether this is a concurrency limit.
+    pub fn is_concurrency(&self) -> bool {
+        self.algorithm == Algorithm::Concurrency
     }
 
     fn burst(&self) -> Option<u64> {
@@ -205,24 +232,37 @@ impl Limit {
     }
 }
 
+/// Writes a duration in the policy syntax: `s`, `5min`, `1500ms`.
+fn write_window(f: &mut fmt::Formatter<'_>, window: Duration) -> fmt::Result {
+    let ms = window.as_millis();
+    let (n, unit) = [
+        (86_400_000, "d"),
+        (3_600_000, "h"),
+        (60_000, "min"),
+        (1000, "s"),
+    ]
+    .into_iter()
+    .find(|(size, _)| ms != 0 && ms.is_multiple_of(*size))
+    .map(|(size, unit)| (ms / size, unit))
+    .unwrap_or((ms, "ms"));
+    if n != 1 || unit == "ms" {
+        write!(f, "{n}")?;
+    }
+    f.write_str(unit)
+}
+
 impl fmt::Display for Limit {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}/", self.count)?;
-        let ms = self.window.as_millis();
-        let (n, unit) = [
-            (86_400_000, "d"),
-            (3_600_000, "h"),
-            (60_000, "min"),
-            (1000, "s"),
-        ]
-        .into_iter()
-        .find(|(size, _)| ms != 0 && ms.is_multiple_of(*size))
-        .map(|(size, unit)| (ms / size, unit))
-        .unwrap_or((ms, "ms"));
-        if n != 1 || unit == "ms" {
-            write!(f, "{n}")?;
+        if self.algorithm == Algorithm::Concurrency {
+            write!(f, "{} concurrent", self.count)?;
+            if self.window != DEFAULT_LEASE {
+                f.write_str(" lease=")?;
+                write_window(f, self.window)?;
+            }
+            return Ok(());
         }
-        f.write_str(unit)?;
+        write!(f, "{}/", self.count)?;
+        write_window(f, self.window)?;
         if self.algorithm != Algorithm::DEFAULT {
             write!(f, " {}", self.algorithm.name())?;
         }
@@ -244,6 +284,9 @@ impl FromStr for Limit {
         let err = |kind| PolicyError::new(kind, text);
         if text.is_empty() {
             return Err(err(PolicyErrorKind::Empty));
+        }
+        if !text.contains('/') {
+            return parse_concurrency(text).map_err(err);
         }
         let (count, rest) = text
             .split_once('/')
@@ -290,6 +333,26 @@ impl FromStr for Limit {
         }
         Limit::new(count, window, algorithm).map_err(|e| PolicyError::new(e.kind, text))
     }
+}
+
+/// Parses `N concurrent [lease=DURATION]`.
+fn parse_concurrency(text: &str) -> Result<Limit, PolicyErrorKind> {
+    let mut words = text.split_whitespace();
+    let (Some(count), Some("concurrent")) = (words.next(), words.next()) else {
+        return Err(PolicyErrorKind::Syntax(
+            "expected COUNT/WINDOW (as in 10/s) or COUNT concurrent",
+        ));
+    };
+    let count = parse_number(count)?;
+    let mut lease = DEFAULT_LEASE;
+    for word in words {
+        match word.split_once('=') {
+            Some(("lease", value)) => lease = parse_window(value)?,
+            Some((name, _)) => return Err(PolicyErrorKind::UnknownParameter(name.to_string())),
+            None => return Err(PolicyErrorKind::Syntax("expected lease=DURATION")),
+        }
+    }
+    Limit::new(count, lease, Algorithm::Concurrency).map_err(|e| e.kind)
 }
 
 /// Parses `123` or `1_000`.
@@ -353,6 +416,9 @@ impl Policy {
         if limits.len() > MAX_LIMITS {
             return Err(PolicyError::new(PolicyErrorKind::TooManyLimits, text));
         }
+        if limits.iter().filter(|l| l.is_concurrency()).count() > 1 {
+            return Err(PolicyError::new(PolicyErrorKind::Duplicate, text));
+        }
         for (i, limit) in limits.iter().enumerate() {
             if limits[..i].contains(limit) {
                 return Err(PolicyError::new(
@@ -372,6 +438,11 @@ impl Policy {
     /// The largest cost a request may have: the smallest [`Limit::max_cost`].
     pub fn max_cost(&self) -> u64 {
         self.limits.iter().map(Limit::max_cost).min().unwrap_or(0)
+    }
+
+    /// The concurrency limit, if the policy has one (at most one).
+    pub fn concurrency(&self) -> Option<&Limit> {
+        self.limits.iter().find(|l| l.is_concurrency())
     }
 }
 
@@ -502,7 +573,9 @@ impl fmt::Display for PolicyError {
                 f,
                 "too large (counts and bursts up to {MAX_COUNT}, windows up to 400 days)"
             ),
-            PolicyErrorKind::Duplicate => f.write_str("the same limit is given twice"),
+            PolicyErrorKind::Duplicate => {
+                f.write_str("the same limit (or two concurrency limits) given twice")
+            }
             PolicyErrorKind::TooManyLimits => {
                 write!(f, "a policy holds at most {MAX_LIMITS} limits")
             }
@@ -563,6 +636,8 @@ mod tests {
             "9/25h bucket burst=1",
             "50000000/400d gcra",
             "5/s, 5/s log, 5/s fixed, 5/s bucket, 5/s gcra burst=2",
+            "10/s, 3 concurrent",
+            "4 concurrent lease=90s",
         ] {
             let p: Policy = text.parse().unwrap();
             let again: Policy = p.to_string().parse().unwrap();
@@ -598,9 +673,16 @@ mod tests {
             ("ten/s", PolicyErrorKind::BadCount),
             (
                 "10 per second",
-                PolicyErrorKind::Syntax("expected COUNT/WINDOW, as in 10/s"),
+                PolicyErrorKind::Syntax("expected COUNT/WINDOW (as in 10/s) or COUNT concurrent"),
             ),
             ("10/s, 10/s", PolicyErrorKind::Duplicate),
+            ("2 concurrent, 3 concurrent", PolicyErrorKind::Duplicate),
+            ("0 concurrent", PolicyErrorKind::ZeroCount),
+            ("3 concurrent lease=0s", PolicyErrorKind::ZeroWindow),
+            (
+                "3 concurrent ttl=5s",
+                PolicyErrorKind::UnknownParameter("ttl".into()),
+            ),
         ];
         for (text, kind) in cases {
             let e = text.parse::<Policy>().unwrap_err();

@@ -382,3 +382,117 @@ async fn long_and_hostile_identifiers(env: Env) {
         assert!(!check(&l, &[id]).await.is_allowed(), "{id:.20}");
     }
 }
+
+mod concurrency {
+    use super::*;
+
+    /// Polls until `check` admits, for a store whose releases are asynchronous (Redis).
+    async fn admitted_soon(l: &Limiter, ids: &[&str]) -> Decision {
+        for _ in 0..200 {
+            let d = check(l, ids).await;
+            if d.is_allowed() {
+                return d;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("the slot never came back");
+    }
+
+    macro_rules! both {
+        ($($name:ident),* $(,)?) => {
+            mod memory {
+                $(#[tokio::test] async fn $name() { super::$name(super::Env::memory().await).await })*
+            }
+            mod redis {
+                $(#[tokio::test] async fn $name() { super::$name(super::Env::redis().await).await })*
+            }
+        };
+    }
+
+    both!(
+        at_most_n_in_flight,
+        rate_and_concurrency_are_all_or_nothing,
+        forgotten_slots_expire_after_the_lease,
+    );
+
+    async fn at_most_n_in_flight(env: Env) {
+        let l = env.limiter("3 concurrent");
+        let mut held = Vec::new();
+        for i in 0..3 {
+            let d = check(&l, &["k"]).await;
+            assert!(d.is_allowed());
+            assert_eq!(d.statuses()[0].remaining, 2 - i);
+            held.push(d);
+        }
+        let d = check(&l, &["k"]).await;
+        assert!(!d.is_allowed());
+        assert!(d.guard().is_none());
+        assert!(d.retry_after().unwrap() <= Duration::from_secs(1));
+        // another key is independent
+        assert!(check(&l, &["other"]).await.is_allowed());
+        // a finished request gives its slot back
+        held.pop();
+        let again = admitted_soon(&l, &["k"]).await;
+        assert!(!check(&l, &["k"]).await.is_allowed());
+        drop(again);
+        drop(held);
+        let mut all = Vec::new();
+        for _ in 0..3 {
+            all.push(admitted_soon(&l, &["k"]).await);
+        }
+    }
+
+    async fn rate_and_concurrency_are_all_or_nothing(env: Env) {
+        let l = env.limiter("2/min log, 1 concurrent");
+        let first = check(&l, &["k"]).await;
+        assert!(first.is_allowed());
+        // the slot is taken: denied by concurrency, and the rate limit is not charged
+        for _ in 0..3 {
+            let d = check(&l, &["k"]).await;
+            assert!(!d.is_allowed());
+            assert!(d.denied_by().unwrap().limit.is_concurrency());
+            assert_eq!(
+                d.statuses()[0].remaining,
+                1,
+                "rate limit charged by a denial"
+            );
+        }
+        drop(first);
+        let second = admitted_soon(&l, &["k"]).await;
+        assert_eq!(second.statuses()[0].remaining, 0);
+        drop(second);
+        // the rate limit is exhausted: denied by it, and no slot is taken
+        let mut third = admitted_or_denied_by_rate(&l).await;
+        assert!(third.take_guard().is_none());
+        assert_eq!(third.statuses()[1].remaining, 1, "slot taken by a denial");
+    }
+
+    async fn admitted_or_denied_by_rate(l: &Limiter) -> Decision {
+        for _ in 0..200 {
+            let d = check(l, &["k"]).await;
+            // (once the previous slot is back: Redis releases asynchronously)
+            if d.denied_by().is_some_and(|s| !s.limit.is_concurrency()) && d.statuses()[1].admitted
+            {
+                return d;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("never denied by the rate limit");
+    }
+
+    async fn forgotten_slots_expire_after_the_lease(env: Env) {
+        let l = env.limiter("2 concurrent lease=30s");
+        for _ in 0..2 {
+            let mut d = check(&l, &["k"]).await;
+            d.take_guard().unwrap().forget();
+        }
+        assert!(!check(&l, &["k"]).await.is_allowed());
+        env.advance_ms(29_999);
+        assert!(!check(&l, &["k"]).await.is_allowed());
+        env.advance_ms(1);
+        let a = check(&l, &["k"]).await;
+        let b = check(&l, &["k"]).await;
+        assert!(a.is_allowed() && b.is_allowed());
+        assert!(!check(&l, &["k"]).await.is_allowed());
+    }
+}

@@ -7,13 +7,19 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use pin_project::pin_project;
 
+use crate::concurrency::ConcurrencyGuard;
+
 /// The body of a response that went through [`RateLimit`](super::RateLimit): the inner
 /// service's body, or the short text of a response the layer produced itself (a rejection).
+///
+/// It holds the request's concurrency slot, when there is one, until the body has been sent
+/// to the end (or dropped: the client went away), so streaming responses count as in flight.
 #[pin_project(project = BodyProj)]
 #[derive(Debug)]
 pub struct ResponseBody<B> {
     #[pin]
     kind: Kind<B>,
+    guard: Option<ConcurrencyGuard>,
 }
 
 #[pin_project(project = KindProj)]
@@ -27,6 +33,7 @@ impl<B> ResponseBody<B> {
     pub(crate) fn inner(body: B) -> Self {
         ResponseBody {
             kind: Kind::Inner(body),
+            guard: None,
         }
     }
 
@@ -34,7 +41,14 @@ impl<B> ResponseBody<B> {
         let data: Bytes = data.into();
         ResponseBody {
             kind: Kind::Full((!data.is_empty()).then_some(data)),
+            guard: None,
         }
+    }
+
+    /// Holds `guard` until the body ends.
+    pub(crate) fn guarded(mut self, guard: Option<ConcurrencyGuard>) -> Self {
+        self.guard = guard;
+        self
     }
 }
 
@@ -49,10 +63,16 @@ where
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
-        match self.project().kind.project() {
+        let this = self.project();
+        let frame = match this.kind.project() {
             KindProj::Inner(body) => body.poll_frame(cx),
             KindProj::Full(data) => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
+        };
+        // The end of the body, or an error that ends it: the request is no longer in flight.
+        if matches!(frame, Poll::Ready(None | Some(Err(_)))) {
+            this.guard.take();
         }
+        frame
     }
 
     fn is_end_stream(&self) -> bool {

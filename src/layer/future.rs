@@ -179,8 +179,10 @@ where
                 }
                 StateProj::Calling { fut, decision } => {
                     let res = ready!(fut.poll(cx))?;
-                    let mut res = res.map(ResponseBody::inner);
-                    if let Some(d) = decision.take() {
+                    let mut decision = decision.take();
+                    let guard = decision.as_mut().and_then(Decision::take_guard);
+                    let mut res = res.map(|b| ResponseBody::inner(b).guarded(guard));
+                    if let Some(d) = decision {
                         add_headers(res.headers_mut(), &d, this.config.headers);
                     }
                     return Poll::Ready(Ok(res));

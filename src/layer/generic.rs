@@ -283,6 +283,8 @@ enum KeyedState<S: Service<Req>, Req> {
     Calling {
         #[pin]
         fut: S::Future,
+        /// The request's concurrency slot, held until the inner service answers.
+        guard: Option<crate::ConcurrencyGuard>,
     },
 }
 
@@ -314,19 +316,21 @@ where
                     let (Some(mut svc), Some(request)) = (inner.take(), req.take()) else {
                         return Poll::Ready(Err(PolledAfterCompletion.into()));
                     };
-                    match result {
-                        Ok(d) if d.is_allowed() => {}
+                    let guard = match result {
+                        Ok(mut d) if d.is_allowed() => d.take_guard(),
                         Ok(decision) => {
                             return Poll::Ready(Err(RateLimited { decision }.into()));
                         }
-                        Err(Error::Store(_)) if *this.on_error == OnStoreError::Allow => {}
+                        Err(Error::Store(_)) if *this.on_error == OnStoreError::Allow => None,
                         Err(e) => return Poll::Ready(Err(e.into())),
-                    }
+                    };
                     let fut = svc.call(request);
-                    this.state.set(KeyedState::Calling { fut });
+                    this.state.set(KeyedState::Calling { fut, guard });
                 }
-                KeyedProj::Calling { fut } => {
-                    return fut.poll(cx).map_err(Into::into);
+                KeyedProj::Calling { fut, guard } => {
+                    let out = ready!(fut.poll(cx)).map_err(Into::into);
+                    guard.take();
+                    return Poll::Ready(out);
                 }
             }
         }

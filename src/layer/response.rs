@@ -56,7 +56,7 @@ pub(crate) fn add_headers(headers: &mut HeaderMap, decision: &Decision, style: H
     };
     if style.ietf {
         let (mut policy, mut state) = (String::new(), String::new());
-        for s in decision.limits() {
+        for s in decision.limits().filter(|s| !s.limit.is_concurrency()) {
             let sep = if policy.is_empty() { "" } else { ", " };
             let name = s.limit.to_string();
             let w = ceil_secs(s.limit.window());
@@ -64,13 +64,16 @@ pub(crate) fn add_headers(headers: &mut HeaderMap, decision: &Decision, style: H
             let t = ceil_secs(s.reset_after);
             let _ = write!(state, "{sep}\"{name}\";r={};t={t}", s.remaining);
         }
-        put(RATELIMIT_POLICY, value(policy));
-        put(RATELIMIT, value(state));
+        if !policy.is_empty() {
+            put(RATELIMIT_POLICY, value(policy));
+            put(RATELIMIT, value(state));
+        }
     }
     if style.legacy {
         // The limit closest to exhaustion (least remaining, then longest reset).
         if let Some(s) = decision
             .limits()
+            .filter(|s| !s.limit.is_concurrency())
             .min_by_key(|s| (s.remaining, std::cmp::Reverse(s.reset_after)))
         {
             put(X_LIMIT, value(s.limit.count().to_string()));
@@ -154,6 +157,11 @@ fn grpc_percent_encode(message: &str) -> String {
 /// The message of a limited request.
 pub(crate) fn limited_message(decision: &Decision) -> String {
     match decision.denied_by() {
+        Some(s) if s.limit.is_concurrency() => format!(
+            "too many concurrent requests: {} (retry in {} s)",
+            s.limit,
+            ceil_secs(s.retry_after.unwrap_or_default()).max(1)
+        ),
         Some(s) => format!(
             "rate limit exceeded: {} (retry in {} s)",
             s.limit,

@@ -22,8 +22,9 @@ use std::collections::HashMap;
 use std::hash::BuildHasher;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use super::{system_micros, Clock, Entry, Outcome, Plan};
+use super::{system_micros, Clock, Entry, Lease, Outcome, Plan};
 use crate::algorithm::{self, State};
+use crate::concurrency::KeeperSlot;
 use crate::keys;
 
 const SHARDS: usize = 64;
@@ -31,7 +32,7 @@ const DEFAULT_MAX_KEYS: usize = 1_000_000;
 const MIN_SWEEP: usize = 1024;
 const EVICTION_SAMPLE: usize = 16;
 /// The memory store's key prefix (it shares nothing, so any constant does).
-const PREFIX: &str = "m";
+pub(crate) const PREFIX: &str = "m";
 
 /// State in this process: for single-process applications, tests and local development.
 ///
@@ -47,6 +48,7 @@ struct Inner {
     hasher: RandomState,
     clock: Clock,
     max_per_shard: usize,
+    keeper: KeeperSlot,
 }
 
 #[derive(Debug, Default)]
@@ -91,6 +93,7 @@ impl MemoryStoreBuilder {
                 hasher: RandomState::new(),
                 clock: self.clock,
                 max_per_shard: max_keys.div_ceil(SHARDS),
+                keeper: KeeperSlot::default(),
             }),
         }
     }
@@ -125,7 +128,7 @@ impl MemoryStore {
 
     pub(crate) fn check(&self, plan: &Plan<'_>) -> Outcome {
         let inner = &*self.inner;
-        let now = inner.clock.manual_now().unwrap_or_else(system_micros);
+        let now = self.now();
         let nlimits = plan.limits.len();
 
         // (shard, key) per (identifier, limit) pair, identifier-major.
@@ -170,7 +173,7 @@ impl MemoryStore {
                 if stored.expires_at <= now {
                     stored.state = algorithm::new_state(limit);
                 }
-                algorithm::commit(&mut stored.state, limit, now, plan.cost);
+                algorithm::commit(&mut stored.state, limit, now, plan.cost, plan.lease);
                 stored.expires_at = algorithm::expires_at(&stored.state, limit);
             }
         }
@@ -196,6 +199,45 @@ impl MemoryStore {
             })
             .collect();
         Outcome { allowed, entries }
+    }
+}
+
+impl MemoryStore {
+    fn now(&self) -> u64 {
+        self.inner.clock.manual_now().unwrap_or_else(system_micros)
+    }
+
+    fn with_state(&self, key: &str, f: impl FnOnce(&mut Stored)) {
+        let shard = (self.inner.hasher.hash_one(key) as usize) % SHARDS;
+        if let Some(stored) = lock(&self.inner.shards[shard]).map.get_mut(key) {
+            f(stored);
+        }
+    }
+
+    pub(crate) fn renew(&self, leases: &[&Lease]) {
+        let now = self.now();
+        for lease in leases {
+            for key in &lease.keys {
+                self.with_state(key, |stored| {
+                    algorithm::renew(&mut stored.state, &lease.id, now, lease.lease_us);
+                    stored.expires_at = stored.expires_at.max(now + lease.lease_us);
+                });
+            }
+        }
+    }
+
+    pub(crate) fn release(&self, leases: &[Lease]) {
+        for lease in leases {
+            for key in &lease.keys {
+                self.with_state(key, |stored| {
+                    algorithm::release(&mut stored.state, &lease.id)
+                });
+            }
+        }
+    }
+
+    pub(crate) fn keeper_slot(&self) -> &KeeperSlot {
+        &self.inner.keeper
     }
 }
 

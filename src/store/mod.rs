@@ -155,6 +155,8 @@ pub(crate) struct Plan<'a> {
     pub(crate) ids: &'a [String],
     pub(crate) limits: &'a [Limit],
     pub(crate) cost: u64,
+    /// The id of the slot a concurrency limit takes (empty when the policy has none).
+    pub(crate) lease: &'a str,
 }
 
 /// A store's answer, per (identifier, limit) pair, identifier-major.
@@ -180,4 +182,56 @@ impl Store {
             Store::Redis(r) => r.check(plan).await,
         }
     }
+
+    /// The store's key for an (escaped identifier, limit) pair.
+    pub(crate) fn key(&self, escaped_id: &str, limit: &Limit) -> String {
+        match self {
+            Store::Memory(_) => crate::keys::key(memory::PREFIX, escaped_id, limit),
+            #[cfg(feature = "redis")]
+            Store::Redis(r) => crate::keys::key(r.prefix(), escaped_id, limit),
+        }
+    }
+
+    /// Extends live leases to their full lease time from now.
+    pub(crate) async fn renew(&self, leases: &[&Lease]) -> Result<(), StoreError> {
+        match self {
+            Store::Memory(m) => {
+                m.renew(leases);
+                Ok(())
+            }
+            #[cfg(feature = "redis")]
+            Store::Redis(r) => r.renew(leases).await,
+        }
+    }
+
+    /// Gives slots back (idempotent).
+    pub(crate) async fn release(&self, leases: &[Lease]) -> Result<(), StoreError> {
+        match self {
+            Store::Memory(m) => {
+                m.release(leases);
+                Ok(())
+            }
+            #[cfg(feature = "redis")]
+            Store::Redis(r) => r.release(leases).await,
+        }
+    }
+
+    /// The background task that renews and releases this store's leases.
+    pub(crate) fn keeper(&self) -> Option<crate::concurrency::Keeper> {
+        let slot = match self {
+            Store::Memory(m) => m.keeper_slot(),
+            #[cfg(feature = "redis")]
+            Store::Redis(r) => r.keeper_slot(),
+        };
+        crate::concurrency::Keeper::get_or_start(slot, self)
+    }
+}
+
+/// A concurrency slot held in a store: the key of each identifier's slot set, the lease id,
+/// and the lease time.
+#[derive(Debug, Clone)]
+pub(crate) struct Lease {
+    pub(crate) keys: Vec<String>,
+    pub(crate) id: String,
+    pub(crate) lease_us: u64,
 }

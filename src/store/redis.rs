@@ -14,7 +14,8 @@ use std::time::Duration;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::Script;
 
-use super::{Clock, Entry, Outcome, Plan, StoreError};
+use super::{Clock, Entry, Lease, Outcome, Plan, StoreError};
+use crate::concurrency::KeeperSlot;
 use crate::keys;
 use crate::policy::Algorithm;
 
@@ -25,8 +26,12 @@ const CHECK_SCRIPT: &str = concat!(
     include_str!("../../lua/sliding_window.lua"),
     include_str!("../../lua/fixed_window.lua"),
     include_str!("../../lua/gcra.lua"),
+    include_str!("../../lua/concurrency.lua"),
     include_str!("../../lua/check.lua"),
 );
+
+/// Renews concurrency leases.
+const RENEW_SCRIPT: &str = include_str!("../../lua/renew.lua");
 
 const DEFAULT_PREFIX: &str = "tollgate";
 const DEFAULT_TIMEOUT: Duration = Duration::from_millis(250);
@@ -38,6 +43,8 @@ const DEFAULT_TIMEOUT: Duration = Duration::from_millis(250);
 pub struct RedisStore {
     conn: ConnectionManager,
     script: Arc<Script>,
+    renew_script: Arc<Script>,
+    keeper: Arc<KeeperSlot>,
     prefix: Arc<str>,
     clock: Clock,
     timeout: Duration,
@@ -114,6 +121,8 @@ impl RedisStoreBuilder {
         RedisStore {
             conn,
             script: Arc::new(Script::new(CHECK_SCRIPT)),
+            renew_script: Arc::new(Script::new(RENEW_SCRIPT)),
+            keeper: Arc::default(),
             prefix: self.prefix.into(),
             clock: self.clock,
             timeout: self.timeout,
@@ -177,21 +186,30 @@ impl RedisStore {
             Some(now) => call.arg(now),
             None => call.arg(""),
         };
-        call.arg(plan.cost).arg(plan.limits.len());
+        call.arg(plan.cost).arg(plan.limits.len()).arg(plan.lease);
         for limit in plan.limits {
             let code = match limit.algorithm() {
                 Algorithm::SlidingLog => 1,
                 Algorithm::SlidingWindow => 2,
                 Algorithm::FixedWindow => 3,
                 Algorithm::TokenBucket { .. } | Algorithm::Gcra { .. } => 4,
+                Algorithm::Concurrency => 5,
             };
             call.arg(code)
                 .arg(limit.count())
                 .arg(limit.window_us())
-                .arg(limit.max_cost());
+                .arg(limit.max_cost().min(u64::from(u32::MAX)));
         }
-        let mut conn = self.conn.clone();
-        let reply: Vec<i64> = tokio::time::timeout(self.timeout, call.invoke_async(&mut conn))
+        let reply: Vec<i64> = self.run(call.invoke_async(&mut self.conn.clone())).await?;
+        parse_reply(&reply, plan.ids.len() * plan.limits.len())
+    }
+
+    /// Runs one call under the store's timeout.
+    async fn run<T>(
+        &self,
+        call: impl std::future::Future<Output = redis::RedisResult<T>>,
+    ) -> Result<T, StoreError> {
+        tokio::time::timeout(self.timeout, call)
             .await
             .map_err(|_| StoreError::Timeout(self.timeout))?
             .map_err(|e| {
@@ -200,8 +218,46 @@ impl RedisStore {
                 } else {
                     backend(e)
                 }
-            })?;
-        parse_reply(&reply, plan.ids.len() * plan.limits.len())
+            })
+    }
+
+    /// Extends live leases: one script call per distinct lease time (usually one in all).
+    pub(crate) async fn renew(&self, leases: &[&Lease]) -> Result<(), StoreError> {
+        let mut times: Vec<u64> = leases.iter().map(|l| l.lease_us).collect();
+        times.sort_unstable();
+        times.dedup();
+        for lease_us in times {
+            let mut call = self.renew_script.prepare_invoke();
+            call.arg(
+                self.clock
+                    .manual_now()
+                    .map_or(String::new(), |n| n.to_string()),
+            )
+            .arg(lease_us);
+            for lease in leases.iter().filter(|l| l.lease_us == lease_us) {
+                for key in &lease.keys {
+                    call.key(key).arg(&lease.id);
+                }
+            }
+            let _: i64 = self.run(call.invoke_async(&mut self.conn.clone())).await?;
+        }
+        Ok(())
+    }
+
+    /// Releases leases: one pipelined `ZREM` per slot, idempotent.
+    pub(crate) async fn release(&self, leases: &[Lease]) -> Result<(), StoreError> {
+        let mut pipe = redis::pipe();
+        for lease in leases {
+            for key in &lease.keys {
+                pipe.zrem(key, &lease.id).ignore();
+            }
+        }
+        self.run(pipe.query_async::<()>(&mut self.conn.clone()))
+            .await
+    }
+
+    pub(crate) fn keeper_slot(&self) -> &KeeperSlot {
+        &self.keeper
     }
 }
 
