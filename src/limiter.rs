@@ -7,8 +7,9 @@ use std::time::Duration;
 use crate::concurrency::{lease_id, ConcurrencyGuard};
 use crate::decision::{Decision, LimitStatus};
 use crate::keys;
+use crate::policy::Limit;
 use crate::policy::Policy;
-use crate::store::{Lease, Plan, Store, StoreError};
+use crate::store::{Lease, Outcome, Plan, Store, StoreError};
 
 /// The most distinct identifiers one check may name.
 pub const MAX_IDENTIFIERS: usize = 16;
@@ -115,25 +116,31 @@ impl Limiter {
             .map(|&i| keys::escape_identifier(identifiers[i].as_ref()))
             .collect();
         let limits = policy.limits();
-        let lease = policy.concurrency().map(|_| lease_id());
-        let plan = Plan {
-            ids: &ids,
-            limits,
-            cost,
-            lease: lease.as_deref().unwrap_or(""),
-        };
-        let store = &self.inner.store;
-        let outcome = store.check(&plan).await.map_err(Error::Store)?;
-        let guard = match (policy.concurrency(), lease) {
-            (Some(limit), Some(id)) if outcome.allowed => {
-                let lease = Lease {
-                    keys: ids.iter().map(|id| store.key(id, limit)).collect(),
-                    id,
-                    lease_us: limit.window_us(),
+        let store = self.inner.store.clone();
+        let (outcome, guard) = match policy.concurrency() {
+            None => {
+                let plan = Plan {
+                    ids: &ids,
+                    limits,
+                    cost,
+                    lease: "",
                 };
-                Some(ConcurrencyGuard::new(lease, store.clone()))
+                (store.check(&plan).await.map_err(Error::Store)?, None)
             }
-            _ => None,
+            Some(&slot) => {
+                // Taking a slot must not be cut short: a caller that gives up (a client
+                // that disconnects) while the script runs would leave a slot taken with no
+                // guard to give it back. The check therefore runs in a task of its own, which
+                // finishes and drops its guard whatever becomes of the caller.
+                let task = take_slot(store, ids.clone(), limits.to_vec(), slot, cost);
+                match tokio::runtime::Handle::try_current() {
+                    Ok(runtime) => runtime
+                        .spawn(task)
+                        .await
+                        .map_err(|e| Error::Store(StoreError::Backend(Box::new(e))))??,
+                    Err(_) => task.await?,
+                }
+            }
         };
         let statuses = outcome
             .entries
@@ -156,6 +163,34 @@ impl Limiter {
             guard,
         })
     }
+}
+
+/// Checks a policy with a concurrency limit; when admitted, holds the slot in a guard.
+async fn take_slot(
+    store: Store,
+    ids: Vec<String>,
+    limits: Vec<Limit>,
+    slot: Limit,
+    cost: u64,
+) -> Result<(Outcome, Option<ConcurrencyGuard>), Error> {
+    let id = lease_id();
+    let plan = Plan {
+        ids: &ids,
+        limits: &limits,
+        cost,
+        lease: &id,
+    };
+    let outcome = store.check(&plan).await.map_err(Error::Store)?;
+    if !outcome.allowed {
+        return Ok((outcome, None));
+    }
+    let lease = Lease {
+        keys: ids.iter().map(|i| store.key(i, &slot)).collect(),
+        id,
+        lease_us: slot.window_us(),
+    };
+    let guard = ConcurrencyGuard::new(lease, store);
+    Ok((outcome, Some(guard)))
 }
 
 /// A check that could not be decided.

@@ -1,0 +1,356 @@
+//! Concurrency limits through Redis: several instances on separate connections and
+//! processes, leases that outlive a killed process, and 10,000 HTTP requests that end every
+//! way a request can end, leaving no slot behind.
+
+mod common;
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use axum::routing::get;
+use axum::Router;
+use bytes::Bytes;
+use common::{unique_prefix, RedisServer};
+use http::StatusCode;
+use http_body_util::{BodyExt, Empty};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use redis::Commands;
+use tollgate::key::Header;
+use tollgate::{Limiter, RateLimitLayer, RedisStore};
+
+async fn store(server: &RedisServer, prefix: &str) -> RedisStore {
+    RedisStore::builder(server.url())
+        .prefix(prefix)
+        .timeout(Duration::from_secs(5))
+        .build()
+        .await
+        .unwrap()
+}
+
+/// The number of live slots in every concurrency key under `prefix`.
+fn slots_in_redis(server: &RedisServer, prefix: &str) -> usize {
+    let mut conn = server.conn();
+    let keys: Vec<String> = conn.keys(format!("{prefix}:*:c*")).unwrap();
+    keys.iter()
+        .map(|k| conn.zcard::<_, usize>(k).unwrap())
+        .sum()
+}
+
+async fn wait_for_no_slots(server: &RedisServer, prefix: &str) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let n = slots_in_redis(server, prefix);
+        if n == 0 {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{n} slots leaked");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn never_more_than_n_in_flight_across_connections() {
+    let server = RedisServer::start();
+    let prefix = unique_prefix();
+    let in_flight = Arc::new(AtomicUsize::new(0));
+    let most = Arc::new(AtomicUsize::new(0));
+    let admitted = Arc::new(AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for _ in 0..4 {
+        let limiter = Limiter::new(
+            store(&server, &prefix).await,
+            "5 concurrent".parse().unwrap(),
+        );
+        for t in 0..10u64 {
+            let (limiter, in_flight, most, admitted) = (
+                limiter.clone(),
+                in_flight.clone(),
+                most.clone(),
+                admitted.clone(),
+            );
+            tasks.push(tokio::spawn(async move {
+                for i in 0..30u64 {
+                    let d = limiter.check(&["shared"]).await.unwrap();
+                    if d.is_allowed() {
+                        let now = in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+                        most.fetch_max(now, Ordering::SeqCst);
+                        admitted.fetch_add(1, Ordering::SeqCst);
+                        tokio::time::sleep(Duration::from_millis(1 + (t + i) % 3)).await;
+                        in_flight.fetch_sub(1, Ordering::SeqCst);
+                    }
+                    drop(d);
+                    tokio::task::yield_now().await;
+                }
+            }));
+        }
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let most = most.load(Ordering::SeqCst);
+    assert!(most <= 5, "{most} in flight");
+    assert!(admitted.load(Ordering::SeqCst) >= 5);
+    wait_for_no_slots(&server, &prefix).await;
+}
+
+/// A request that outlives its lease keeps its slot: the lease is renewed while the guard
+/// lives.
+#[tokio::test]
+async fn long_requests_keep_their_slot() {
+    let server = RedisServer::start();
+    let prefix = unique_prefix();
+    let limiter = Limiter::new(
+        store(&server, &prefix).await,
+        "1 concurrent lease=600ms".parse().unwrap(),
+    );
+    let held = limiter.check(&["k"]).await.unwrap();
+    assert!(held.is_allowed());
+    tokio::time::sleep(Duration::from_millis(2000)).await;
+    assert!(
+        !limiter.check(&["k"]).await.unwrap().is_allowed(),
+        "slot lost while held"
+    );
+    drop(held);
+    wait_for_no_slots(&server, &prefix).await;
+    assert!(limiter.check(&["k"]).await.unwrap().is_allowed());
+}
+
+/// The child half of `a_killed_process_gets_its_slots_back`: takes two slots, says so, and
+/// waits to be killed. Run only by that test.
+#[test]
+#[ignore = "run as a child process by a_killed_process_gets_its_slots_back"]
+fn child_holds_slots_until_killed() {
+    let Ok(url) = std::env::var("TOLLGATE_CHILD_REDIS") else {
+        return;
+    };
+    let prefix = std::env::var("TOLLGATE_CHILD_PREFIX").unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let store = RedisStore::builder(url)
+            .prefix(prefix)
+            .build()
+            .await
+            .unwrap();
+        let limiter = Limiter::new(store, "2 concurrent lease=1s".parse().unwrap());
+        let a = limiter.check(&["k"]).await.unwrap();
+        let b = limiter.check(&["k"]).await.unwrap();
+        assert!(a.is_allowed() && b.is_allowed());
+        println!("HOLDING");
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        drop((a, b));
+    });
+}
+
+#[tokio::test]
+async fn a_killed_process_gets_its_slots_back() {
+    use std::io::{BufRead, BufReader};
+    let server = RedisServer::start();
+    let prefix = unique_prefix();
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--ignored",
+            "--exact",
+            "child_holds_slots_until_killed",
+            "--nocapture",
+        ])
+        .env("TOLLGATE_CHILD_REDIS", server.url())
+        .env("TOLLGATE_CHILD_PREFIX", &prefix)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let mut lines = BufReader::new(stdout).lines();
+    assert!(
+        lines.any(|l| l.is_ok_and(|l| l.contains("HOLDING"))),
+        "child never held"
+    );
+
+    let limiter = Limiter::new(
+        store(&server, &prefix).await,
+        "2 concurrent lease=1s".parse().unwrap(),
+    );
+    // While the child lives, it renews its slots past the lease.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(!limiter.check(&["k"]).await.unwrap().is_allowed());
+    child.kill().unwrap(); // SIGKILL: no release, no more renewals
+    child.wait().unwrap();
+    let killed = Instant::now();
+    let deadline = killed + Duration::from_secs(5);
+    loop {
+        let d = limiter.check(&["k"]).await.unwrap();
+        if d.is_allowed() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "slots never came back");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        killed.elapsed() <= Duration::from_millis(1500),
+        "back after the lease"
+    );
+}
+
+/// 10,000 requests through a real server: plain, streamed to the end, streamed and abandoned,
+/// abandoned before the answer, and handlers that panic. None leaks a slot, and no more than
+/// the limit were ever in flight.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_thousand_requests_leave_no_slot_behind() {
+    // Panicking handlers are part of the test; keep their messages out of the output.
+    let default_hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        if info.payload().downcast_ref::<&str>() != Some(&"handler failed") {
+            default_hook(info);
+        }
+    }));
+    let server = RedisServer::start();
+    let prefix = unique_prefix();
+    let limiter = Limiter::new(
+        store(&server, &prefix).await,
+        "8 concurrent".parse().unwrap(),
+    );
+    let in_flight = Arc::new(AtomicUsize::new(0));
+    let most = Arc::new(AtomicUsize::new(0));
+
+    // Counts a request as in flight from the handler until its body is gone.
+    struct Counted(Arc<AtomicUsize>);
+    impl Drop for Counted {
+        fn drop(&mut self) {
+            self.0.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+    let enter = {
+        let (in_flight, most) = (in_flight.clone(), most.clone());
+        move || {
+            let now = in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+            most.fetch_max(now, Ordering::SeqCst);
+            Counted(in_flight.clone())
+        }
+    };
+    let (e1, e2, e3) = (enter.clone(), enter.clone(), enter.clone());
+    let app = Router::new()
+        .route(
+            "/",
+            get(move || {
+                let c = e1();
+                async move {
+                    drop(c);
+                    "ok"
+                }
+            }),
+        )
+        .route(
+            "/stream",
+            get(move || {
+                let c = e2();
+                async move {
+                    let chunks = futures::stream::unfold((0, c), |(i, c)| async move {
+                        if i == 4 {
+                            drop(c);
+                            return None;
+                        }
+                        tokio::time::sleep(Duration::from_millis(1)).await;
+                        Some((
+                            Ok::<_, Infallible>(Bytes::from_static(b"chunk ")),
+                            (i + 1, c),
+                        ))
+                    });
+                    Body::from_stream(chunks)
+                }
+            }),
+        )
+        .route(
+            "/slow",
+            get(move || {
+                let c = e3();
+                async move {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    drop(c);
+                    "late"
+                }
+            }),
+        )
+        .route(
+            "/panic",
+            get(|| async {
+                if true {
+                    panic!("handler failed");
+                }
+                "unreachable"
+            }),
+        )
+        .layer(RateLimitLayer::new(limiter).key(Header::named("x-tenant").unwrap()));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr: SocketAddr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+
+    let client = Client::builder(TokioExecutor::new()).build_http::<Empty<Bytes>>();
+    let counts: Arc<[AtomicUsize; 3]> = Arc::new(Default::default()); // ok, limited, other
+    const CLIENTS: u32 = 12;
+    let tasks: Vec<_> = (0..CLIENTS)
+        .map(|t| {
+            let (client, counts) = (client.clone(), counts.clone());
+            tokio::spawn(async move {
+                // requests t, t + CLIENTS, t + 2 * CLIENTS, … below 10,000
+                for n in (t..10_000).step_by(CLIENTS as usize) {
+                    let path = match n % 10 {
+                        0..=4 => "/",
+                        5 | 6 => "/stream",
+                        7 => "/stream?abandon",
+                        8 => "/slow",
+                        _ => "/panic",
+                    };
+                    let req = http::Request::get(format!("http://{addr}{path}"))
+                        .header("x-tenant", "t")
+                        .body(Empty::new())
+                        .unwrap();
+                    let call = client.request(req);
+                    let res = if path == "/slow" && n % 20 == 8 {
+                        // the client gives up before the answer
+                        let _ = tokio::time::timeout(Duration::from_millis(5), call).await;
+                        counts[2].fetch_add(1, Ordering::Relaxed);
+                        continue;
+                    } else {
+                        call.await
+                    };
+                    let Ok(res) = res else {
+                        counts[2].fetch_add(1, Ordering::Relaxed);
+                        continue;
+                    };
+                    let status = res.status();
+                    let slot = if status == StatusCode::TOO_MANY_REQUESTS {
+                        1
+                    } else {
+                        0
+                    };
+                    counts[slot].fetch_add(1, Ordering::Relaxed);
+                    let mut body = res.into_body();
+                    if path.ends_with("abandon") {
+                        // read one chunk, then hang up
+                        let _ = body.frame().await;
+                        drop(body);
+                    } else {
+                        let _ = body.collect().await;
+                    }
+                }
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let [ok, limited, other] = [0, 1, 2].map(|i| counts[i].load(Ordering::Relaxed));
+    assert_eq!(ok + limited + other, 10_000);
+    assert!(
+        ok > 2000,
+        "{ok} admitted, {limited} limited, {other} failed"
+    );
+    assert!(limited > 0, "the limit never bit");
+    let most = most.load(Ordering::SeqCst);
+    assert!(most <= 8, "{most} requests in flight at once");
+    wait_for_no_slots(&server, &prefix).await;
+}
