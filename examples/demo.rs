@@ -10,8 +10,8 @@
 //! were admitted and how many limited, by which limit, and exits.
 //!
 //! With `--serve`: serves on `--listen` (default 127.0.0.1:3000) until killed. `GET /` answers
-//! `ok`; `GET /slow?ms=N` answers after N ms. Try
-//! `curl -i localhost:3000/` a few times in a row.
+//! `ok`; `GET /slow?ms=N` answers after N ms. Try `curl -i localhost:3000/` a few times in a
+//! row, or `--concurrency 2` and three `curl localhost:3000/slow?ms=5000 &` at once.
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
@@ -26,7 +26,7 @@ use http_body_util::{BodyExt, Empty};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use tollgate::key::{Header, PeerIp};
-use tollgate::{Limiter, MemoryStore, Policy, RateLimitLayer, RedisStore, Store};
+use tollgate::{Limit, Limiter, MemoryStore, Policy, RateLimitLayer, RedisStore, Store};
 
 const USAGE: &str = "usage: demo [--serve] [--listen ADDR] [--redis URL] [--policy TEXT] \
 [--key ip|header:NAME] [--concurrency N] [--seconds N] [--rate PER_SECOND]";
@@ -56,6 +56,7 @@ fn parse_args() -> Result<Args, String> {
         seconds: 4,
         rate: 40,
     };
+    let mut concurrency = None;
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
         let mut value = || it.next().ok_or_else(|| format!("{flag} needs a value"));
@@ -78,12 +79,11 @@ fn parse_args() -> Result<Args, String> {
                 };
             }
             "--concurrency" => {
-                let _ = value()?;
-                return Err(
-                    "--concurrency: the concurrent-requests limit is not available \
-                            in this version of tollgate yet"
-                        .into(),
-                );
+                let n: u64 = value()?
+                    .parse()
+                    .map_err(|e| format!("--concurrency: {e}"))?;
+                let slots = Limit::concurrent(n).map_err(|e| format!("--concurrency: {e}"))?;
+                concurrency = Some(slots);
             }
             "--seconds" => {
                 args.seconds = value()?.parse().map_err(|e| format!("--seconds: {e}"))?
@@ -95,6 +95,12 @@ fn parse_args() -> Result<Args, String> {
     }
     if args.rate == 0 || args.rate > 10_000 {
         return Err("--rate must be between 1 and 10000".into());
+    }
+    if let Some(slots) = concurrency {
+        let mut limits = args.policy.limits().to_vec();
+        limits.retain(|l| !l.is_concurrency());
+        limits.push(slots);
+        args.policy = Policy::new(limits).map_err(|e| format!("--concurrency: {e}"))?;
     }
     Ok(args)
 }

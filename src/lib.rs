@@ -59,6 +59,7 @@ mod keys;
 pub mod layer;
 mod limiter;
 pub mod policy;
+pub mod shed;
 pub mod store;
 
 pub use concurrency::ConcurrencyGuard;

@@ -205,11 +205,7 @@ fn limited<B>(
 ) -> Response<Bytes> {
     let mut res = match (&config.on_limited, grpc) {
         (Some(handler), false) => handler(&RequestView::of(req), decision),
-        _ => own_response(
-            StatusCode::TOO_MANY_REQUESTS,
-            &limited_message(decision),
-            grpc,
-        ),
+        _ => own_response(config.limited_status, &limited_message(decision), grpc),
     };
     add_headers(res.headers_mut(), decision, config.headers);
     res

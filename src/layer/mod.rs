@@ -19,7 +19,7 @@ use http::StatusCode;
 mod body;
 mod future;
 mod generic;
-mod response;
+pub(crate) mod response;
 mod service;
 
 pub use body::ResponseBody;
@@ -86,6 +86,7 @@ pub(crate) struct Config {
     pub(crate) cost: Option<CostFn>,
     pub(crate) headers: HeaderStyle,
     pub(crate) on_limited: Option<LimitedFn>,
+    pub(crate) limited_status: StatusCode,
 }
 
 impl fmt::Debug for RateLimitLayer {
@@ -118,6 +119,7 @@ impl RateLimitLayer {
                     legacy: false,
                 },
                 on_limited: None,
+                limited_status: StatusCode::TOO_MANY_REQUESTS,
             }),
         }
     }
@@ -182,6 +184,13 @@ impl RateLimitLayer {
     /// `X-RateLimit-Reset` headers, for the limit closest to exhaustion (default: no).
     pub fn legacy_headers(self, on: bool) -> Self {
         self.edit(|c| c.headers.legacy = on)
+    }
+
+    /// The status of a limited request (default `429 Too Many Requests`; a load shedder
+    /// answers `503 Service Unavailable`). gRPC requests get the matching gRPC code
+    /// (`RESOURCE_EXHAUSTED` for 429, `UNAVAILABLE` for 503).
+    pub fn limited_status(self, status: StatusCode) -> Self {
+        self.edit(|c| c.limited_status = status)
     }
 
     /// Builds the response to a limited HTTP request (gRPC requests always get
