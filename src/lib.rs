@@ -30,6 +30,8 @@
 //!   described in [`policy`].
 //! * [`Limiter`]: checks requests; returns a [`Decision`].
 //! * [`MemoryStore`] and [`RedisStore`]: where the counters live.
+//! * [`RateLimitLayer`] and [`KeyedRateLimitLayer`]: tower middleware; [`key`] the extractors.
+//! * [`ConcurrencyGuard`]: the slot of a `N concurrent` limit; [`shed`]: load shedders.
 //!
 //! Guarantees, for both stores:
 //!
