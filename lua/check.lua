@@ -12,14 +12,7 @@
 -- Phase 1 only reads. Only when every pair admits does phase 2 write: a denied request
 -- charges nothing anywhere and leaves every key, TTLs included, as it was.
 
-local now
-if ARGV[1] == '' then
-  -- Redis is the clock: the application servers' clocks drift, Redis' is one for all.
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-else
-  now = tonumber(ARGV[1])
-end
+local now = clock(ARGV[1])
 local cost = tonumber(ARGV[2])
 local nlimits = tonumber(ARGV[3])
 LEASE = ARGV[4]

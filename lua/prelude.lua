@@ -1,7 +1,7 @@
 -- tollgate: shared helpers for the check script.
 --
 -- The check script is this file, one file per algorithm, and check.lua, concatenated in that
--- order (see src/store/redis.rs). All times are integer microseconds held in Lua numbers
+-- order; the renew script is this file and renew.lua (see src/store/redis.rs). All times are integer microseconds held in Lua numbers
 -- (doubles, exact below 2^53); policies are validated so that every product stays below that.
 
 -- An integer as the decimal string Redis expects. tostring() would print 1.7e+15 and lose
@@ -19,6 +19,16 @@ local function idiv(a, b)
     q = q + 1
   end
   return q
+end
+
+-- The time in µs: ARGV's value when the caller gives one (tests and replays), else Redis'
+-- own clock. Redis is the clock: the application servers' clocks drift, Redis' is one for all.
+local function clock(arg)
+  if arg ~= '' then
+    return tonumber(arg)
+  end
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
 
 -- Sets the key's TTL so that it outlives its state: the state stops mattering at `expires_at`

@@ -4,16 +4,10 @@
 -- lease id per key. A lease that already expired (and may have been given to someone else) is
 -- not brought back: ZADD XX only updates members that exist. The key's TTL is extended to
 -- cover the new deadline (GT: never shortened).
-local now
-if ARGV[1] == '' then
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-else
-  now = tonumber(ARGV[1])
-end
+local now = clock(ARGV[1])
 local lease = tonumber(ARGV[2])
-local deadline = string.format('%.0f', now + lease)
-local ttl = string.format('%.0f', math.ceil(lease / 1000) + 1)
+local deadline = int(now + lease)
+local ttl = int(math.ceil(lease / 1000) + 1)
 local renewed = 0
 for k = 1, #KEYS do
   local score = redis.call('ZSCORE', KEYS[k], ARGV[k + 2])

@@ -77,24 +77,25 @@ fn memory(clock: &ManualClock) -> Store {
         .into()
 }
 
-/// The `RateLimit` field, parsed as a structured-field list: (name, r, t) per item.
-fn ratelimit_items(headers: &HeaderMap) -> Vec<(String, i64, i64)> {
+/// A structured-field list header: per item, its string and the two named integer
+/// parameters.
+fn sf_items(headers: &HeaderMap, name: &str, params: [&str; 2]) -> Vec<(String, i64, i64)> {
     let raw = headers
-        .get("ratelimit")
-        .expect("RateLimit header")
+        .get(name)
+        .unwrap_or_else(|| panic!("{name} header"))
         .as_bytes();
     let list = sfv::Parser::new(raw)
         .parse::<sfv::List>()
-        .expect("RateLimit parses as a list");
+        .unwrap_or_else(|e| panic!("{name} does not parse as a structured-field list: {e}"));
     list.iter()
         .map(|member| {
             let sfv::ListEntry::Item(item) = member else {
-                panic!("inner list in RateLimit")
+                panic!("inner list in {name}")
             };
-            let name = item
+            let label = item
                 .bare_item
                 .as_string()
-                .expect("name is a string")
+                .expect("a string item")
                 .as_str()
                 .to_string();
             let int = |k: &str| {
@@ -103,39 +104,21 @@ fn ratelimit_items(headers: &HeaderMap) -> Vec<(String, i64, i64)> {
                     .find(|(key, _)| key.as_str() == k)
                     .and_then(|(_, v)| v.as_integer())
                     .map(i64::from)
-                    .unwrap_or_else(|| panic!("{k} missing"))
+                    .unwrap_or_else(|| panic!("{name}: parameter {k} missing"))
             };
-            (name, int("r"), int("t"))
+            (label, int(params[0]), int(params[1]))
         })
         .collect()
 }
 
+/// The `RateLimit` field: (name, r, t) per item.
+fn ratelimit_items(headers: &HeaderMap) -> Vec<(String, i64, i64)> {
+    sf_items(headers, "ratelimit", ["r", "t"])
+}
+
 /// The `RateLimit-Policy` field: (name, q, w) per item.
 fn policy_items(headers: &HeaderMap) -> Vec<(String, i64, i64)> {
-    let raw = headers
-        .get("ratelimit-policy")
-        .expect("RateLimit-Policy header")
-        .as_bytes();
-    let list = sfv::Parser::new(raw)
-        .parse::<sfv::List>()
-        .expect("RateLimit-Policy parses");
-    list.iter()
-        .map(|member| {
-            let sfv::ListEntry::Item(item) = member else {
-                panic!("inner list")
-            };
-            let name = item.bare_item.as_string().unwrap().as_str().to_string();
-            let int = |k: &str| {
-                item.params
-                    .iter()
-                    .find(|(key, _)| key.as_str() == k)
-                    .and_then(|(_, v)| v.as_integer())
-                    .map(i64::from)
-                    .unwrap()
-            };
-            (name, int("q"), int("w"))
-        })
-        .collect()
+    sf_items(headers, "ratelimit-policy", ["q", "w"])
 }
 
 #[tokio::test]

@@ -30,8 +30,11 @@ const CHECK_SCRIPT: &str = concat!(
     include_str!("../../lua/check.lua"),
 );
 
-/// Renews concurrency leases.
-const RENEW_SCRIPT: &str = include_str!("../../lua/renew.lua");
+/// Renews concurrency leases (with the shared helpers).
+const RENEW_SCRIPT: &str = concat!(
+    include_str!("../../lua/prelude.lua"),
+    include_str!("../../lua/renew.lua"),
+);
 
 const DEFAULT_PREFIX: &str = "tollgate";
 const DEFAULT_TIMEOUT: Duration = Duration::from_millis(250);
