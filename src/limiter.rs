@@ -180,17 +180,22 @@ async fn take_slot(
         cost,
         lease: &id,
     };
-    let outcome = store.check(&plan).await.map_err(Error::Store)?;
-    if !outcome.allowed {
-        return Ok((outcome, None));
-    }
+    let result = store.check(&plan).await;
     let lease = Lease {
         keys: ids.iter().map(|i| store.key(i, &slot)).collect(),
         id,
         lease_us: slot.window_us(),
     };
-    let guard = ConcurrencyGuard::new(lease, store);
-    Ok((outcome, Some(guard)))
+    match result {
+        Ok(outcome) if outcome.allowed => Ok((outcome, Some(ConcurrencyGuard::new(lease, store)))),
+        Ok(outcome) => Ok((outcome, None)),
+        Err(e) => {
+            // The script may have run and taken the slot before the answer was lost (a
+            // timeout, a dropped connection): give it back, as a guard dropped at once would.
+            drop(ConcurrencyGuard::new(lease, store));
+            Err(Error::Store(e))
+        }
+    }
 }
 
 /// A check that could not be decided.

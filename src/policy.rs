@@ -41,6 +41,13 @@ pub const MAX_COUNT: u64 = 50_000_000;
 /// The longest window a limit accepts: 400 days.
 pub const MAX_WINDOW: Duration = Duration::from_secs(400 * 86_400);
 
+/// The largest count of a sliding log, which keeps one entry per admitted unit.
+pub const MAX_LOG_COUNT: u64 = 100_000;
+
+/// The shortest lease of a concurrency limit: leases are renewed a few times a second, so a
+/// shorter one could lapse under a request that is still running.
+pub const MIN_LEASE: Duration = Duration::from_secs(1);
+
 /// The lease of a concurrency limit when the text gives none.
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(60);
 
@@ -144,6 +151,12 @@ impl Limit {
         }
         if !window.subsec_nanos().is_multiple_of(1_000_000) {
             return err(PolicyErrorKind::SubMillisecondWindow);
+        }
+        if algorithm == Algorithm::SlidingLog && count > MAX_LOG_COUNT {
+            return err(PolicyErrorKind::LogTooLarge);
+        }
+        if algorithm == Algorithm::Concurrency && window < MIN_LEASE {
+            return err(PolicyErrorKind::LeaseTooShort);
         }
         if let Some(burst) = limit.burst() {
             if burst == 0 {
@@ -539,6 +552,10 @@ pub enum PolicyErrorKind {
     Duplicate,
     /// More than [`MAX_LIMITS`] limits.
     TooManyLimits,
+    /// A sliding log of more than [`MAX_LOG_COUNT`] (it keeps an entry per admitted unit).
+    LogTooLarge,
+    /// A concurrency lease shorter than [`MIN_LEASE`].
+    LeaseTooShort,
 }
 
 impl fmt::Display for PolicyError {
@@ -579,6 +596,16 @@ impl fmt::Display for PolicyError {
             PolicyErrorKind::TooManyLimits => {
                 write!(f, "a policy holds at most {MAX_LIMITS} limits")
             }
+            PolicyErrorKind::LogTooLarge => write!(
+                f,
+                "a sliding log keeps one entry per request: at most {MAX_LOG_COUNT} \
+                 (use the sliding-window counter or gcra for larger counts)"
+            ),
+            PolicyErrorKind::LeaseTooShort => write!(
+                f,
+                "a concurrency lease must be at least {} s",
+                MIN_LEASE.as_secs()
+            ),
         }
     }
 }
@@ -679,6 +706,8 @@ mod tests {
             ("2 concurrent, 3 concurrent", PolicyErrorKind::Duplicate),
             ("0 concurrent", PolicyErrorKind::ZeroCount),
             ("3 concurrent lease=0s", PolicyErrorKind::ZeroWindow),
+            ("3 concurrent lease=999ms", PolicyErrorKind::LeaseTooShort),
+            ("100001/h log", PolicyErrorKind::LogTooLarge),
             (
                 "3 concurrent ttl=5s",
                 PolicyErrorKind::UnknownParameter("ttl".into()),

@@ -106,11 +106,11 @@ async fn long_requests_keep_their_slot() {
     let prefix = unique_prefix();
     let limiter = Limiter::new(
         store(&server, &prefix).await,
-        "1 concurrent lease=600ms".parse().unwrap(),
+        "1 concurrent lease=1s".parse().unwrap(),
     );
     let held = limiter.check(&["k"]).await.unwrap();
     assert!(held.is_allowed());
-    tokio::time::sleep(Duration::from_millis(2000)).await;
+    tokio::time::sleep(Duration::from_millis(3000)).await;
     assert!(
         !limiter.check(&["k"]).await.unwrap().is_allowed(),
         "slot lost while held"
@@ -353,4 +353,35 @@ async fn ten_thousand_requests_leave_no_slot_behind() {
     let most = most.load(Ordering::SeqCst);
     assert!(most <= 8, "{most} requests in flight at once");
     wait_for_no_slots(&server, &prefix).await;
+}
+
+/// A check whose answer is lost (a timeout) after the script ran gives its slot back: Redis is
+/// paused, the client times out, the queued script then runs and takes the slot; the release
+/// that follows on the same connection frees it.
+#[tokio::test]
+async fn a_timed_out_check_does_not_keep_its_slot() {
+    let server = RedisServer::start();
+    let prefix = unique_prefix();
+    let store = RedisStore::builder(server.url())
+        .prefix(prefix.clone())
+        .timeout(Duration::from_millis(200))
+        .build()
+        .await
+        .unwrap();
+    let limiter = Limiter::new(store, "1 concurrent".parse().unwrap());
+    // load the script first, so that the paused call is the EVALSHA itself
+    drop(limiter.check(&["warm-up"]).await.unwrap());
+    let mut admin = server.conn();
+    let _: () = redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(700)
+        .arg("WRITE")
+        .query(&mut admin)
+        .unwrap();
+    let err = limiter.check(&["k"]).await.unwrap_err();
+    assert!(matches!(err, tollgate::Error::Store(_)), "{err}");
+    // the script runs once the pause ends; the release queued behind it undoes it
+    tokio::time::sleep(Duration::from_millis(900)).await;
+    wait_for_no_slots(&server, &prefix).await;
+    assert!(limiter.check(&["k"]).await.unwrap().is_allowed());
 }

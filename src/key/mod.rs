@@ -75,7 +75,7 @@ impl fmt::Debug for AnyExtractor {
 
 /// The value of a request header, e.g. an API key: `header:NAME:VALUE`.
 ///
-/// A value that is not visible ASCII is still a key (its bytes, escaped); an empty one is
+/// Any bytes make a key (escaped, so that distinct values stay distinct); an empty value is
 /// missing.
 #[derive(Debug, Clone)]
 pub struct Header(HeaderName);
@@ -98,11 +98,9 @@ impl KeyExtractor for Header {
         if value.is_empty() {
             return None;
         }
-        let text = match value.to_str() {
-            Ok(s) => s.to_string(),
-            // Not UTF-8/visible ASCII: keep the bytes distinct, escaped.
-            Err(_) => value.as_bytes().escape_ascii().to_string(),
-        };
+        // Every value escaped the same way (`\xff`, `\\`, …): an escaping that is applied to
+        // some values only would let a printable value spell another one's escape.
+        let text = value.as_bytes().escape_ascii();
         Some(format!("header:{}:{text}", self.0))
     }
 }

@@ -110,8 +110,9 @@ where
     }
 }
 
-/// Polled again after it finished, or its parts went missing: a contract violation by the
-/// caller, answered rather than panicked on.
+/// Polled again after it finished with one of the layer's own responses, or its parts went
+/// missing: a contract violation by the caller, answered rather than panicked on. (After the
+/// inner service's response, polling again polls the inner future, as tower's own do.)
 fn misuse() -> Response<Bytes> {
     own_response(
         StatusCode::INTERNAL_SERVER_ERROR,
