@@ -68,6 +68,7 @@ pub(crate) fn key(prefix: &str, escaped: &str, limit: &Limit) -> String {
 }
 
 /// Whether `prefix` is usable: not empty, no braces (they would break the hash tag).
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
 pub(crate) fn valid_prefix(prefix: &str) -> bool {
     !prefix.is_empty() && !prefix.contains(['{', '}'])
 }

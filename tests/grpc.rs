@@ -64,6 +64,19 @@ async fn a_tonic_client_gets_resource_exhausted() {
     assert_eq!(reply.get_ref().message, "hello, bob");
 }
 
+/// The peer address, as tonic records it, keys requests by default.
+#[tokio::test]
+async fn the_peer_address_is_the_default_key() {
+    let limiter = Limiter::new(MemoryStore::new(), "2/min".parse().unwrap());
+    let url = serve(RateLimitLayer::new(limiter)).await;
+    let mut client = GreeterClient::connect(url).await.unwrap();
+    for key in ["a", "b"] {
+        client.say_hello(hello("x", key)).await.unwrap();
+    }
+    let status = client.say_hello(hello("x", "c")).await.unwrap_err();
+    assert_eq!(status.code(), Code::ResourceExhausted);
+}
+
 /// The method as the key: one budget per gRPC method, whoever calls.
 #[tokio::test]
 async fn per_method_limits() {

@@ -262,6 +262,13 @@ fn peer_addr(extensions: &Extensions) -> Option<IpAddr> {
     if let Some(info) = extensions.get::<axum::extract::ConnectInfo<SocketAddr>>() {
         return Some(info.0.ip().to_canonical());
     }
+    #[cfg(feature = "tonic")]
+    if let Some(addr) = extensions
+        .get::<tonic::transport::server::TcpConnectInfo>()
+        .and_then(|info| info.remote_addr())
+    {
+        return Some(addr.ip().to_canonical());
+    }
     extensions
         .get::<SocketAddr>()
         .map(SocketAddr::ip)
@@ -279,6 +286,7 @@ fn peer_addr(extensions: &Extensions) -> Option<IpAddr> {
 ///
 /// * `axum::extract::ConnectInfo<SocketAddr>` (with the `axum` feature; serve with
 ///   `into_make_service_with_connect_info::<SocketAddr>()`),
+/// * tonic's `TcpConnectInfo` (with the `tonic` feature),
 /// * a `std::net::SocketAddr`,
 /// * a `std::net::IpAddr`.
 ///
