@@ -157,7 +157,9 @@ impl Keeper {
         }
         let runtime = tokio::runtime::Handle::try_current().ok()?;
         let (tx, rx) = mpsc::unbounded_channel();
-        runtime.spawn(run(store.clone(), rx));
+        // The task holds the store without the slot (and so without a sender): once every
+        // handle of the store and every guard is gone, its channel closes and it ends.
+        runtime.spawn(run(store.detached(), rx));
         let keeper = Keeper { tx };
         *current = Some(keeper.clone());
         Some(keeper)
@@ -165,7 +167,7 @@ impl Keeper {
 }
 
 /// The keeper: renews held leases every third of their lease time, releases dropped ones in
-/// batches. It runs as long as the runtime does.
+/// batches. It ends when the store's handles and guards are all gone.
 async fn run(store: Store, mut rx: mpsc::UnboundedReceiver<Msg>) {
     // lease id -> (lease, when last renewed)
     let mut held: HashMap<String, (Lease, tokio::time::Instant)> = HashMap::new();
@@ -224,5 +226,29 @@ fn apply(
         Msg::Forget(id) => {
             held.remove(&id);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::{Limiter, MemoryStore};
+
+    /// The keeper task does not keep a store alive: once its handles and guards are gone, the
+    /// task ends and the state is freed.
+    #[tokio::test]
+    async fn a_dropped_store_is_freed() {
+        let store = MemoryStore::new();
+        let state = std::sync::Arc::downgrade(&store.inner_for_tests());
+        let limiter = Limiter::new(store, "2 concurrent".parse().unwrap());
+        let d = limiter.check(&["k"]).await.unwrap();
+        assert!(d.guard().is_some());
+        drop((d, limiter));
+        for _ in 0..100 {
+            if state.upgrade().is_none() {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        panic!("the store's state outlived every handle");
     }
 }

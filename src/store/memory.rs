@@ -40,6 +40,9 @@ pub(crate) const PREFIX: &str = "m";
 #[derive(Debug, Clone)]
 pub struct MemoryStore {
     inner: Arc<Inner>,
+    /// Kept apart from the state: the keeper task holds the state, not its own handle (see
+    /// `detached`).
+    keeper: Arc<KeeperSlot>,
 }
 
 #[derive(Debug)]
@@ -48,7 +51,6 @@ struct Inner {
     hasher: RandomState,
     clock: Clock,
     max_per_shard: usize,
-    keeper: KeeperSlot,
 }
 
 #[derive(Debug, Default)]
@@ -93,8 +95,8 @@ impl MemoryStoreBuilder {
                 hasher: RandomState::new(),
                 clock: self.clock,
                 max_per_shard: max_keys.div_ceil(SHARDS),
-                keeper: KeeperSlot::default(),
             }),
+            keeper: Arc::default(),
         }
     }
 }
@@ -236,8 +238,22 @@ impl MemoryStore {
         }
     }
 
+    #[cfg(test)]
+    pub(crate) fn inner_for_tests(&self) -> Arc<impl Sized> {
+        self.inner.clone()
+    }
+
     pub(crate) fn keeper_slot(&self) -> &KeeperSlot {
-        &self.inner.keeper
+        &self.keeper
+    }
+
+    /// The same state without the keeper handle, for the keeper task itself: holding its own
+    /// sender would keep it (and the state) alive forever.
+    pub(crate) fn detached(&self) -> MemoryStore {
+        MemoryStore {
+            inner: self.inner.clone(),
+            keeper: Arc::default(),
+        }
     }
 }
 

@@ -216,6 +216,15 @@ impl Store {
         }
     }
 
+    /// This store for its keeper task (see `MemoryStore::detached`).
+    pub(crate) fn detached(&self) -> Store {
+        match self {
+            Store::Memory(m) => Store::Memory(m.detached()),
+            #[cfg(feature = "redis")]
+            Store::Redis(r) => Store::Redis(r.detached()),
+        }
+    }
+
     /// The background task that renews and releases this store's leases.
     pub(crate) fn keeper(&self) -> Option<crate::concurrency::Keeper> {
         let slot = match self {

@@ -262,6 +262,15 @@ impl RedisStore {
     pub(crate) fn keeper_slot(&self) -> &KeeperSlot {
         &self.keeper
     }
+
+    /// The same store without the keeper handle, for the keeper task itself: holding its own
+    /// sender would keep it (and the connection) alive forever.
+    pub(crate) fn detached(&self) -> RedisStore {
+        RedisStore {
+            keeper: Arc::default(),
+            ..self.clone()
+        }
+    }
 }
 
 fn parse_reply(reply: &[i64], pairs: usize) -> Result<Outcome, StoreError> {
