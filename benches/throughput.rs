@@ -16,7 +16,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use redis::aio::ConnectionManager;
-use tollgate::{Limiter, MemoryStore, RedisStore, Store};
+use tollgate::key::Header;
+use tollgate::{Limiter, MemoryStore, RateLimitLayer, RedisStore, Store};
 
 struct Options {
     redis: Option<String>,
@@ -229,4 +230,51 @@ async fn main() {
         .await;
         row(&format!("tollgate {name}"), ops, floor, None);
     }
+
+    println!(
+        "\n{:<44} {:>12} {:>8}",
+        "HTTP layer (memory store)", "ops/s", "ratio"
+    );
+    // The middleware's own cost: the same HTTP service called bare and through the layer
+    // (header key, 10k clients, a policy that admits everything it sees).
+    let bare = measure(tasks, secs, move |i| async move {
+        let req = http_request(i);
+        let _ = tower::ServiceExt::oneshot(tower::service_fn(handler), req).await;
+    })
+    .await;
+    row("bare service (baseline)", bare, bare, None);
+    for (name, policy) in [
+        ("RateLimitLayer, 1 limit", "1000000/s gcra"),
+        (
+            "RateLimitLayer, 3 limits",
+            "1000000/s, 10000000/min, 50000000/h",
+        ),
+    ] {
+        let layer = RateLimitLayer::new(Limiter::new(MemoryStore::new(), policy.parse().unwrap()))
+            .key(Header::named("x-api-key").unwrap());
+        let svc = tower::ServiceBuilder::new()
+            .layer(layer)
+            .service(tower::service_fn(handler));
+        let ops = measure(tasks, secs, move |i| {
+            let svc = svc.clone();
+            async move {
+                let _ = tower::ServiceExt::oneshot(svc, http_request(i)).await;
+            }
+        })
+        .await;
+        row(&format!("tollgate {name}"), ops, bare, None);
+    }
+}
+
+fn http_request(i: u64) -> http::Request<()> {
+    http::Request::get("/")
+        .header("x-api-key", format!("key-{}", i % 10_000))
+        .body(())
+        .unwrap_or_default()
+}
+
+async fn handler(
+    _req: http::Request<()>,
+) -> Result<http::Response<String>, std::convert::Infallible> {
+    Ok(http::Response::new("ok".to_string()))
 }
