@@ -151,3 +151,48 @@ async fn impossible_costs_are_errors() {
         Some(tollgate::Error::Cost { cost: 11, max: 10 })
     ));
 }
+
+/// A call waiting for its turn does not hold the inner service's readiness: behind a
+/// concurrency limit of one, another key's call goes ahead of it.
+#[tokio::test]
+async fn a_waiting_call_does_not_block_others() {
+    let limiter = Limiter::new(MemoryStore::new(), "1/400ms log".parse().unwrap());
+    let svc = ServiceBuilder::new()
+        .layer(
+            KeyedRateLimitLayer::new(limiter, |c: &Charge| c.provider.into())
+                .wait_up_to(Duration::from_secs(2)),
+        )
+        .concurrency_limit(1)
+        .service(service_fn(provider));
+    // spend "busy"'s budget, so that its next call waits ~400 ms
+    svc.clone()
+        .oneshot(Charge {
+            provider: "busy",
+            cents: 1,
+        })
+        .await
+        .unwrap();
+    let order = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let waiting = {
+        let (svc, order) = (svc.clone(), order.clone());
+        tokio::spawn(async move {
+            svc.oneshot(Charge {
+                provider: "busy",
+                cents: 2,
+            })
+            .await
+            .unwrap();
+            order.lock().unwrap().push("busy");
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    svc.oneshot(Charge {
+        provider: "idle",
+        cents: 3,
+    })
+    .await
+    .unwrap();
+    order.lock().unwrap().push("idle");
+    waiting.await.unwrap();
+    assert_eq!(*order.lock().unwrap(), ["idle", "busy"]);
+}

@@ -155,7 +155,9 @@ impl<F> KeyedRateLimitLayer<F> {
 
     /// Instead of failing at once, wait for the limit to admit the request when that takes
     /// at most `max_wait` (throttling: outbound calls paced to a third party's limit). A
-    /// request that would wait longer fails with [`RateLimited`] without waiting.
+    /// request that would wait longer fails with [`RateLimited`] without waiting. A waiting
+    /// call gives the inner service's readiness back and gets ready again after the wait, so
+    /// it does not hold a `Buffer` slot or a concurrency permit while it sleeps.
     pub fn wait_up_to(mut self, max_wait: Duration) -> Self {
         self.max_wait = max_wait;
         self
@@ -246,11 +248,20 @@ where
             }
         });
         let clone = self.inner.clone();
-        let inner = std::mem::replace(&mut self.inner, clone);
+        let ready = std::mem::replace(&mut self.inner, clone);
+        // A call that may wait must not sit on the inner service's readiness (a `Buffer` slot,
+        // a concurrency permit) meanwhile: give it back and get ready again after the wait.
+        let (inner, is_ready) = if max_wait.is_zero() {
+            (ready, true)
+        } else {
+            drop(ready);
+            (self.inner.clone(), false)
+        };
         KeyedResponseFuture {
             state: KeyedState::Checking {
                 check,
                 inner: Some(inner),
+                is_ready,
                 req: Some(req),
             },
             on_error: self.layer.on_error,
@@ -278,7 +289,14 @@ enum KeyedState<S: Service<Req>, Req> {
     Checking {
         check: CheckFuture,
         inner: Option<S>,
+        /// Whether `inner` is the service `poll_ready` made ready.
+        is_ready: bool,
         req: Option<Req>,
+    },
+    Readying {
+        svc: Option<S>,
+        req: Option<Req>,
+        guard: Option<crate::ConcurrencyGuard>,
     },
     Calling {
         #[pin]
@@ -311,7 +329,12 @@ where
         let mut this = self.project();
         loop {
             match this.state.as_mut().project() {
-                KeyedProj::Checking { check, inner, req } => {
+                KeyedProj::Checking {
+                    check,
+                    inner,
+                    is_ready,
+                    req,
+                } => {
                     let result = ready!(check.as_mut().poll(cx));
                     let (Some(mut svc), Some(request)) = (inner.take(), req.take()) else {
                         return Poll::Ready(Err(PolledAfterCompletion.into()));
@@ -324,7 +347,27 @@ where
                         Err(Error::Store(_)) if *this.on_error == OnStoreError::Allow => None,
                         Err(e) => return Poll::Ready(Err(e.into())),
                     };
-                    let fut = svc.call(request);
+                    if *is_ready {
+                        let fut = svc.call(request);
+                        this.state.set(KeyedState::Calling { fut, guard });
+                    } else {
+                        this.state.set(KeyedState::Readying {
+                            svc: Some(svc),
+                            req: Some(request),
+                            guard,
+                        });
+                    }
+                }
+                KeyedProj::Readying { svc, req, guard } => {
+                    let Some(s) = svc.as_mut() else {
+                        return Poll::Ready(Err(PolledAfterCompletion.into()));
+                    };
+                    ready!(s.poll_ready(cx)).map_err(Into::into)?;
+                    let (Some(mut s), Some(request)) = (svc.take(), req.take()) else {
+                        return Poll::Ready(Err(PolledAfterCompletion.into()));
+                    };
+                    let guard = guard.take();
+                    let fut = s.call(request);
                     this.state.set(KeyedState::Calling { fut, guard });
                 }
                 KeyedProj::Calling { fut, guard } => {
