@@ -190,10 +190,9 @@ async fn a_killed_process_gets_its_slots_back() {
         assert!(Instant::now() < deadline, "slots never came back");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    assert!(
-        killed.elapsed() <= Duration::from_millis(1500),
-        "back after the lease"
-    );
+    // back after the 1 s lease (with room for a loaded machine), not after a minute
+    let took = killed.elapsed();
+    assert!(took <= Duration::from_secs(5), "back after {took:?}");
 }
 
 /// 10,000 requests through a real server: plain, streamed to the end, streamed and abandoned,
