@@ -362,3 +362,31 @@ async fn redis_backed_layer_and_its_failure_policy() {
     assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(r.headers["retry-after"], "1");
 }
+
+/// A service that cannot fail stays one that cannot fail: rejections are responses, so the
+/// layered service's error type is still `Infallible`, as axum requires of every route.
+#[tokio::test]
+async fn infallible_services_stay_infallible() {
+    use std::convert::Infallible;
+    use tower::{service_fn, Service, ServiceBuilder, ServiceExt};
+
+    fn assert_infallible<S: Service<http::Request<()>, Error = Infallible>>(_: &S) {}
+
+    let limiter = Limiter::new(MemoryStore::new(), "1/min".parse().unwrap());
+    let svc = ServiceBuilder::new()
+        .layer(RateLimitLayer::new(limiter).key(Header::named("x-api-key").unwrap()))
+        .service(service_fn(|_req: http::Request<()>| async {
+            Ok::<_, Infallible>(http::Response::new(String::from("ok")))
+        }));
+    assert_infallible(&svc);
+    let req = || {
+        http::Request::get("/")
+            .header("x-api-key", "k")
+            .body(())
+            .unwrap()
+    };
+    let Ok(first) = svc.clone().oneshot(req()).await;
+    assert_eq!(first.status(), StatusCode::OK);
+    let Ok(second) = svc.oneshot(req()).await;
+    assert_eq!(second.status(), StatusCode::TOO_MANY_REQUESTS);
+}
