@@ -41,12 +41,12 @@ impl From<RedisStore> for Store {
     }
 }
 
-/// Where a store reads the time.
+/// Where a store (or a [load shedder](crate::shed::UtilizationShedder)) reads the time.
 #[derive(Debug, Clone, Default)]
 #[non_exhaustive]
 pub enum Clock {
-    /// The store's own clock: Redis `TIME` for the Redis store (one clock for the whole
-    /// fleet), the system clock for the memory store.
+    /// The real clock: Redis `TIME` for the Redis store (one clock for the whole fleet), the
+    /// system clock for the memory store, a monotonic clock for a load shedder.
     #[default]
     Real,
     /// A clock the caller sets: for tests and replays only.
