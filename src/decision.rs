@@ -2,23 +2,36 @@
 
 use std::time::Duration;
 
-use crate::concurrency::ConcurrencyGuard;
+use crate::guard::ConcurrencyGuard;
 use crate::policy::Limit;
 
-/// The decision of one check: admitted or not, and for every (identifier, limit) pair its
+/// The decision of one check: allowed or not, and for every (identifier, limit) pair its
 /// remaining quota and reset time.
 ///
 /// A denied check charged nothing anywhere; [`Decision::retry_after`] says when the same
-/// request would be admitted if nothing else happened in between.
+/// request would be allowed if nothing else happened in between.
 ///
-/// When the policy has a concurrency limit, an admitted decision holds the request's slots
-/// until it — or the guard taken out of it with [`Decision::take_guard`] — is dropped.
-#[derive(Debug, Clone)]
+/// When the policy has a concurrency limit, an allowed decision holds the request's slots
+/// until it — or the guard taken out of it with [`Decision::take_guard`] — is dropped. A
+/// clone carries the figures only: the slots stay with the original.
+#[derive(Debug)]
+#[must_use = "a decision says whether the request may proceed, and may hold its concurrency slots"]
 pub struct Decision {
     pub(crate) allowed: bool,
     pub(crate) cost: u64,
     pub(crate) statuses: Vec<LimitStatus>,
     pub(crate) guard: Option<ConcurrencyGuard>,
+}
+
+impl Clone for Decision {
+    fn clone(&self) -> Decision {
+        Decision {
+            allowed: self.allowed,
+            cost: self.cost,
+            statuses: self.statuses.clone(),
+            guard: None,
+        }
+    }
 }
 
 /// Decisions compare by what was decided; the slots they hold do not take part.
@@ -41,8 +54,8 @@ pub struct LimitStatus {
     pub limit_index: usize,
     /// The limit.
     pub limit: Limit,
-    /// Whether this limit admitted the request for this identifier.
-    pub admitted: bool,
+    /// Whether this limit allowed the request for this identifier.
+    pub allowed: bool,
     /// How many more cost units this limit admits right now, after this decision.
     pub remaining: u64,
     /// Time until this limit's full quota is available again (zero when it already is).
@@ -52,7 +65,7 @@ pub struct LimitStatus {
 }
 
 impl Decision {
-    /// Whether the request was admitted (by every limit, for every identifier).
+    /// Whether the request was allowed (by every limit, for every identifier).
     pub fn is_allowed(&self) -> bool {
         self.allowed
     }
@@ -63,8 +76,8 @@ impl Decision {
     }
 
     /// When denied: the earliest time from the decision at which the same request would be
-    /// admitted if nothing else happens — the longest wait among the limits that denied.
-    /// `None` when admitted.
+    /// allowed if nothing else happens — the longest wait among the limits that denied.
+    /// `None` when allowed.
     pub fn retry_after(&self) -> Option<Duration> {
         self.denied_by().and_then(|s| s.retry_after)
     }
@@ -76,11 +89,11 @@ impl Decision {
         }
         self.statuses
             .iter()
-            .filter(|s| !s.admitted)
+            .filter(|s| !s.allowed)
             .max_by_key(|s| s.retry_after)
     }
 
-    /// The concurrency slots this decision holds (admitted, policy with a concurrency limit).
+    /// The concurrency slots this decision holds (allowed, policy with a concurrency limit).
     pub fn guard(&self) -> Option<&ConcurrencyGuard> {
         self.guard.as_ref()
     }

@@ -54,21 +54,22 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod algorithm;
-mod concurrency;
+mod clock;
 mod decision;
+mod guard;
 pub mod key;
-mod keys;
 pub mod layer;
 mod limiter;
 pub mod policy;
 pub mod shed;
 pub mod store;
 
-pub use concurrency::ConcurrencyGuard;
+pub use clock::{Clock, ManualClock};
 pub use decision::{Decision, LimitStatus};
+pub use guard::ConcurrencyGuard;
 pub use layer::{KeyedRateLimitLayer, RateLimitLayer, RateLimited};
 pub use limiter::{Error, Limiter, MAX_IDENTIFIERS};
 pub use policy::{Algorithm, Limit, Policy, PolicyError};
 #[cfg(feature = "redis")]
 pub use store::RedisStore;
-pub use store::{Clock, ManualClock, MemoryStore, Store, StoreError};
+pub use store::{MemoryStore, Store, StoreError};

@@ -4,12 +4,12 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::concurrency::{lease_id, ConcurrencyGuard};
 use crate::decision::{Decision, LimitStatus};
-use crate::keys;
-use crate::policy::Limit;
-use crate::policy::Policy;
-use crate::store::{Lease, Outcome, Plan, Store, StoreError};
+use crate::guard::ConcurrencyGuard;
+use crate::policy::{Limit, Policy};
+use crate::store::keyspace;
+use crate::store::lease::{lease_id, Lease};
+use crate::store::{Outcome, Plan, Store, StoreError};
 
 /// The most distinct identifiers one check may name.
 pub const MAX_IDENTIFIERS: usize = 16;
@@ -23,7 +23,7 @@ pub const MAX_IDENTIFIERS: usize = 16;
 /// use tollgate::{Limiter, MemoryStore};
 ///
 /// let limiter = Limiter::new(MemoryStore::new(), "10/s, 120/min, 240/h".parse().unwrap());
-/// // The client IP and the user together: admitted only if both are under every limit.
+/// // The client IP and the user together: allowed only if both are under every limit.
 /// let decision = limiter.check(&["ip:203.0.113.9", "user:42"]).await?;
 /// assert!(decision.is_allowed());
 /// # Ok(()) }
@@ -74,7 +74,7 @@ impl Limiter {
         self.check_n(identifiers, 1).await
     }
 
-    /// Checks one request of cost `cost` (its weight) for the given identifiers: admitted
+    /// Checks one request of cost `cost` (its weight) for the given identifiers: allowed
     /// only if every limit admits it for every identifier, and then charged everywhere; when
     /// denied, charged nowhere. On Redis this is one script call.
     ///
@@ -113,7 +113,7 @@ impl Limiter {
         }
         let ids: Vec<String> = firsts
             .iter()
-            .map(|&i| keys::escape_identifier(identifiers[i].as_ref()))
+            .map(|&i| keyspace::escape_identifier(identifiers[i].as_ref()))
             .collect();
         let limits = policy.limits();
         let store = self.inner.store.clone();
@@ -134,10 +134,14 @@ impl Limiter {
                 // finishes and drops its guard whatever becomes of the caller.
                 let task = take_slot(store, ids.clone(), limits.to_vec(), slot, cost);
                 match tokio::runtime::Handle::try_current() {
-                    Ok(runtime) => runtime
-                        .spawn(task)
-                        .await
-                        .map_err(|e| Error::Store(StoreError::Backend(Box::new(e))))??,
+                    Ok(runtime) => match runtime.spawn(task).await {
+                        Ok(result) => result?,
+                        // A panic in the check is a bug, not a store failure for the failure
+                        // policy to paper over: it goes on in the caller.
+                        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+                        // Cancelled: the runtime is shutting down under the check.
+                        Err(e) => return Err(Error::Store(StoreError::Backend(Box::new(e)))),
+                    },
                     Err(_) => task.await?,
                 }
             }
@@ -150,10 +154,10 @@ impl Limiter {
                 identifier: firsts[k / limits.len()],
                 limit_index: k % limits.len(),
                 limit: limits[k % limits.len()],
-                admitted: e.admitted,
+                allowed: e.allowed,
                 remaining: e.remaining,
                 reset_after: Duration::from_micros(e.reset_after_us),
-                retry_after: (!e.admitted).then(|| Duration::from_micros(e.retry_after_us)),
+                retry_after: (!e.allowed).then(|| Duration::from_micros(e.retry_after_us)),
             })
             .collect();
         Ok(Decision {
@@ -165,7 +169,7 @@ impl Limiter {
     }
 }
 
-/// Checks a policy with a concurrency limit; when admitted, holds the slot in a guard.
+/// Checks a policy with a concurrency limit; when allowed, holds the slot in a guard.
 async fn take_slot(
     store: Store,
     ids: Vec<String>,
@@ -237,10 +241,11 @@ impl fmt::Display for Error {
     }
 }
 
+/// A store failure is shown as itself: its message here, its cause as the source.
 impl std::error::Error for Error {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
-            Error::Store(e) => Some(e),
+            Error::Store(e) => e.source(),
             _ => None,
         }
     }

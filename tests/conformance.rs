@@ -163,7 +163,7 @@ async fn seed_003_fixed_windows_two_identifiers(env: Env) {
     // Every pair reports: both identifiers are at 0 for the hour.
     let hour: Vec<_> = d.statuses().iter().filter(|s| s.limit_index == 2).collect();
     assert_eq!(hour.len(), 2);
-    assert!(hour.iter().all(|s| s.remaining == 0 && !s.admitted));
+    assert!(hour.iter().all(|s| s.remaining == 0 && !s.allowed));
 
     // The IP is exhausted for the hour; a second user behind it is denied by the IP's limits
     // only, and is charged nothing.
@@ -171,7 +171,7 @@ async fn seed_003_fixed_windows_two_identifiers(env: Env) {
     assert!(!d.is_allowed());
     assert_eq!(d.denied_by().unwrap().identifier, 0, "{d:#?}");
     for s in d.statuses().iter().filter(|s| s.identifier == 1) {
-        assert!(s.admitted);
+        assert!(s.allowed);
         assert_eq!(s.remaining, s.limit.count(), "user:bob charged nothing");
     }
     // and after the hour, everything is back
@@ -471,8 +471,7 @@ mod concurrency {
         for _ in 0..200 {
             let d = check(l, &["k"]).await;
             // (once the previous slot is back: Redis releases asynchronously)
-            if d.denied_by().is_some_and(|s| !s.limit.is_concurrency()) && d.statuses()[1].admitted
-            {
+            if d.denied_by().is_some_and(|s| !s.limit.is_concurrency()) && d.statuses()[1].allowed {
                 return d;
             }
             tokio::time::sleep(Duration::from_millis(10)).await;

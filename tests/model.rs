@@ -246,7 +246,7 @@ fn observed(d: &Decision) -> (bool, Vec<Pair>) {
         .statuses()
         .iter()
         .map(|s| Pair {
-            admitted: s.admitted,
+            admitted: s.allowed,
             remaining: s.remaining,
             reset_after_us: s.reset_after.as_micros() as u64,
             retry_after_us: s.retry_after.map_or(0, |r| r.as_micros() as u64),

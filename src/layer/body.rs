@@ -7,7 +7,7 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use pin_project::pin_project;
 
-use crate::concurrency::ConcurrencyGuard;
+use crate::ConcurrencyGuard;
 
 /// The body of a response that went through [`RateLimit`](super::RateLimit): the inner
 /// service's body, or the short text of a response the layer produced itself (a rejection).

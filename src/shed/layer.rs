@@ -265,7 +265,7 @@ mod tests {
     use tower::{service_fn, ServiceExt};
 
     use super::*;
-    use crate::store::{Clock, ManualClock};
+    use crate::{Clock, ManualClock};
     use http::header::CONTENT_TYPE;
 
     type Res = Response<Full<Bytes>>;

@@ -8,8 +8,8 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
+use crate::clock::{system_micros, Clock};
 use crate::key::RequestView;
-use crate::store::{system_micros, Clock};
 
 /// How important a request is. The shedder throws out the least important classes first and
 /// never sheds [`Critical`](Priority::Critical) traffic.
@@ -585,7 +585,7 @@ impl UtilizationShedder {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::ManualClock;
+    use crate::clock::ManualClock;
 
     const SECOND: Duration = Duration::from_secs(1);
 

@@ -3,7 +3,7 @@
 //! State lives in a fixed number of shards, each a mutex around a hash map from key to state.
 //! A check locks the shards its keys fall in (in index order, so checks never deadlock),
 //! decides, and commits only when everything admits — the same all-or-nothing as the Redis
-//! script, with the same algorithms (`src/algorithm.rs`).
+//! script, with the same algorithms (`src/algorithm/`, whose `decide` is the twin of the script).
 //!
 //! # Memory bound
 //!
@@ -22,10 +22,11 @@ use std::collections::HashMap;
 use std::hash::BuildHasher;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use super::{system_micros, Clock, Entry, Lease, Outcome, Plan};
+use super::keyspace;
+use super::lease::{KeeperSlot, Lease};
+use super::{Outcome, Plan};
 use crate::algorithm::{self, State};
-use crate::concurrency::KeeperSlot;
-use crate::keys;
+use crate::clock::{system_micros, Clock};
 
 const SHARDS: usize = 64;
 const DEFAULT_MAX_KEYS: usize = 1_000_000;
@@ -131,15 +132,19 @@ impl MemoryStore {
     pub(crate) fn check(&self, plan: &Plan<'_>) -> Outcome {
         let inner = &*self.inner;
         let now = self.now();
-        let nlimits = plan.limits.len();
 
         // (shard, key) per (identifier, limit) pair, identifier-major.
         let pairs: Vec<(usize, String)> = plan
             .ids
             .iter()
-            .flat_map(|id| plan.limits.iter().map(move |l| keys::key(PREFIX, id, l)))
+            .flat_map(|id| {
+                plan.limits
+                    .iter()
+                    .map(move |l| keyspace::key(PREFIX, id, l))
+            })
             .map(|k| ((inner.hasher.hash_one(&k) as usize) % SHARDS, k))
             .collect();
+        // Lock every shard involved, in index order, so that checks never deadlock.
         let mut shard_ids: Vec<usize> = pairs.iter().map(|(s, _)| *s).collect();
         shard_ids.sort_unstable();
         shard_ids.dedup();
@@ -147,60 +152,28 @@ impl MemoryStore {
             shard_ids.iter().map(|&s| lock(&inner.shards[s])).collect();
         let guard_of = |s: usize| shard_ids.binary_search(&s).unwrap_or(0);
 
-        // Phase 1: decide, reading only.
-        let verdicts: Vec<algorithm::Verdict> = pairs
+        // The states leave their maps for the decision (an expired one is dropped: it decides
+        // like none), and those that exist afterwards go back with their new expiry.
+        let mut present = Vec::with_capacity(pairs.len());
+        let mut states: Vec<Option<State>> = pairs
             .iter()
-            .enumerate()
-            .map(|(k, (s, key))| {
-                let shard = &guards[guard_of(*s)];
-                let state = live(shard.map.get(key), now);
-                algorithm::evaluate(state, &plan.limits[k % nlimits], now, plan.cost)
+            .map(|(s, key)| {
+                let stored = guards[guard_of(*s)].map.remove(key);
+                present.push(stored.is_some());
+                stored.filter(|st| st.expires_at > now).map(|st| st.state)
             })
             .collect();
-        let allowed = verdicts.iter().all(|v| v.admitted);
-
-        // Phase 2: charge everything, only when everything admitted.
-        if allowed {
-            for (k, (s, key)) in pairs.iter().enumerate() {
-                let limit = &plan.limits[k % nlimits];
-                let g = guard_of(*s);
-                let shard = &mut *guards[g];
-                if !shard.map.contains_key(key) {
-                    make_room(shard, now, inner.max_per_shard, &pairs);
-                }
-                let stored = shard.map.entry(key.clone()).or_insert_with(|| Stored {
-                    state: algorithm::new_state(limit),
-                    expires_at: 0,
-                });
-                if stored.expires_at <= now {
-                    stored.state = algorithm::new_state(limit);
-                }
-                algorithm::commit(&mut stored.state, limit, now, plan.cost, plan.lease);
-                stored.expires_at = algorithm::expires_at(&stored.state, limit);
+        let outcome = algorithm::decide(&mut states, plan.limits, now, plan.cost, plan.lease);
+        for (k, ((s, key), state)) in pairs.iter().zip(states).enumerate() {
+            let Some(state) = state else { continue };
+            let shard = &mut *guards[guard_of(*s)];
+            if !present[k] {
+                make_room(shard, now, inner.max_per_shard, &pairs);
             }
+            let expires_at = algorithm::expires_at(&state, &plan.limits[k % plan.limits.len()]);
+            shard.map.insert(key.clone(), Stored { state, expires_at });
         }
-
-        let entries = pairs
-            .iter()
-            .zip(&verdicts)
-            .enumerate()
-            .map(|(k, ((s, key), v))| {
-                let shard = &guards[guard_of(*s)];
-                let state = live(shard.map.get(key), now);
-                let r = algorithm::report(state, &plan.limits[k % nlimits], now);
-                Entry {
-                    admitted: v.admitted,
-                    remaining: r.remaining,
-                    reset_after_us: r.reset_after,
-                    retry_after_us: if v.admitted {
-                        0
-                    } else {
-                        v.retry_at.saturating_sub(now)
-                    },
-                }
-            })
-            .collect();
-        Outcome { allowed, entries }
+        outcome
     }
 }
 
@@ -221,8 +194,9 @@ impl MemoryStore {
         for lease in leases {
             for key in &lease.keys {
                 self.with_state(key, |stored| {
-                    algorithm::renew(&mut stored.state, &lease.id, now, lease.lease_us);
-                    stored.expires_at = stored.expires_at.max(now + lease.lease_us);
+                    if algorithm::renew(&mut stored.state, &lease.id, now, lease.lease_us) {
+                        stored.expires_at = stored.expires_at.max(now + lease.lease_us);
+                    }
                 });
             }
         }
@@ -263,11 +237,6 @@ fn lock(shard: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
     shard.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// The state, unless it has expired (then it decides like no state).
-fn live(stored: Option<&Stored>, now: u64) -> Option<&State> {
-    stored.filter(|s| s.expires_at > now).map(|s| &s.state)
-}
-
 /// Before inserting into `shard`: sweep expired states when the shard has grown enough since
 /// the last sweep, and evict one when it is at its bound.
 fn make_room(shard: &mut Shard, now: u64, max: usize, protected: &[(usize, String)]) {
@@ -297,7 +266,7 @@ fn make_room(shard: &mut Shard, now: u64, max: usize, protected: &[(usize, Strin
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::ManualClock;
+    use crate::clock::ManualClock;
     use crate::{Limiter, Policy};
     use std::time::Duration;
 
@@ -330,7 +299,7 @@ mod tests {
             .build();
         let l = limiter(&store, "5/s log, 5/s gcra");
         for i in 0..20_000 {
-            l.check(&[format!("k{i}")]).await.unwrap();
+            let _ = l.check(&[format!("k{i}")]).await.unwrap();
             clock.advance(Duration::from_micros(100));
         }
         // at 100 µs a request and 1 s of life, about 10,000 keys per limit are alive at a
@@ -342,7 +311,7 @@ mod tests {
         );
         clock.advance(Duration::from_secs(2));
         for i in 0..(MIN_SWEEP * SHARDS) {
-            l.check(&[format!("later{i}")]).await.unwrap();
+            let _ = l.check(&[format!("later{i}")]).await.unwrap();
         }
         assert!(store.len() < 2 * MIN_SWEEP * SHARDS + 40_000);
     }

@@ -14,27 +14,12 @@ use std::time::Duration;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::Script;
 
-use super::{Clock, Entry, Lease, Outcome, Plan, StoreError};
-use crate::concurrency::KeeperSlot;
-use crate::keys;
-use crate::policy::Algorithm;
-
-/// The check script: the helpers, one file per algorithm, then the driver.
-const CHECK_SCRIPT: &str = concat!(
-    include_str!("../../lua/prelude.lua"),
-    include_str!("../../lua/sliding_log.lua"),
-    include_str!("../../lua/sliding_window.lua"),
-    include_str!("../../lua/fixed_window.lua"),
-    include_str!("../../lua/gcra.lua"),
-    include_str!("../../lua/concurrency.lua"),
-    include_str!("../../lua/check.lua"),
-);
-
-/// Renews concurrency leases (with the shared helpers).
-const RENEW_SCRIPT: &str = concat!(
-    include_str!("../../lua/prelude.lua"),
-    include_str!("../../lua/renew.lua"),
-);
+use super::error::{redact_url, ConfigError, ConfigErrorKind};
+use super::keyspace;
+use super::lease::{KeeperSlot, Lease};
+use super::script;
+use super::{Outcome, Plan, StoreError};
+use crate::clock::Clock;
 
 const DEFAULT_PREFIX: &str = "tollgate";
 const DEFAULT_TIMEOUT: Duration = Duration::from_millis(250);
@@ -101,17 +86,18 @@ impl RedisStoreBuilder {
     }
 
     fn manager(&self) -> Result<(redis::Client, ConnectionManagerConfig), StoreError> {
-        if !keys::valid_prefix(&self.prefix) {
-            return Err(StoreError::Config(format!(
-                "key prefix {:?} must be non-empty and contain no braces",
-                self.prefix
-            )));
+        if !keyspace::valid_prefix(&self.prefix) {
+            return Err(ConfigError::new(ConfigErrorKind::Prefix, &self.prefix).into());
         }
         if self.timeout.is_zero() {
-            return Err(StoreError::Config("timeout must be longer than 0".into()));
+            return Err(ConfigError::new(ConfigErrorKind::Timeout, "timeout").into());
         }
+        if self.connect_timeout.is_zero() {
+            return Err(ConfigError::new(ConfigErrorKind::Timeout, "connect timeout").into());
+        }
+        // The redis crate's own message may quote the URL: only the redacted form is kept.
         let client = redis::Client::open(self.url.as_str())
-            .map_err(|e| StoreError::Config(format!("Redis URL {:?}: {e}", self.url)))?;
+            .map_err(|_| ConfigError::new(ConfigErrorKind::Url, redact_url(&self.url)))?;
         let config = ConnectionManagerConfig::new()
             .set_response_timeout(Some(self.timeout))
             .set_connection_timeout(Some(self.connect_timeout))
@@ -123,8 +109,8 @@ impl RedisStoreBuilder {
     fn finish(self, conn: ConnectionManager) -> RedisStore {
         RedisStore {
             conn,
-            script: Arc::new(Script::new(CHECK_SCRIPT)),
-            renew_script: Arc::new(Script::new(RENEW_SCRIPT)),
+            script: Arc::new(Script::new(script::CHECK)),
+            renew_script: Arc::new(Script::new(script::RENEW)),
             keeper: Arc::default(),
             prefix: self.prefix.into(),
             clock: self.clock,
@@ -180,31 +166,9 @@ impl RedisStore {
 
     pub(crate) async fn check(&self, plan: &Plan<'_>) -> Result<Outcome, StoreError> {
         let mut call = self.script.prepare_invoke();
-        for id in plan.ids {
-            for limit in plan.limits {
-                call.key(keys::key(&self.prefix, id, limit));
-            }
-        }
-        match self.clock.manual_now() {
-            Some(now) => call.arg(now),
-            None => call.arg(""),
-        };
-        call.arg(plan.cost).arg(plan.limits.len()).arg(plan.lease);
-        for limit in plan.limits {
-            let code = match limit.algorithm() {
-                Algorithm::SlidingLog => 1,
-                Algorithm::SlidingWindow => 2,
-                Algorithm::FixedWindow => 3,
-                Algorithm::TokenBucket { .. } | Algorithm::Gcra { .. } => 4,
-                Algorithm::Concurrency => 5,
-            };
-            call.arg(code)
-                .arg(limit.count())
-                .arg(limit.window_us())
-                .arg(limit.max_cost().min(u64::from(u32::MAX)));
-        }
+        script::check_args(&mut call, &self.prefix, self.clock.manual_now(), plan);
         let reply: Vec<i64> = self.run(call.invoke_async(&mut self.conn.clone())).await?;
-        parse_reply(&reply, plan.ids.len() * plan.limits.len())
+        script::parse_reply(&reply, plan.ids.len() * plan.limits.len())
     }
 
     /// Runs one call under the store's timeout.
@@ -231,12 +195,8 @@ impl RedisStore {
         times.dedup();
         for lease_us in times {
             let mut call = self.renew_script.prepare_invoke();
-            call.arg(
-                self.clock
-                    .manual_now()
-                    .map_or(String::new(), |n| n.to_string()),
-            )
-            .arg(lease_us);
+            call.arg(script::now_arg(self.clock.manual_now()))
+                .arg(lease_us);
             for lease in leases.iter().filter(|l| l.lease_us == lease_us) {
                 for key in &lease.keys {
                     call.key(key).arg(&lease.id);
@@ -271,31 +231,4 @@ impl RedisStore {
             ..self.clone()
         }
     }
-}
-
-fn parse_reply(reply: &[i64], pairs: usize) -> Result<Outcome, StoreError> {
-    if reply.len() != 2 + 4 * pairs {
-        return Err(StoreError::UnexpectedReply(format!(
-            "{} integers for {pairs} keys",
-            reply.len()
-        )));
-    }
-    let nonneg = |v: i64| {
-        u64::try_from(v).map_err(|_| StoreError::UnexpectedReply(format!("negative value {v}")))
-    };
-    let entries = reply[2..]
-        .chunks_exact(4)
-        .map(|c| {
-            Ok(Entry {
-                remaining: nonneg(c[0])?,
-                reset_after_us: nonneg(c[1])?,
-                retry_after_us: nonneg(c[2])?,
-                admitted: c[3] == 1,
-            })
-        })
-        .collect::<Result<Vec<_>, StoreError>>()?;
-    Ok(Outcome {
-        allowed: reply[0] == 1,
-        entries,
-    })
 }

@@ -1,0 +1,95 @@
+//! GCRA, which is also how the token bucket runs (seed 002's request limiter: a bucket of
+//! `burst` tokens refilled at `n` per `w` is the same automaton). Twin of `lua/gcra.lua`,
+//! function for function.
+//!
+//! One emission interval is `T = w / n` µs, usually not a whole number, so times are kept
+//! exactly as pairs `(us, rem)` meaning `us + rem / n`, with `0 <= rem < n`. A request of cost
+//! `c` is admitted when `max(tat, now) + c·T - now <= burst·T`; it then moves `tat` to
+//! `max(tat, now) + c·T`.
+
+use super::{Report, Verdict};
+use crate::policy::Limit;
+
+/// A time `us + rem / n` µs.
+type Rational = (u64, u64);
+
+/// The theoretical arrival time (the script's hash fields `t`, `r`).
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Tat {
+    tat: Rational,
+}
+
+/// `k · T` as a rational time, without ever forming `k · w` (which could overflow).
+fn times(lim: &Limit, k: u64) -> Rational {
+    let (n, w) = (lim.count(), lim.window_us());
+    let (q, r) = (w / n, w % n);
+    let kr = k * r;
+    (k * q + kr / n, kr % n)
+}
+
+fn add(lim: &Limit, a: Rational, b: Rational) -> Rational {
+    let rem = a.1 + b.1;
+    let n = lim.count();
+    (a.0 + b.0 + rem / n, rem % n)
+}
+
+/// `a - b`, for `a >= b`.
+fn sub(lim: &Limit, a: Rational, b: Rational) -> Rational {
+    if a.1 >= b.1 {
+        (a.0 - b.0, a.1 - b.1)
+    } else {
+        (a.0 - b.0 - 1, a.1 + lim.count() - b.1)
+    }
+}
+
+fn le(a: Rational, b: Rational) -> bool {
+    a <= b
+}
+
+fn later(a: Rational, b: Rational) -> Rational {
+    if le(a, b) {
+        b
+    } else {
+        a
+    }
+}
+
+pub(crate) fn evaluate(st: &Tat, lim: &Limit, now: u64, cost: u64) -> Verdict {
+    let next = add(lim, later(st.tat, (now, 0)), times(lim, cost));
+    let tau = times(lim, lim.max_cost());
+    if le(sub(lim, next, (now, 0)), tau) {
+        return Verdict::ADMIT;
+    }
+    // Admitted once tat + cost·T - tau <= t.
+    let x = sub(lim, next, tau);
+    Verdict::deny(x.0 + u64::from(x.1 > 0))
+}
+
+pub(crate) fn commit(st: &mut Tat, lim: &Limit, now: u64, cost: u64) {
+    st.tat = add(lim, later(st.tat, (now, 0)), times(lim, cost));
+}
+
+pub(crate) fn report(st: &Tat, lim: &Limit, now: u64) -> Report {
+    let m = later(st.tat, (now, 0));
+    let fin = add(lim, (now, 0), times(lim, lim.max_cost()));
+    let remaining = if le(m, fin) {
+        // floor(slack / T), exactly, in units of 1/n µs. (Lua has no 128-bit integers: the
+        // script estimates with a double and corrects the estimate with times().)
+        let slack = sub(lim, fin, m);
+        let n = u128::from(lim.count());
+        let slack = u128::from(slack.0) * n + u128::from(slack.1);
+        (slack / u128::from(lim.window_us())) as u64
+    } else {
+        0
+    };
+    Report {
+        remaining,
+        reset_after: (m.0 + u64::from(m.1 > 0)) - now,
+    }
+}
+
+/// When the state stops mattering: the theoretical arrival time, rounded up. (The script's
+/// TTL in `commit`.)
+pub(crate) fn expires_at(st: &Tat) -> u64 {
+    st.tat.0 + u64::from(st.tat.1 > 0)
+}

@@ -1,0 +1,116 @@
+//! Sliding-window counter (seed 004; the two-counter variant): counts per window aligned to
+//! the Unix epoch, and an estimate of the rolling window `prev * (w - e) / w + curr`, where
+//! `e` is how far `now` is into the current window. Twin of `lua/sliding_window.lua`,
+//! function for function.
+//!
+//! The estimate is a double computed in exactly the order the script computes it, so both
+//! stores agree bit for bit; offsets derived from it by division are corrected with the
+//! admission test itself, so they never disagree with it.
+
+use super::{Report, Verdict};
+use crate::policy::Limit;
+
+/// The index of the window last charged, its count and the previous window's count (the
+/// script's hash fields `i`, `c`, `p`).
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Window {
+    idx: u64,
+    curr: u64,
+    prev: u64,
+}
+
+/// The (current, previous) counts of the state seen from window `i`.
+fn window_counts(st: &Window, i: u64) -> (u64, u64) {
+    if st.idx >= i {
+        (st.curr, st.prev)
+    } else if st.idx + 1 == i {
+        (0, st.curr)
+    } else {
+        (0, 0)
+    }
+}
+
+/// `prev * (w - e) / w + (curr + cost) <= n`, in doubles, in exactly the script's order.
+fn window_admits(n: u64, w: u64, prev: u64, curr: u64, e: u64, cost: u64) -> bool {
+    (prev as f64) * ((w - e) as f64) / (w as f64) + ((curr + cost) as f64) <= n as f64
+}
+
+/// The smallest offset in `[lo, hi]` that `admits` (a monotone test), from the estimate `x`.
+/// `hi` always admits (it is the start of a later window).
+fn first_admitting(x: f64, lo: u64, hi: u64, admits: impl Fn(u64) -> bool) -> u64 {
+    let mut o = (x.ceil().max(lo as f64) as u64).min(hi);
+    while o > lo && admits(o - 1) {
+        o -= 1;
+    }
+    while o < hi && !admits(o) {
+        o += 1;
+    }
+    o
+}
+
+pub(crate) fn evaluate(st: &Window, lim: &Limit, now: u64, cost: u64) -> Verdict {
+    let (n, w) = (lim.count(), lim.window_us());
+    let (i, e) = (now / w, now % w);
+    let (curr, prev) = window_counts(st, i);
+    if window_admits(n, w, prev, curr, e, cost) {
+        return Verdict::ADMIT;
+    }
+    if curr + cost <= n {
+        // Within this window, as the previous window's weight decays (prev > 0 here).
+        let x = (w as f64) - ((n - curr - cost) as f64) * (w as f64) / (prev as f64);
+        let o = first_admitting(x, e + 1, w, |o| window_admits(n, w, prev, curr, o, cost));
+        return Verdict::deny(i * w + o);
+    }
+    // In the next window, where this window's count becomes the previous one.
+    let x = (w as f64) - ((n - cost) as f64) * (w as f64) / (curr as f64);
+    let o = first_admitting(x, 0, w, |o| window_admits(n, w, curr, 0, o, cost));
+    Verdict::deny((i + 1) * w + o)
+}
+
+pub(crate) fn commit(st: &mut Window, lim: &Limit, now: u64, cost: u64) {
+    let i = now / lim.window_us();
+    let (curr, prev) = window_counts(st, i);
+    st.idx = st.idx.max(i);
+    st.curr = curr + cost;
+    st.prev = prev;
+}
+
+pub(crate) fn report(st: &Window, lim: &Limit, now: u64) -> Report {
+    let (n, w) = (lim.count(), lim.window_us());
+    let (i, e) = (now / w, now % w);
+    let (curr, prev) = window_counts(st, i);
+    let reset_after = if curr > 0 {
+        (i + 2) * w - now
+    } else if prev > 0 {
+        (i + 1) * w - now
+    } else {
+        0
+    };
+    // The largest cost admitted now: the approximate division, then corrected with the
+    // admission test itself.
+    let estimate = (prev as f64) * ((w - e) as f64) / (w as f64) + (curr as f64);
+    let mut k = ((n as f64) - estimate).floor().clamp(0.0, n as f64) as u64;
+    while k > 0 && !window_admits(n, w, prev, curr, e, k) {
+        k -= 1;
+    }
+    while k < n && window_admits(n, w, prev, curr, e, k + 1) {
+        k += 1;
+    }
+    Report {
+        remaining: k,
+        reset_after,
+    }
+}
+
+/// When the state stops mattering: the current window's count has aged out of the next
+/// window's estimate. (The script's TTL in `commit`.)
+pub(crate) fn expires_at(st: &Window, lim: &Limit) -> u64 {
+    let w = lim.window_us();
+    if st.curr > 0 {
+        (st.idx + 2) * w
+    } else if st.prev > 0 {
+        (st.idx + 1) * w
+    } else {
+        0
+    }
+}

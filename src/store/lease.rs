@@ -1,0 +1,216 @@
+//! Concurrency slots as leases: the lease, its id, and the keeper task that renews held
+//! leases and releases dropped ones.
+//!
+//! A slot is a lease in the store: a random id with a deadline (the store's time plus the
+//! lease time). Checking drops expired leases and counts the live ones in the same atomic step
+//! that takes a new one. While its guard lives, the keeper renews a lease every third of the
+//! lease time, so a long request keeps its slot. A lease let go is released by the store —
+//! at once in process, batched by the keeper for Redis, so `Drop` never waits on the network.
+//! A release that fails is retried on every tick until it succeeds or the lease has expired
+//! anyway. A process that dies holding slots stops renewing them, and they expire after the
+//! lease time; the Redis key itself carries a TTL as the last resort.
+//!
+//! This module knows nothing of the stores: the keeper drives any [`Backend`].
+
+use std::collections::hash_map::RandomState;
+use std::collections::HashMap;
+use std::fmt;
+use std::future::Future;
+use std::hash::BuildHasher;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, PoisonError};
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+use crate::clock::system_micros;
+
+/// A concurrency slot held in a store: the key of each identifier's slot set, the lease id,
+/// and the lease time.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Lease {
+    pub(crate) keys: Vec<String>,
+    pub(crate) id: String,
+    pub(crate) lease_us: u64,
+}
+
+/// A random 128-bit lease id, in hex. `RandomState` is seeded from the operating system's
+/// randomness once per thread; the counter and the time keep ids apart within a thread.
+pub(crate) fn lease_id() -> String {
+    static N: AtomicU64 = AtomicU64::new(0);
+    let seed = (
+        N.fetch_add(1, Ordering::Relaxed),
+        system_micros(),
+        std::process::id(),
+    );
+    let a = RandomState::new().hash_one(seed);
+    let b = RandomState::new().hash_one((a, seed));
+    format!("{a:016x}{b:016x}")
+}
+
+/// What the keeper needs of a store. Each returns whether the store was reached.
+pub(crate) trait Backend: Send + Sync + 'static {
+    /// Extends live leases to their full lease time from now.
+    fn renew(&self, leases: &[&Lease]) -> impl Future<Output = bool> + Send;
+    /// Gives slots back (idempotent).
+    fn release(&self, leases: &[Lease]) -> impl Future<Output = bool> + Send;
+}
+
+enum Msg {
+    /// A slot was taken: renew it until told otherwise.
+    Hold(Lease),
+    /// A guard was dropped: release the slot.
+    Release(Lease),
+    /// Stop renewing (the slot was forgotten, or released already).
+    Forget(String),
+}
+
+/// The handle of a store's keeper task.
+#[derive(Clone)]
+pub(crate) struct Keeper {
+    tx: mpsc::UnboundedSender<Msg>,
+}
+
+impl fmt::Debug for Keeper {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Keeper")
+            .field("running", &!self.tx.is_closed())
+            .finish()
+    }
+}
+
+impl Keeper {
+    fn send(&self, msg: Msg) {
+        // The task is gone only when the runtime is: leases then expire by themselves.
+        let _ = self.tx.send(msg);
+    }
+
+    /// Renews `lease` until it is released or forgotten.
+    pub(crate) fn hold(&self, lease: Lease) {
+        self.send(Msg::Hold(lease));
+    }
+
+    /// Releases `lease` (batched with others) and stops renewing it.
+    pub(crate) fn release(&self, lease: Lease) {
+        self.send(Msg::Release(lease));
+    }
+
+    /// Stops renewing the lease `id`.
+    pub(crate) fn forget(&self, id: String) {
+        self.send(Msg::Forget(id));
+    }
+}
+
+/// Where a store keeps its keeper, started on first use.
+#[derive(Debug, Default)]
+pub(crate) struct KeeperSlot(Mutex<Option<Keeper>>);
+
+impl KeeperSlot {
+    /// The keeper, started within the current Tokio runtime if not running (on a backend that
+    /// `backend` makes). `None` outside a runtime: leases then expire by themselves.
+    ///
+    /// The task must hold the store without this slot (and so without a sender): once every
+    /// handle of the store and every guard is gone, its channel closes and it ends.
+    pub(crate) fn get_or_start<B: Backend>(&self, backend: impl FnOnce() -> B) -> Option<Keeper> {
+        let mut current = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(k) = current.as_ref().filter(|k| !k.tx.is_closed()) {
+            return Some(k.clone());
+        }
+        let runtime = tokio::runtime::Handle::try_current().ok()?;
+        let (tx, rx) = mpsc::unbounded_channel();
+        runtime.spawn(run(backend(), rx));
+        let keeper = Keeper { tx };
+        *current = Some(keeper.clone());
+        Some(keeper)
+    }
+}
+
+/// How often the keeper looks for leases to renew and releases to retry.
+const TICK: Duration = Duration::from_millis(250);
+
+/// A lease the keeper renews: when it last did (the lease lasts at least until then plus the
+/// lease time).
+struct Held {
+    lease: Lease,
+    renewed: Instant,
+}
+
+impl Held {
+    fn expires(&self) -> Instant {
+        self.renewed + Duration::from_micros(self.lease.lease_us)
+    }
+}
+
+/// The keeper: renews held leases every third of their lease time, releases dropped ones in
+/// batches and retries failed releases until their lease would have expired. It ends when
+/// the store's handles and guards are all gone.
+async fn run<B: Backend>(backend: B, mut rx: mpsc::UnboundedReceiver<Msg>) {
+    let mut held: HashMap<String, Held> = HashMap::new();
+    // Releases that did not reach the store, kept until their lease has expired anyway.
+    let mut unreleased: Vec<Held> = Vec::new();
+    let mut tick = tokio::time::interval(TICK);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            msg = rx.recv() => {
+                let Some(msg) = msg else { return };
+                let mut released = Vec::new();
+                apply(msg, &mut held, &mut released);
+                while let Ok(msg) = rx.try_recv() {
+                    apply(msg, &mut held, &mut released);
+                }
+                if !released.is_empty() {
+                    let leases: Vec<Lease> = released.iter().map(|h| h.lease.clone()).collect();
+                    if !backend.release(&leases).await {
+                        unreleased.extend(released);
+                    }
+                }
+            }
+            _ = tick.tick() => {
+                let now = Instant::now();
+                unreleased.retain(|h| h.expires() > now);
+                if !unreleased.is_empty() {
+                    let leases: Vec<Lease> = unreleased.iter().map(|h| h.lease.clone()).collect();
+                    if backend.release(&leases).await {
+                        unreleased.clear();
+                    }
+                }
+                let due: Vec<&Lease> = held
+                    .values()
+                    .filter(|h| now.duration_since(h.renewed) >= Duration::from_micros(h.lease.lease_us / 3))
+                    .map(|h| &h.lease)
+                    .collect();
+                if due.is_empty() {
+                    continue;
+                }
+                let ids: Vec<String> = due.iter().map(|l| l.id.clone()).collect();
+                if backend.renew(&due).await {
+                    for id in ids {
+                        if let Some(h) = held.get_mut(&id) {
+                            h.renewed = now;
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn apply(msg: Msg, held: &mut HashMap<String, Held>, released: &mut Vec<Held>) {
+    match msg {
+        Msg::Hold(lease) => {
+            let renewed = Instant::now();
+            held.insert(lease.id.clone(), Held { lease, renewed });
+        }
+        Msg::Release(lease) => {
+            let renewed = held
+                .remove(&lease.id)
+                .map_or_else(Instant::now, |h| h.renewed);
+            released.push(Held { lease, renewed });
+        }
+        Msg::Forget(id) => {
+            held.remove(&id);
+        }
+    }
+}
