@@ -1,0 +1,136 @@
+//! [`PolicyError`]: why a limit or a policy cannot be built.
+
+use std::fmt;
+
+#[cfg(doc)]
+use super::MAX_WINDOW;
+use super::{MAX_COUNT, MAX_LIMITS, MAX_LOG_COUNT, MIN_LEASE};
+
+/// A policy or limit that cannot be built, with the text of the offending part.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PolicyError {
+    kind: PolicyErrorKind,
+    part: String,
+}
+
+impl PolicyError {
+    pub(super) fn new(kind: PolicyErrorKind, part: impl Into<String>) -> Self {
+        PolicyError {
+            kind,
+            part: part.into(),
+        }
+    }
+
+    /// The same error, naming another part (the text a limit was parsed from rather than the
+    /// limit displayed).
+    pub(super) fn with_part(self, part: impl Into<String>) -> Self {
+        PolicyError::new(self.kind, part)
+    }
+
+    /// What is wrong, without the part.
+    pub(super) fn into_kind(self) -> PolicyErrorKind {
+        self.kind
+    }
+
+    /// What is wrong.
+    pub fn kind(&self) -> &PolicyErrorKind {
+        &self.kind
+    }
+
+    /// The offending part of the text (or the limit, displayed).
+    pub fn part(&self) -> &str {
+        &self.part
+    }
+}
+
+/// What is wrong with a policy or a limit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum PolicyErrorKind {
+    /// The policy or a limit is empty.
+    Empty,
+    /// The text does not follow the syntax; the message says what was expected.
+    Syntax(&'static str),
+    /// The count (or burst) is not a number.
+    BadCount,
+    /// The count is 0.
+    ZeroCount,
+    /// The window is 0.
+    ZeroWindow,
+    /// The burst or capacity is 0.
+    ZeroBurst,
+    /// The window is not a whole number of milliseconds.
+    SubMillisecondWindow,
+    /// The window unit is not one tollgate knows.
+    UnknownUnit(String),
+    /// The algorithm is not one tollgate knows.
+    UnknownAlgorithm(String),
+    /// A `name=value` parameter other than `burst` or `capacity`.
+    UnknownParameter(String),
+    /// `burst=` given to an algorithm that has no burst.
+    BurstNotAllowed,
+    /// A number is beyond what tollgate accepts ([`MAX_COUNT`], [`MAX_WINDOW`]).
+    Overflow,
+    /// The same limit appears twice.
+    Duplicate,
+    /// More than [`MAX_LIMITS`] limits.
+    TooManyLimits,
+    /// A sliding log of more than [`MAX_LOG_COUNT`] (it keeps an entry per admitted unit).
+    LogTooLarge,
+    /// A concurrency lease shorter than [`MIN_LEASE`].
+    LeaseTooShort,
+}
+
+impl fmt::Display for PolicyError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "invalid rate limit {:?}: ", self.part)?;
+        match &self.kind {
+            PolicyErrorKind::Empty => {
+                f.write_str("no limit given (expected e.g. \"10/s, 120/min\")")
+            }
+            PolicyErrorKind::Syntax(what) => f.write_str(what),
+            PolicyErrorKind::BadCount => f.write_str("the count is not a whole number"),
+            PolicyErrorKind::ZeroCount => f.write_str("the count must be at least 1"),
+            PolicyErrorKind::ZeroWindow => f.write_str("the window must be longer than 0"),
+            PolicyErrorKind::ZeroBurst => f.write_str("the burst/capacity must be at least 1"),
+            PolicyErrorKind::SubMillisecondWindow => {
+                f.write_str("the window must be a whole number of milliseconds")
+            }
+            PolicyErrorKind::UnknownUnit(u) => {
+                write!(f, "unknown window unit {u:?} (expected ms, s, min, h or d)")
+            }
+            PolicyErrorKind::UnknownAlgorithm(a) => write!(
+                f,
+                "unknown algorithm {a:?} (expected sliding, log, fixed, bucket or gcra)"
+            ),
+            PolicyErrorKind::UnknownParameter(p) => {
+                write!(f, "unknown parameter {p:?} (expected burst= or capacity=)")
+            }
+            PolicyErrorKind::BurstNotAllowed => {
+                f.write_str("burst= only applies to the bucket and gcra algorithms")
+            }
+            PolicyErrorKind::Overflow => write!(
+                f,
+                "too large (counts and bursts up to {MAX_COUNT}, windows up to 400 days)"
+            ),
+            PolicyErrorKind::Duplicate => {
+                f.write_str("the same limit (or two concurrency limits) given twice")
+            }
+            PolicyErrorKind::TooManyLimits => {
+                write!(f, "a policy holds at most {MAX_LIMITS} limits")
+            }
+            PolicyErrorKind::LogTooLarge => write!(
+                f,
+                "a sliding log keeps one entry per request: at most {MAX_LOG_COUNT} \
+                 (use the sliding-window counter or gcra for larger counts)"
+            ),
+            PolicyErrorKind::LeaseTooShort => write!(
+                f,
+                "a concurrency lease must be at least {} s",
+                MIN_LEASE.as_secs()
+            ),
+        }
+    }
+}
+
+impl std::error::Error for PolicyError {}

@@ -1,0 +1,276 @@
+//! [`Limit`] and [`Algorithm`]: what one limit counts and how.
+
+use std::time::Duration;
+
+use super::{
+    PolicyError, PolicyErrorKind, DEFAULT_LEASE, MAX_COUNT, MAX_LOG_COUNT, MAX_WINDOW, MIN_LEASE,
+};
+
+/// The longest burst tolerance (burst × window / count) of a token bucket or GCRA limit.
+const MAX_TOLERANCE_US: u128 = 1 << 50;
+
+/// How a limit counts requests.
+///
+/// All algorithms decide with integer microseconds, read from the store's clock (Redis `TIME`
+/// for the Redis store), and admit a request of cost `c` only if it fits entirely.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Algorithm {
+    /// Exact rolling window: every interval of length `window`, wherever it starts, holds at
+    /// most `count` admitted cost units. Keeps one entry per admitted unit (a Redis sorted
+    /// set), so memory grows with `count`.
+    SlidingLog,
+    /// The O(1) approximation of the rolling window: two aligned fixed windows, the previous one
+    /// weighted by how much of it still overlaps the rolling window (Cloudflare's variant).
+    /// It assumes the previous window's requests were spread evenly; when they were bunched at
+    /// its end the estimate undercounts. The default algorithm.
+    SlidingWindow,
+    /// Counters per window aligned to the Unix epoch (days start at 00:00 UTC). Admits up to
+    /// twice `count` around a window boundary.
+    FixedWindow,
+    /// Token bucket: refills `count` tokens per `window`, holds at most `capacity`. Stripe's
+    /// request limiter. Decided on the same exact integer automaton as [`Algorithm::Gcra`]
+    /// (the two are the same algorithm written two ways).
+    TokenBucket {
+        /// How many tokens the bucket holds, i.e. the largest burst.
+        capacity: u64,
+    },
+    /// Generic cell rate algorithm: one request per `window / count` on average, with up to
+    /// `burst` admitted at once. One stored number (the theoretical arrival time) per key.
+    Gcra {
+        /// How many requests may arrive at once.
+        burst: u64,
+    },
+    /// At most `count` requests in flight at once; `window` is the lease: how long a slot
+    /// outlives a process that died holding it. Slots are held by a
+    /// [`ConcurrencyGuard`](crate::ConcurrencyGuard) and renewed while it lives. A request
+    /// takes one slot whatever its cost.
+    Concurrency,
+}
+
+/// The identity of each algorithm, written once: its keyword in the text syntax, its code in
+/// the scripts' arguments and its letter in store keys.
+impl Algorithm {
+    /// The algorithm used when the text names none: [`Algorithm::SlidingWindow`].
+    pub const DEFAULT: Algorithm = Algorithm::SlidingWindow;
+
+    /// The keyword naming the algorithm in the text syntax (`10/s log`, `3 concurrent`), read
+    /// by `FromStr` and written by `Display`.
+    pub(crate) const fn keyword(&self) -> &'static str {
+        match self {
+            Algorithm::SlidingLog => "log",
+            Algorithm::SlidingWindow => "sliding",
+            Algorithm::FixedWindow => "fixed",
+            Algorithm::TokenBucket { .. } => "bucket",
+            Algorithm::Gcra { .. } => "gcra",
+            Algorithm::Concurrency => "concurrent",
+        }
+    }
+
+    /// The code naming the algorithm in the arguments of the check script.
+    ///
+    /// It must match the `ALG` table of the Lua scripts (listed at the top of `lua/check.lua`,
+    /// each entry registered by its algorithm's file); a test checks that it does. A token
+    /// bucket and a GCRA share code 4: they run on the same automaton.
+    // Used by the Redis store.
+    #[allow(dead_code)]
+    pub(crate) const fn code(&self) -> u8 {
+        match self {
+            Algorithm::SlidingLog => 1,
+            Algorithm::SlidingWindow => 2,
+            Algorithm::FixedWindow => 3,
+            Algorithm::TokenBucket { .. } | Algorithm::Gcra { .. } => 4,
+            Algorithm::Concurrency => 5,
+        }
+    }
+
+    /// The letter naming the algorithm in a store key (`w10x1000000`). Unlike the
+    /// [code](Self::code), it tells a token bucket from a GCRA, so the two never share state.
+    // Used by the store keys.
+    #[allow(dead_code)]
+    pub(crate) const fn key_letter(&self) -> char {
+        match self {
+            Algorithm::SlidingLog => 'l',
+            Algorithm::SlidingWindow => 'w',
+            Algorithm::FixedWindow => 'f',
+            Algorithm::TokenBucket { .. } => 'b',
+            Algorithm::Gcra { .. } => 'g',
+            Algorithm::Concurrency => 'c',
+        }
+    }
+}
+
+impl Default for Algorithm {
+    fn default() -> Self {
+        Self::DEFAULT
+    }
+}
+
+/// One limit: at most `count` cost units per `window`, counted by an [`Algorithm`].
+///
+/// A `Limit` is always valid: its constructors check it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Limit {
+    count: u64,
+    window: Duration,
+    algorithm: Algorithm,
+}
+
+impl Limit {
+    /// A limit of `count` per `window` counted with `algorithm`.
+    ///
+    /// `count` (and a bucket's capacity or a GCRA burst) must be in `1..=MAX_COUNT`; `window`
+    /// must be a whole number of milliseconds between 1 ms and [`MAX_WINDOW`].
+    ///
+    /// # Errors
+    ///
+    /// Fails, with the limit displayed as the error's [part](PolicyError::part), when:
+    /// * `count` is 0 ([`PolicyErrorKind::ZeroCount`]) or the capacity/burst is 0
+    ///   ([`PolicyErrorKind::ZeroBurst`]);
+    /// * `window` is 0 ([`PolicyErrorKind::ZeroWindow`]) or not a whole number of milliseconds
+    ///   ([`PolicyErrorKind::SubMillisecondWindow`]);
+    /// * `count` or the capacity/burst is over [`MAX_COUNT`], `window` is over [`MAX_WINDOW`],
+    ///   or a bucket's or GCRA's burst tolerance (burst × window / count) is over 2^50 µs,
+    ///   about 35 years ([`PolicyErrorKind::Overflow`]);
+    /// * a sliding log counts more than [`MAX_LOG_COUNT`] ([`PolicyErrorKind::LogTooLarge`]);
+    /// * a concurrency lease is shorter than [`MIN_LEASE`] ([`PolicyErrorKind::LeaseTooShort`]).
+    pub fn new(count: u64, window: Duration, algorithm: Algorithm) -> Result<Limit, PolicyError> {
+        let limit = Limit {
+            count,
+            window,
+            algorithm,
+        };
+        let err = |kind| Err(PolicyError::new(kind, limit.to_string()));
+        if count == 0 {
+            return err(PolicyErrorKind::ZeroCount);
+        }
+        if count > MAX_COUNT {
+            return err(PolicyErrorKind::Overflow);
+        }
+        if window.is_zero() {
+            return err(PolicyErrorKind::ZeroWindow);
+        }
+        if window > MAX_WINDOW {
+            return err(PolicyErrorKind::Overflow);
+        }
+        if !window.subsec_nanos().is_multiple_of(1_000_000) {
+            return err(PolicyErrorKind::SubMillisecondWindow);
+        }
+        if algorithm == Algorithm::SlidingLog && count > MAX_LOG_COUNT {
+            return err(PolicyErrorKind::LogTooLarge);
+        }
+        if algorithm == Algorithm::Concurrency && window < MIN_LEASE {
+            return err(PolicyErrorKind::LeaseTooShort);
+        }
+        if let Some(burst) = limit.burst() {
+            if burst == 0 {
+                return err(PolicyErrorKind::ZeroBurst);
+            }
+            if burst > MAX_COUNT
+                || u128::from(burst) * window.as_micros() / u128::from(count) > MAX_TOLERANCE_US
+            {
+                return err(PolicyErrorKind::Overflow);
+            }
+        }
+        Ok(limit)
+    }
+
+    /// `count` per second with the default algorithm.
+    ///
+    /// # Errors
+    ///
+    /// Fails when `count` is 0 or over [`MAX_COUNT`], as [`Limit::new`] does.
+    pub fn per_second(count: u64) -> Result<Limit, PolicyError> {
+        Limit::new(count, Duration::from_secs(1), Algorithm::DEFAULT)
+    }
+
+    /// `count` per minute with the default algorithm.
+    ///
+    /// # Errors
+    ///
+    /// Fails when `count` is 0 or over [`MAX_COUNT`], as [`Limit::new`] does.
+    pub fn per_minute(count: u64) -> Result<Limit, PolicyError> {
+        Limit::new(count, Duration::from_secs(60), Algorithm::DEFAULT)
+    }
+
+    /// `count` per hour with the default algorithm.
+    ///
+    /// # Errors
+    ///
+    /// Fails when `count` is 0 or over [`MAX_COUNT`], as [`Limit::new`] does.
+    pub fn per_hour(count: u64) -> Result<Limit, PolicyError> {
+        Limit::new(count, Duration::from_secs(3600), Algorithm::DEFAULT)
+    }
+
+    /// `count` per day with the default algorithm.
+    ///
+    /// # Errors
+    ///
+    /// Fails when `count` is 0 or over [`MAX_COUNT`], as [`Limit::new`] does.
+    pub fn per_day(count: u64) -> Result<Limit, PolicyError> {
+        Limit::new(count, Duration::from_secs(86_400), Algorithm::DEFAULT)
+    }
+
+    /// The same limit counted with another algorithm.
+    ///
+    /// # Errors
+    ///
+    /// Fails when the count and window do not suit `algorithm`, as [`Limit::new`] does: a
+    /// sliding log over [`MAX_LOG_COUNT`], a concurrency lease under [`MIN_LEASE`], a zero or
+    /// too large capacity/burst.
+    pub fn with_algorithm(self, algorithm: Algorithm) -> Result<Limit, PolicyError> {
+        Limit::new(self.count, self.window, algorithm)
+    }
+
+    /// How many cost units the limit admits per window (the refill per window for a bucket).
+    pub fn count(&self) -> u64 {
+        self.count
+    }
+
+    /// The window.
+    pub fn window(&self) -> Duration {
+        self.window
+    }
+
+    /// The algorithm.
+    pub fn algorithm(&self) -> Algorithm {
+        self.algorithm
+    }
+
+    /// At most `count` requests in flight, with the default lease of 60 s.
+    ///
+    /// # Errors
+    ///
+    /// Fails when `count` is 0 or over [`MAX_COUNT`], as [`Limit::new`] does.
+    pub fn concurrent(count: u64) -> Result<Limit, PolicyError> {
+        Limit::new(count, DEFAULT_LEASE, Algorithm::Concurrency)
+    }
+
+    /// The largest cost a single request may have under this limit: `count` for the window
+    /// algorithms, the capacity or burst for a token bucket or GCRA; unbounded for a
+    /// concurrency limit (a request takes one slot whatever its cost).
+    pub fn max_cost(&self) -> u64 {
+        match self.algorithm {
+            Algorithm::Concurrency => u64::MAX,
+            _ => self.burst().unwrap_or(self.count),
+        }
+    }
+
+    /// Whether this is a concurrency limit.
+    pub fn is_concurrency(&self) -> bool {
+        self.algorithm == Algorithm::Concurrency
+    }
+
+    fn burst(&self) -> Option<u64> {
+        match self.algorithm {
+            Algorithm::TokenBucket { capacity } => Some(capacity),
+            Algorithm::Gcra { burst } => Some(burst),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn window_us(&self) -> u64 {
+        // Bounded by MAX_WINDOW, so this fits easily.
+        self.window.as_micros() as u64
+    }
+}

@@ -1,0 +1,163 @@
+//! Tests of the limits, the policies and their text syntax.
+
+use super::*;
+
+#[test]
+fn parses_the_seed_policy() {
+    let p: Policy = "10/s, 120/min, 240/h".parse().unwrap();
+    let l = p.limits();
+    assert_eq!(l.len(), 3);
+    assert_eq!((l[0].count(), l[0].window()), (10, Duration::from_secs(1)));
+    assert_eq!(
+        (l[1].count(), l[1].window()),
+        (120, Duration::from_secs(60))
+    );
+    assert_eq!(
+        (l[2].count(), l[2].window()),
+        (240, Duration::from_secs(3600))
+    );
+    assert!(l.iter().all(|l| l.algorithm() == Algorithm::SlidingWindow));
+    assert_eq!(p.to_string(), "10/s, 120/min, 240/h");
+}
+
+#[test]
+fn parses_algorithms_and_bursts() {
+    let p: Policy =
+        "100/s bucket capacity=500, 5/s gcra burst=20, 10/1500ms log, 1_000/day fixed, 3/5min gcra"
+            .parse()
+            .unwrap();
+    let l = p.limits();
+    assert_eq!(l[0].algorithm(), Algorithm::TokenBucket { capacity: 500 });
+    assert_eq!(l[1].algorithm(), Algorithm::Gcra { burst: 20 });
+    assert_eq!(l[2].algorithm(), Algorithm::SlidingLog);
+    assert_eq!(l[2].window(), Duration::from_millis(1500));
+    assert_eq!(l[3].algorithm(), Algorithm::FixedWindow);
+    assert_eq!(l[3].count(), 1000);
+    assert_eq!(l[4].algorithm(), Algorithm::Gcra { burst: 3 });
+    assert_eq!(
+        p.to_string(),
+        "100/s bucket capacity=500, 5/s gcra burst=20, 10/1500ms log, 1000/d fixed, 3/5min gcra"
+    );
+    assert_eq!(p.max_cost(), 3);
+}
+
+#[test]
+fn display_round_trips() {
+    for text in [
+        "1/ms",
+        "7/90s",
+        "2/61min sliding",
+        "9/25h bucket burst=1",
+        "50000000/400d gcra",
+        "5/s, 5/s log, 5/s fixed, 5/s bucket, 5/s gcra burst=2",
+        "10/s, 3 concurrent",
+        "4 concurrent lease=90s",
+    ] {
+        let p: Policy = text.parse().unwrap();
+        let again: Policy = p.to_string().parse().unwrap();
+        assert_eq!(p, again, "{text} -> {p}");
+    }
+}
+
+#[test]
+fn errors_name_the_bad_part() {
+    let cases = [
+        ("", PolicyErrorKind::Empty),
+        ("10/s,", PolicyErrorKind::Empty),
+        ("0/s", PolicyErrorKind::ZeroCount),
+        ("10/0s", PolicyErrorKind::ZeroWindow),
+        (
+            "10/fortnight",
+            PolicyErrorKind::UnknownUnit("fortnight".into()),
+        ),
+        (
+            "10/s leaky",
+            PolicyErrorKind::UnknownAlgorithm("leaky".into()),
+        ),
+        ("10/s burst=5", PolicyErrorKind::BurstNotAllowed),
+        ("10/s gcra burst=0", PolicyErrorKind::ZeroBurst),
+        (
+            "10/s gcra rate=5",
+            PolicyErrorKind::UnknownParameter("rate".into()),
+        ),
+        ("99999999999999999999999/s", PolicyErrorKind::Overflow),
+        ("60000000/s", PolicyErrorKind::Overflow),
+        ("1/99999999999999d", PolicyErrorKind::Overflow),
+        ("1/401d", PolicyErrorKind::Overflow),
+        ("ten/s", PolicyErrorKind::BadCount),
+        (
+            "10 per second",
+            PolicyErrorKind::Syntax("expected COUNT/WINDOW (as in 10/s) or COUNT concurrent"),
+        ),
+        ("10/s, 10/s", PolicyErrorKind::Duplicate),
+        ("2 concurrent, 3 concurrent", PolicyErrorKind::Duplicate),
+        ("0 concurrent", PolicyErrorKind::ZeroCount),
+        ("3 concurrent lease=0s", PolicyErrorKind::ZeroWindow),
+        ("3 concurrent lease=999ms", PolicyErrorKind::LeaseTooShort),
+        ("100001/h log", PolicyErrorKind::LogTooLarge),
+        (
+            "3 concurrent ttl=5s",
+            PolicyErrorKind::UnknownParameter("ttl".into()),
+        ),
+    ];
+    for (text, kind) in cases {
+        let e = text.parse::<Policy>().unwrap_err();
+        assert_eq!(e.kind(), &kind, "{text}: {e}");
+    }
+    let e = "10/s, 5/fortnight, 3/h".parse::<Policy>().unwrap_err();
+    assert_eq!(e.part(), "5/fortnight");
+    assert!(e.to_string().contains("5/fortnight"), "{e}");
+    assert!(e.to_string().contains("unknown window unit"), "{e}");
+}
+
+#[test]
+fn limits_validate_their_fields() {
+    assert!(Limit::new(1, Duration::from_micros(1500), Algorithm::DEFAULT).is_err());
+    assert!(Limit::new(
+        1,
+        Duration::from_secs(1),
+        Algorithm::Gcra {
+            burst: MAX_COUNT + 1
+        }
+    )
+    .is_err());
+    // a burst of 50,000 at 1/day would tolerate 137 years of debt: refused
+    let long = Limit::new(
+        1,
+        Duration::from_secs(86_400),
+        Algorithm::Gcra { burst: 50_000 },
+    );
+    assert_eq!(long.unwrap_err().kind(), &PolicyErrorKind::Overflow);
+    assert!(Limit::new(
+        1,
+        Duration::from_secs(86_400),
+        Algorithm::Gcra { burst: 1000 }
+    )
+    .is_ok());
+    assert!(Limit::per_second(10).is_ok());
+    let l: Limit = " 10 / s ".replace(' ', "").parse().unwrap();
+    assert_eq!(l, Limit::per_second(10).unwrap());
+}
+
+#[test]
+fn algorithms_have_distinct_identities() {
+    let all = [
+        Algorithm::SlidingLog,
+        Algorithm::SlidingWindow,
+        Algorithm::FixedWindow,
+        Algorithm::TokenBucket { capacity: 1 },
+        Algorithm::Gcra { burst: 1 },
+        Algorithm::Concurrency,
+    ];
+    for (i, a) in all.iter().enumerate() {
+        for b in &all[..i] {
+            assert_ne!(a.keyword(), b.keyword(), "{a:?} {b:?}");
+            assert_ne!(a.key_letter(), b.key_letter(), "{a:?} {b:?}");
+            let same_automaton = matches!(
+                (a, b),
+                (Algorithm::Gcra { .. }, Algorithm::TokenBucket { .. })
+            );
+            assert_eq!(a.code() == b.code(), same_automaton, "{a:?} {b:?}");
+        }
+    }
+}
