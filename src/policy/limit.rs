@@ -72,8 +72,7 @@ impl Algorithm {
     /// It must match the `ALG` table of the Lua scripts (listed at the top of `lua/check.lua`,
     /// each entry registered by its algorithm's file); a test checks that it does. A token
     /// bucket and a GCRA share code 4: they run on the same automaton.
-    // Used by the Redis store.
-    #[allow(dead_code)]
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) const fn code(&self) -> u8 {
         match self {
             Algorithm::SlidingLog => 1,
@@ -86,8 +85,6 @@ impl Algorithm {
 
     /// The letter naming the algorithm in a store key (`w10x1000000`). Unlike the
     /// [code](Self::code), it tells a token bucket from a GCRA, so the two never share state.
-    // Used by the store keys.
-    #[allow(dead_code)]
     pub(crate) const fn key_letter(&self) -> char {
         match self {
             Algorithm::SlidingLog => 'l',

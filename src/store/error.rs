@@ -71,6 +71,7 @@ pub enum ConfigErrorKind {
 }
 
 impl ConfigError {
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn new(kind: ConfigErrorKind, part: impl Into<String>) -> ConfigError {
         ConfigError {
             kind,
@@ -112,6 +113,7 @@ impl std::error::Error for ConfigError {}
 /// `url` with anything between `scheme://` and the last `@` (the credentials) replaced by
 /// `***`, so that a password never reaches an error message or a log. Works on text that does
 /// not parse as a URL too (a password with `#` or `/` in it).
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
 pub(crate) fn redact_url(url: &str) -> String {
     let Some(start) = url.find("://").map(|i| i + 3) else {
         return url.to_string();

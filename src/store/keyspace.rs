@@ -42,14 +42,13 @@ pub(crate) fn escape_identifier(id: &str) -> String {
 
 /// The limit part of a key, e.g. `w10x1000000` (sliding window, 10 per 1 s).
 fn limit_tag(out: &mut String, limit: &Limit) {
-    let (letter, burst) = match limit.algorithm() {
-        Algorithm::SlidingLog => ('l', None),
-        Algorithm::SlidingWindow => ('w', None),
-        Algorithm::FixedWindow => ('f', None),
-        Algorithm::TokenBucket { capacity } => ('b', Some(capacity)),
-        Algorithm::Gcra { burst } => ('g', Some(burst)),
-        Algorithm::Concurrency => ('c', None),
+    let algorithm = limit.algorithm();
+    let burst = match algorithm {
+        Algorithm::TokenBucket { capacity } => Some(capacity),
+        Algorithm::Gcra { burst } => Some(burst),
+        _ => None,
     };
+    let letter = algorithm.key_letter();
     let _ = write!(out, "{letter}{}x{}", limit.count(), limit.window_us());
     if let Some(b) = burst {
         let _ = write!(out, "b{b}");

@@ -60,7 +60,8 @@ pub(crate) trait Backend: Send + Sync + 'static {
 enum Msg {
     /// A slot was taken: renew it until told otherwise.
     Hold(Lease),
-    /// A guard was dropped: release the slot.
+    /// A guard was dropped: release the slot (Redis only: in process it is released at once).
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     Release(Lease),
     /// Stop renewing (the slot was forgotten, or released already).
     Forget(String),
@@ -92,6 +93,7 @@ impl Keeper {
     }
 
     /// Releases `lease` (batched with others) and stops renewing it.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn release(&self, lease: Lease) {
         self.send(Msg::Release(lease));
     }

@@ -16,7 +16,7 @@ pub(crate) mod redis;
 #[cfg(feature = "redis")]
 mod script;
 
-pub(crate) use crate::algorithm::{Entry, Outcome};
+pub(crate) use crate::algorithm::Outcome;
 pub use error::{ConfigError, ConfigErrorKind, StoreError};
 use lease::{Backend, Keeper, Lease};
 pub use memory::{MemoryStore, MemoryStoreBuilder};

@@ -5,8 +5,9 @@
 use redis::ScriptInvocation;
 
 use super::keyspace;
-use super::{Entry, Outcome, Plan, StoreError};
-use crate::policy::{Algorithm, Limit};
+use super::{Outcome, Plan, StoreError};
+use crate::algorithm::Entry;
+use crate::policy::Limit;
 
 /// The check script: the shared helpers, one file per algorithm, then the driver.
 pub(crate) const CHECK: &str = concat!(
@@ -29,17 +30,6 @@ pub(crate) const RENEW: &str = concat!(
 const REPLY_HEAD: usize = 2;
 /// …remaining, reset_after, retry_after, allowed.
 const REPLY_PER_KEY: usize = 4;
-
-/// The algorithm's number in the script's `ALG` table.
-fn code(algorithm: Algorithm) -> u8 {
-    match algorithm {
-        Algorithm::SlidingLog => 1,
-        Algorithm::SlidingWindow => 2,
-        Algorithm::FixedWindow => 3,
-        Algorithm::TokenBucket { .. } | Algorithm::Gcra { .. } => 4,
-        Algorithm::Concurrency => 5,
-    }
-}
 
 /// The time argument: the manual clock's reading, or empty for Redis `TIME`.
 pub(crate) fn now_arg(now: Option<u64>) -> String {
@@ -70,7 +60,7 @@ pub(crate) fn check_args(
 }
 
 fn limit_args(call: &mut ScriptInvocation<'_>, limit: &Limit) {
-    call.arg(code(limit.algorithm()))
+    call.arg(limit.algorithm().code())
         .arg(limit.count())
         .arg(limit.window_us())
         .arg(limit.max_cost().min(u64::from(u32::MAX)));
@@ -107,6 +97,7 @@ pub(crate) fn parse_reply(reply: &[i64], pairs: usize) -> Result<Outcome, StoreE
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::policy::Algorithm;
 
     /// Every algorithm's code is the index its Lua file gives its table, and the driver's
     /// header documents the same numbers.
@@ -140,7 +131,7 @@ mod tests {
         ];
         let driver = include_str!("../../lua/check.lua");
         for (algorithm, lua) in files {
-            let table = format!("ALG[{}] = {{", code(algorithm));
+            let table = format!("ALG[{}] = {{", algorithm.code());
             assert_eq!(lua.matches("ALG[").count(), 1, "{algorithm:?}");
             assert!(lua.contains(&table), "{algorithm:?} is not {table}");
         }
