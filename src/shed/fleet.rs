@@ -10,17 +10,17 @@
 //! mechanism as every other limit, all-or-nothing in one script call.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use http::StatusCode;
 
+use super::priority::Classifier;
 use super::Priority;
 use crate::key::RequestView;
 use crate::layer::RateLimitLayer;
 use crate::limiter::Limiter;
 use crate::policy::{Limit, Policy, PolicyError, DEFAULT_LEASE};
 use crate::store::Store;
-
-type Classifier = Arc<dyn Fn(&RequestView<'_>) -> Priority + Send + Sync>;
 
 /// Builds a fleet-usage load shedder (a [`RateLimitLayer`]). See the module documentation.
 ///
@@ -44,7 +44,7 @@ pub struct FleetShedder {
     capacity: u64,
     reserved: f64,
     name: String,
-    lease: std::time::Duration,
+    lease: Duration,
     classify: Classifier,
 }
 
@@ -95,7 +95,7 @@ impl FleetShedder {
     }
 
     /// How long a slot outlives a process that died holding it (default 60 s).
-    pub fn lease(mut self, lease: std::time::Duration) -> Self {
+    pub fn lease(mut self, lease: Duration) -> Self {
         self.lease = lease;
         self
     }
@@ -111,7 +111,15 @@ impl FleetShedder {
         ((self.capacity as f64 * (1.0 - reserved)).floor() as u64).max(1)
     }
 
-    /// The layer. Fails when the capacity is 0 or too large, or the lease is invalid.
+    /// The layer: a [`RateLimitLayer`] over one global `N concurrent` limit, bypassed by
+    /// critical traffic, answering `503 Service Unavailable` when the share is full.
+    ///
+    /// # Errors
+    ///
+    /// The [`PolicyError`] the limit's text would give: when the capacity is 0, the share is
+    /// above [`MAX_COUNT`](crate::policy::MAX_COUNT), or the lease is not a valid
+    /// concurrency lease (shorter than [`MIN_LEASE`](crate::policy::MIN_LEASE), longer than
+    /// [`MAX_WINDOW`](crate::policy::MAX_WINDOW), or not a whole number of milliseconds).
     pub fn build(self) -> Result<RateLimitLayer, PolicyError> {
         if self.capacity == 0 {
             // Report it as the policy text would.

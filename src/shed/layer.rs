@@ -10,15 +10,14 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::header::{HeaderValue, RETRY_AFTER};
 use http::{Request, Response, StatusCode};
-use pin_project::pin_project;
+use pin_project_lite::pin_project;
 use tower_service::Service;
 
-use super::utilization::{InFlight, InFlightGuard, Priority, ShedConfig, UtilizationShedder};
+use super::priority::Classifier;
+use super::{InFlight, InFlightGuard, Priority, ShedConfig, UtilizationShedder};
 use crate::key::RequestView;
 use crate::layer::response::own_response;
 use crate::layer::ResponseBody;
-
-type Classifier = Arc<dyn Fn(&RequestView<'_>) -> Priority + Send + Sync>;
 
 const MESSAGE: &str = "server overloaded: request shed; retry later";
 
@@ -54,7 +53,8 @@ impl UtilizationShedLayer {
     ///
     /// If the shedder was made by [`UtilizationShedder::in_flight`], the layer counts the
     /// requests in flight through it: from the admission of a request until its response
-    /// future completes or is dropped. Shed requests are not counted. A streaming response
+    /// future is dropped (servers drop it as soon as it completes). Shed requests are not
+    /// counted. A streaming response
     /// body is not counted once its headers are out, so long streams make the utilization
     /// look lower than it is.
     pub fn new(shedder: impl Into<Arc<UtilizationShedder>>) -> Self {
@@ -166,18 +166,19 @@ where
         let view = RequestView::of(&req);
         let priority = (layer.classify)(&view);
         if layer.shedder.should_shed(priority) {
-            let res = shed_response(view.is_grpc(), &layer.retry_after);
             return ResponseFuture {
-                kind: Kind::Shed { res: Some(res) },
-                guard: None,
+                kind: Kind::Shed {
+                    grpc: view.is_grpc(),
+                    retry_after: layer.retry_after.clone(),
+                },
             };
         }
         let guard = layer.shedder.in_flight_counter().map(InFlight::start);
         ResponseFuture {
             kind: Kind::Called {
                 fut: self.inner.call(req),
+                guard,
             },
-            guard,
         }
     }
 }
@@ -193,36 +194,45 @@ fn shed_response(grpc: bool, retry_after: &HeaderValue) -> Response<Bytes> {
     res
 }
 
-/// The future returned by [`UtilizationShed`]: the inner service's response, or the answer
-/// to a shed request. It holds the request's place in the in-flight count, if any.
-#[pin_project]
-pub struct ResponseFuture<F> {
-    #[pin]
-    kind: Kind<F>,
-    guard: Option<InFlightGuard>,
+pin_project! {
+    /// The future returned by [`UtilizationShed`]: the inner service's response, or the
+    /// answer to a shed request.
+    ///
+    /// The future of an admitted request holds its place in the in-flight count, if the
+    /// shedder counts them, until it is dropped (which servers do as soon as it completes).
+    pub struct ResponseFuture<F> {
+        #[pin]
+        kind: Kind<F>,
+    }
 }
 
-#[pin_project(project = KindProj)]
-enum Kind<F> {
-    Called {
-        #[pin]
-        fut: F,
-    },
-    Shed {
-        res: Option<Response<Bytes>>,
-    },
+pin_project! {
+    /// An admitted request, or what the answer to a shed one is made of.
+    #[project = KindProj]
+    enum Kind<F> {
+        Called {
+            #[pin]
+            fut: F,
+            // Released with the future.
+            guard: Option<InFlightGuard>,
+        },
+        Shed {
+            grpc: bool,
+            retry_after: HeaderValue,
+        },
+    }
 }
 
 impl<F> fmt::Debug for ResponseFuture<F> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let kind = match &self.kind {
-            Kind::Called { .. } => "called",
-            Kind::Shed { .. } => "shed",
-        };
-        f.debug_struct("ResponseFuture")
-            .field("kind", &kind)
-            .field("in_flight", &self.guard.is_some())
-            .finish()
+        let mut d = f.debug_struct("ResponseFuture");
+        match &self.kind {
+            Kind::Called { guard, .. } => d
+                .field("kind", &"called")
+                .field("in_flight", &guard.is_some()),
+            Kind::Shed { grpc, .. } => d.field("kind", &"shed").field("grpc", grpc),
+        }
+        .finish()
     }
 }
 
@@ -233,24 +243,13 @@ where
     type Output = Result<Response<ResponseBody<B>>, E>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let this = self.project();
-        match this.kind.project() {
-            KindProj::Called { fut } => {
-                let out = ready!(fut.poll(cx));
-                // The request is done (its body may still stream).
-                this.guard.take();
-                Poll::Ready(out.map(|res| res.map(ResponseBody::inner)))
+        match self.project().kind.project() {
+            KindProj::Called { fut, .. } => {
+                let res = ready!(fut.poll(cx))?;
+                Poll::Ready(Ok(res.map(ResponseBody::inner)))
             }
-            KindProj::Shed { res } => {
-                // Polled again after completion: a contract violation by the caller,
-                // answered rather than panicked on.
-                let res = res.take().unwrap_or_else(|| {
-                    let mut res = Response::new(Bytes::from_static(
-                        b"load-shedding response future polled after completion\n",
-                    ));
-                    *res.status_mut() = StatusCode::INTERNAL_SERVER_ERROR;
-                    res
-                });
+            KindProj::Shed { grpc, retry_after } => {
+                let res = shed_response(*grpc, retry_after);
                 Poll::Ready(Ok(res.map(ResponseBody::full)))
             }
         }
@@ -258,183 +257,4 @@ where
 }
 
 #[cfg(test)]
-mod tests {
-    use std::convert::Infallible;
-
-    use http_body_util::{BodyExt, Full};
-    use tower::{service_fn, ServiceExt};
-
-    use super::*;
-    use crate::{Clock, ManualClock};
-    use http::header::CONTENT_TYPE;
-
-    type Res = Response<Full<Bytes>>;
-
-    async fn ok(_req: Request<()>) -> Result<Res, Infallible> {
-        Ok(Response::new(Full::new(Bytes::from_static(b"hello"))))
-    }
-
-    /// A shedder at full utilization for 150 s: shedding everything but critical traffic.
-    fn overloaded() -> UtilizationShedder {
-        let clock = ManualClock::new(0);
-        let shedder = UtilizationShedder::new(ShedConfig::default(), || 1.0)
-            .clock(Clock::Manual(clock.clone()))
-            .seed(5);
-        for _ in 0..150 {
-            shedder.update(1.0);
-            clock.advance(Duration::from_secs(1));
-        }
-        assert_eq!(shedder.amount(), 1.0);
-        shedder
-    }
-
-    fn critical_path(req: &RequestView<'_>) -> Priority {
-        if req.uri.path() == "/charge" {
-            Priority::Critical
-        } else {
-            Priority::by_method(req)
-        }
-    }
-
-    fn get(path: &str) -> Request<()> {
-        Request::get(path).body(()).unwrap()
-    }
-
-    #[tokio::test]
-    async fn shed_http_request_gets_503_with_retry_after() {
-        let layer = UtilizationShedLayer::new(overloaded())
-            .classify(critical_path)
-            .retry_after(Duration::from_millis(2500));
-        let svc = tower_layer::Layer::layer(&layer, service_fn(ok));
-        let res = svc.clone().oneshot(get("/list")).await.unwrap();
-        assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
-        assert_eq!(res.headers()[RETRY_AFTER], "3");
-        assert_eq!(res.headers()[CONTENT_TYPE], "text/plain; charset=utf-8");
-        let body = res.into_body().collect().await.unwrap().to_bytes();
-        assert_eq!(&body[..], b"server overloaded: request shed; retry later\n");
-
-        // Writes too, at amount 1.
-        let post = Request::post("/update").body(()).unwrap();
-        let res = svc.clone().oneshot(post).await.unwrap();
-        assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
-    }
-
-    #[tokio::test]
-    async fn shed_grpc_request_gets_unavailable() {
-        let layer = UtilizationShedLayer::new(overloaded());
-        let svc = tower_layer::Layer::layer(&layer, service_fn(ok));
-        let req = Request::post("/greeter.Greeter/SayHello")
-            .header(CONTENT_TYPE, "application/grpc+proto")
-            .body(())
-            .unwrap();
-        let res = svc.oneshot(req).await.unwrap();
-        assert_eq!(res.status(), StatusCode::OK);
-        assert_eq!(res.headers()["grpc-status"], "14");
-        assert_eq!(res.headers()["grpc-message"], MESSAGE);
-        assert_eq!(res.headers()[CONTENT_TYPE], "application/grpc");
-        assert!(res
-            .into_body()
-            .collect()
-            .await
-            .unwrap()
-            .to_bytes()
-            .is_empty());
-    }
-
-    #[tokio::test]
-    async fn critical_requests_pass() {
-        let layer = UtilizationShedLayer::new(overloaded()).classify(critical_path);
-        let svc = tower_layer::Layer::layer(&layer, service_fn(ok));
-        for _ in 0..200 {
-            let res = svc.clone().oneshot(get("/charge")).await.unwrap();
-            assert_eq!(res.status(), StatusCode::OK);
-            let body = res.into_body().collect().await.unwrap().to_bytes();
-            assert_eq!(&body[..], b"hello");
-        }
-    }
-
-    #[tokio::test]
-    async fn nothing_is_shed_at_rest() {
-        let layer = UtilizationShedLayer::in_flight(10);
-        let svc = tower_layer::Layer::layer(&layer, service_fn(ok));
-        for _ in 0..200 {
-            let res = svc.clone().oneshot(get("/")).await.unwrap();
-            assert_eq!(res.status(), StatusCode::OK);
-        }
-        assert_eq!(layer.shedder().in_flight_counter().unwrap().current(), 0);
-    }
-
-    #[tokio::test]
-    async fn in_flight_is_counted_until_the_response_future_ends() {
-        let clock = ManualClock::new(0);
-        let shedder = UtilizationShedder::in_flight(ShedConfig::default(), 2)
-            .clock(Clock::Manual(clock.clone()))
-            .seed(9);
-        let layer = UtilizationShedLayer::new(shedder).classify(critical_path);
-        let counter = layer.shedder().in_flight_counter().unwrap().clone();
-        let (release, released) = tokio::sync::watch::channel(false);
-        let svc = tower_layer::Layer::layer(
-            &layer,
-            service_fn(move |req: Request<()>| {
-                let mut released = released.clone();
-                async move {
-                    if req.uri().path() == "/charge" {
-                        let _ = released.wait_for(|r| *r).await;
-                    }
-                    ok(req).await
-                }
-            }),
-        );
-
-        // Two slow critical requests fill the capacity.
-        let a = tokio::spawn(svc.clone().oneshot(get("/charge")));
-        let b = svc
-            .clone()
-            .ready_oneshot()
-            .await
-            .unwrap()
-            .call(get("/charge"));
-        while counter.current() < 2 {
-            tokio::time::sleep(Duration::from_millis(1)).await;
-        }
-        assert_eq!(counter.current(), 2);
-
-        // Full utilization for 150 s: other requests are shed, and not counted.
-        let mut shed = 0;
-        for _ in 0..150 {
-            let res = svc.clone().oneshot(get("/list")).await.unwrap();
-            shed += usize::from(res.status() == StatusCode::SERVICE_UNAVAILABLE);
-            clock.advance(Duration::from_secs(1));
-        }
-        assert!((40..=80).contains(&shed), "{shed}");
-        assert_eq!(counter.current(), 2);
-        let res = svc.clone().oneshot(get("/list")).await.unwrap();
-        assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
-
-        // A dropped response future leaves the count; a completed one too.
-        drop(b);
-        assert_eq!(counter.current(), 1);
-        release.send(true).unwrap();
-        let res = a.await.unwrap().unwrap();
-        assert_eq!(res.status(), StatusCode::OK);
-        assert_eq!(counter.current(), 0);
-    }
-
-    #[test]
-    fn retry_after_rounds_up_to_whole_seconds() {
-        let layer = UtilizationShedLayer::in_flight(1);
-        assert_eq!(layer.retry_after, "1");
-        assert_eq!(layer.clone().retry_after(Duration::ZERO).retry_after, "1");
-        assert_eq!(
-            layer
-                .clone()
-                .retry_after(Duration::from_secs(30))
-                .retry_after,
-            "30"
-        );
-        assert_eq!(
-            layer.retry_after(Duration::from_millis(30_001)).retry_after,
-            "31"
-        );
-    }
-}
+mod tests;

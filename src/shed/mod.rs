@@ -47,13 +47,16 @@
 //! The utilization shedder's state lives in the process: each process sheds by its own load.
 //! The fleet shedder's state lives in the store.
 
+mod config;
 mod fleet;
 mod layer;
+mod priority;
+mod source;
 mod utilization;
 
+pub use config::{ShedConfig, ShedConfigBuilder, ShedConfigError, ShedConfigErrorKind};
 pub use fleet::FleetShedder;
 pub use layer::{ResponseFuture, UtilizationShed, UtilizationShedLayer};
-pub use utilization::{
-    InFlight, InFlightGuard, Priority, ShedConfig, ShedConfigBuilder, ShedConfigError,
-    UtilizationShedder, UtilizationSource,
-};
+pub use priority::Priority;
+pub use source::{InFlight, InFlightGuard, UtilizationSource};
+pub use utilization::UtilizationShedder;
