@@ -56,19 +56,23 @@
 mod algorithm;
 mod concurrency;
 mod decision;
+mod http;
 pub mod key;
 mod keys;
 pub mod layer;
 mod limiter;
+mod macros;
 pub mod policy;
+pub mod service;
 pub mod shed;
 pub mod store;
 
 pub use concurrency::ConcurrencyGuard;
 pub use decision::{Decision, LimitStatus};
-pub use layer::{KeyedRateLimitLayer, RateLimitLayer, RateLimited};
+pub use layer::RateLimitLayer;
 pub use limiter::{Error, Limiter, MAX_IDENTIFIERS};
 pub use policy::{Algorithm, Limit, Policy, PolicyError};
+pub use service::{KeyedRateLimitLayer, RateLimited};
 #[cfg(feature = "redis")]
 pub use store::RedisStore;
 pub use store::{Clock, ManualClock, MemoryStore, Store, StoreError};

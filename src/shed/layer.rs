@@ -14,9 +14,9 @@ use pin_project::pin_project;
 use tower_service::Service;
 
 use super::utilization::{InFlight, InFlightGuard, Priority, ShedConfig, UtilizationShedder};
+use crate::http::response::own_response;
+use crate::http::ResponseBody;
 use crate::key::RequestView;
-use crate::layer::response::own_response;
-use crate::layer::ResponseBody;
 
 type Classifier = Arc<dyn Fn(&RequestView<'_>) -> Priority + Send + Sync>;
 
