@@ -57,19 +57,23 @@ mod algorithm;
 mod clock;
 mod decision;
 mod guard;
+mod http;
 pub mod key;
 pub mod layer;
 mod limiter;
+mod macros;
 pub mod policy;
+pub mod service;
 pub mod shed;
 pub mod store;
 
 pub use clock::{Clock, ManualClock};
 pub use decision::{Decision, LimitStatus};
 pub use guard::ConcurrencyGuard;
-pub use layer::{KeyedRateLimitLayer, RateLimitLayer, RateLimited};
+pub use layer::RateLimitLayer;
 pub use limiter::{Error, Limiter, MAX_IDENTIFIERS};
 pub use policy::{Algorithm, Limit, Policy, PolicyError};
+pub use service::{KeyedRateLimitLayer, RateLimited};
 #[cfg(feature = "redis")]
 pub use store::RedisStore;
 pub use store::{MemoryStore, Store, StoreError};

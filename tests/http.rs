@@ -361,6 +361,8 @@ async fn redis_backed_layer_and_its_failure_policy() {
     let r = get_with(addr, "/", &key).await;
     assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(r.headers["retry-after"], "1");
+    // The store's error (addresses, timeouts) stays out of the response.
+    assert_eq!(r.body, "rate limiting unavailable\n");
 }
 
 /// A service that cannot fail stays one that cannot fail: rejections are responses, so the

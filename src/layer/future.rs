@@ -1,69 +1,80 @@
-//! The response future of [`RateLimit`](super::RateLimit): `Checking → Calling → done`.
+//! [`ResponseFuture`]: the response future of [`RateLimit`](super::RateLimit).
 
+use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 
 use bytes::Bytes;
-use http::{HeaderValue, Request, Response, StatusCode};
-use pin_project::pin_project;
+use http::header::{HeaderValue, RETRY_AFTER};
+use http::{Request, Response, StatusCode};
+use pin_project_lite::pin_project;
 use tower_service::Service;
 
-use super::body::ResponseBody;
-use super::response::{add_headers, limited_message, own_response};
-use super::{Config, OnStoreError};
-use crate::decision::Decision;
+use super::config::{Config, OnStoreError};
+use crate::http::headers::add_headers;
+use crate::http::response::{limited_message, own_response};
+use crate::http::ResponseBody;
 use crate::key::RequestView;
-use crate::limiter::Error;
+use crate::{Decision, Error};
 
-pub(crate) type CheckFuture = Pin<Box<dyn Future<Output = Result<Decision, Error>> + Send>>;
+/// A limiter's check of one request. It owns the request while it runs and hands it back
+/// with the outcome, so that the request can then be passed on (or answered).
+pub(crate) type CheckFuture<R> = Pin<Box<dyn Future<Output = (Result<Decision, Error>, R)> + Send>>;
 
-/// The future returned by [`RateLimit`](super::RateLimit).
-#[pin_project]
-pub struct ResponseFuture<S, ReqBody>
-where
-    S: Service<Request<ReqBody>>,
-{
-    #[pin]
-    state: State<S, ReqBody>,
-    config: Arc<Config>,
-    grpc: bool,
-}
-
-#[pin_project(project = StateProj)]
-enum State<S, ReqBody>
-where
-    S: Service<Request<ReqBody>>,
-{
-    Checking {
-        check: CheckFuture,
-        inner: Option<S>,
-        req: Option<Request<ReqBody>>,
-    },
-    Calling {
+pin_project! {
+    /// The future returned by [`RateLimit`](super::RateLimit): the limiter's check, then the
+    /// inner service's response — or the layer's own answer to a request it refuses.
+    ///
+    /// # Panics
+    ///
+    /// Polling it again after it completed panics, as with most futures.
+    pub struct ResponseFuture<S, ReqBody>
+    where
+        S: Service<Request<ReqBody>>,
+    {
         #[pin]
-        fut: S::Future,
-        decision: Option<Decision>,
-    },
-    Ready {
-        res: Option<Response<Bytes>>,
-    },
+        state: State<S::Future, ReqBody>,
+        // The service that answers the request once the check admits it.
+        inner: S,
+        config: Arc<Config>,
+        grpc: bool,
+    }
 }
 
-impl<S, ReqBody> std::fmt::Debug for ResponseFuture<S, ReqBody>
+pin_project! {
+    #[project = StateProj]
+    #[project_replace = StateProjReplace]
+    enum State<F, ReqBody> {
+        // The limiter decides.
+        Checking { check: CheckFuture<Request<ReqBody>> },
+        // The inner service answers; its response gets the headers of the decision, if any.
+        Calling {
+            #[pin]
+            fut: F,
+            decision: Option<Decision>,
+        },
+        // The layer answers by itself.
+        Answered { res: Response<Bytes> },
+        Done,
+    }
+}
+
+impl<S, ReqBody> fmt::Debug for ResponseFuture<S, ReqBody>
 where
     S: Service<Request<ReqBody>>,
 {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let state = match &self.state {
             State::Checking { .. } => "checking",
             State::Calling { .. } => "calling",
-            State::Ready { .. } => "ready",
+            State::Answered { .. } => "answered",
+            State::Done => "done",
         };
         f.debug_struct("ResponseFuture")
             .field("state", &state)
-            .finish()
+            .finish_non_exhaustive()
     }
 }
 
@@ -71,54 +82,44 @@ impl<S, ReqBody> ResponseFuture<S, ReqBody>
 where
     S: Service<Request<ReqBody>>,
 {
+    /// Checks the request, then passes it to `inner`, a ready service.
     pub(crate) fn checking(
-        check: CheckFuture,
         inner: S,
-        req: Request<ReqBody>,
-        config: &Arc<Config>,
+        check: CheckFuture<Request<ReqBody>>,
+        config: Arc<Config>,
         grpc: bool,
     ) -> Self {
         ResponseFuture {
-            state: State::Checking {
-                check,
-                inner: Some(inner),
-                req: Some(req),
-            },
-            config: config.clone(),
+            state: State::Checking { check },
+            inner,
+            config,
             grpc,
         }
     }
 
-    pub(crate) fn calling(
-        fut: S::Future,
-        decision: Option<Decision>,
-        config: &Arc<Config>,
-    ) -> Self {
+    /// Passes the request to `inner`, a ready service, unchecked.
+    pub(crate) fn called(mut inner: S, req: Request<ReqBody>, config: Arc<Config>) -> Self {
+        let fut = inner.call(req);
         ResponseFuture {
-            state: State::Calling { fut, decision },
-            config: config.clone(),
+            state: State::Calling {
+                fut,
+                decision: None,
+            },
+            inner,
+            config,
             grpc: false,
         }
     }
 
-    pub(crate) fn ready(res: Response<Bytes>, config: &Arc<Config>) -> Self {
+    /// Answers with `res`; `inner` is not called.
+    pub(crate) fn answered(inner: S, res: Response<Bytes>, config: Arc<Config>) -> Self {
         ResponseFuture {
-            state: State::Ready { res: Some(res) },
-            config: config.clone(),
+            state: State::Answered { res },
+            inner,
+            config,
             grpc: false,
         }
     }
-}
-
-/// Polled again after it finished with one of the layer's own responses, or its parts went
-/// missing: a contract violation by the caller, answered rather than panicked on. (After the
-/// inner service's response, polling again polls the inner future, as tower's own do.)
-fn misuse() -> Response<Bytes> {
-    own_response(
-        StatusCode::INTERNAL_SERVER_ERROR,
-        "rate-limit response future polled after completion",
-        false,
-    )
 }
 
 impl<S, ReqBody, ResBody> Future for ResponseFuture<S, ReqBody>
@@ -131,69 +132,66 @@ where
         let mut this = self.project();
         loop {
             match this.state.as_mut().project() {
-                StateProj::Checking { check, inner, req } => {
-                    let result = ready!(check.as_mut().poll(cx));
-                    let (Some(mut svc), Some(request)) = (inner.take(), req.take()) else {
-                        this.state.set(State::Ready {
-                            res: Some(misuse()),
-                        });
-                        continue;
-                    };
-                    let res = match result {
-                        Ok(decision) if decision.is_allowed() => {
-                            let fut = svc.call(request);
-                            this.state.set(State::Calling {
-                                fut,
-                                decision: Some(decision),
-                            });
+                StateProj::Checking { check } => {
+                    let (outcome, req) = ready!(check.as_mut().poll(cx));
+                    let decision = match outcome {
+                        Ok(decision) if decision.is_allowed() => Some(decision),
+                        Err(Error::Store(_)) if this.config.on_error == OnStoreError::Allow => None,
+                        refused => {
+                            let res = refusal(this.config, &req, refused, *this.grpc);
+                            this.state.set(State::Answered { res });
                             continue;
                         }
-                        Ok(decision) => limited(this.config, &request, &decision, *this.grpc),
-                        Err(Error::Store(_)) if this.config.on_error == OnStoreError::Allow => {
-                            let fut = svc.call(request);
-                            this.state.set(State::Calling {
-                                fut,
-                                decision: None,
-                            });
-                            continue;
-                        }
-                        Err(Error::Store(e)) => {
-                            let mut res = own_response(
-                                StatusCode::SERVICE_UNAVAILABLE,
-                                &format!("rate limiting unavailable: {e}"),
-                                *this.grpc,
-                            );
-                            res.headers_mut()
-                                .insert(http::header::RETRY_AFTER, HeaderValue::from_static("1"));
-                            res
-                        }
-                        Err(e @ Error::Cost { .. }) => {
-                            own_response(StatusCode::BAD_REQUEST, &e.to_string(), *this.grpc)
-                        }
-                        Err(e) => own_response(
-                            StatusCode::INTERNAL_SERVER_ERROR,
-                            &e.to_string(),
-                            *this.grpc,
-                        ),
                     };
-                    this.state.set(State::Ready { res: Some(res) });
+                    let fut = this.inner.call(req);
+                    this.state.set(State::Calling { fut, decision });
                 }
                 StateProj::Calling { fut, decision } => {
                     let res = ready!(fut.poll(cx))?;
-                    let mut decision = decision.take();
                     let guard = decision.as_mut().and_then(Decision::take_guard);
                     let mut res = res.map(|b| ResponseBody::inner(b).guarded(guard));
-                    if let Some(d) = decision {
-                        add_headers(res.headers_mut(), &d, this.config.headers);
+                    if let Some(decision) = decision {
+                        add_headers(res.headers_mut(), decision, this.config.headers);
                     }
+                    this.state.set(State::Done);
                     return Poll::Ready(Ok(res));
                 }
-                StateProj::Ready { res } => {
-                    let res = res.take().unwrap_or_else(misuse);
-                    return Poll::Ready(Ok(res.map(ResponseBody::full)));
+                StateProj::Answered { .. } => {
+                    if let StateProjReplace::Answered { res } =
+                        this.state.as_mut().project_replace(State::Done)
+                    {
+                        return Poll::Ready(Ok(res.map(ResponseBody::full)));
+                    }
                 }
+                StateProj::Done => panic!("rate-limit response future polled after completion"),
             }
         }
+    }
+}
+
+/// The layer's answer to a request the check did not admit: limited (429 by default), a
+/// failed store (503, saying no more than that), or a check that could not be made.
+fn refusal<B>(
+    config: &Config,
+    req: &Request<B>,
+    outcome: Result<Decision, Error>,
+    grpc: bool,
+) -> Response<Bytes> {
+    match outcome {
+        Ok(decision) => limited(config, req, &decision, grpc),
+        Err(Error::Store(_)) => {
+            // The store's error stays out of the response: it describes the deployment.
+            let mut res = own_response(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "rate limiting unavailable",
+                grpc,
+            );
+            res.headers_mut()
+                .insert(RETRY_AFTER, HeaderValue::from_static("1"));
+            res
+        }
+        Err(e @ Error::Cost { .. }) => own_response(StatusCode::BAD_REQUEST, &e.to_string(), grpc),
+        Err(e) => own_response(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string(), grpc),
     }
 }
 

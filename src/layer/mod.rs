@@ -1,213 +1,25 @@
-//! Tower middleware.
+//! Rate limiting for HTTP services.
 //!
-//! * [`RateLimitLayer`] — for HTTP services (axum, tonic, hyper, any
-//!   `Service<http::Request<B>>`): identifiers from [key extractors](crate::key), rejections as
-//!   responses (`429` with `Retry-After` and `RateLimit` headers; gRPC `RESOURCE_EXHAUSTED` for
-//!   gRPC requests), so infallible services stay infallible.
-//! * [`KeyedRateLimitLayer`] — for any other service, clients included: identifiers from a
-//!   closure over the request, rejections as a [`RateLimited`] error.
+//! [`RateLimitLayer`] wraps any `Service<http::Request<B>>` (axum, tonic, hyper):
+//! identifiers come from [key extractors](crate::key), and rejections are responses — `429`
+//! with `Retry-After` and `RateLimit` headers, or a gRPC trailers-only `RESOURCE_EXHAUSTED`
+//! for gRPC requests — so infallible services stay infallible.
+//!
+//! For any other service, clients included, see the [`service`](crate::service) module:
+//! [`KeyedRateLimitLayer`](crate::KeyedRateLimitLayer) takes identifiers from a closure over
+//! the request, and rejects with a [`RateLimited`](crate::RateLimited) error.
 //!
 //! Both check in the response future: `poll_ready` only asks the inner service, because the
 //! key is in the request (and axum expects services to be always ready).
 
-use std::fmt;
-use std::sync::Arc;
-
-use bytes::Bytes;
-use http::StatusCode;
-
-mod body;
-mod future;
-mod generic;
-pub(crate) mod response;
+mod config;
+pub(crate) mod future;
+#[allow(clippy::module_inception)]
+mod layer;
 mod service;
 
-pub use body::ResponseBody;
-pub use future::ResponseFuture;
-pub use generic::{KeyedRateLimit, KeyedRateLimitLayer, KeyedResponseFuture, Keys, RateLimited};
-pub use service::RateLimit;
-
-use crate::decision::Decision;
-use crate::key::{AnyExtractor, KeyExtractor, RequestView};
-use crate::limiter::Limiter;
-use response::HeaderStyle;
-
-type Matcher = Arc<dyn Fn(&RequestView<'_>) -> bool + Send + Sync>;
-type CostFn = Arc<dyn Fn(&RequestView<'_>) -> u64 + Send + Sync>;
-type LimitedFn = Arc<dyn Fn(&RequestView<'_>, &Decision) -> http::Response<Bytes> + Send + Sync>;
-
-/// What to do with a request none of the key extractors found a key in.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum MissingKey {
-    /// Let it through unlimited.
-    Allow,
-    /// Answer with this status (for gRPC requests, the matching gRPC code) and a message
-    /// saying that no rate-limit key was found.
-    Reject(StatusCode),
-}
-
-/// What to do when the store fails (Redis down, slow, or answering nonsense).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum OnStoreError {
-    /// Let the request through, without rate-limit headers (fail open; the default, as a
-    /// rate limiter should not take a site down with it).
-    Allow,
-    /// Answer `503 Service Unavailable` (gRPC `UNAVAILABLE`) with `Retry-After: 1`.
-    Deny,
-}
-
-/// Rate limiting for HTTP services. See the [`layer`](crate::layer) module documentation.
-///
-/// ```
-/// use tollgate::key::{Header, PeerIp};
-/// use tollgate::{Limiter, MemoryStore, RateLimitLayer};
-///
-/// let limiter = Limiter::new(MemoryStore::new(), "10/s, 120/min".parse().unwrap());
-/// let layer = RateLimitLayer::new(limiter)
-///     .key(PeerIp::default())                                   // the client IP…
-///     .key(Header::named("x-api-key").unwrap())                 // …and the API key, together
-///     .bypass(|req| req.uri.path() == "/health");
-/// # let _ = layer;
-/// ```
-#[derive(Clone)]
-pub struct RateLimitLayer {
-    config: Arc<Config>,
-}
-
-#[derive(Clone)]
-pub(crate) struct Config {
-    pub(crate) default: Limiter,
-    pub(crate) rules: Vec<(Matcher, Option<Limiter>)>,
-    pub(crate) keys: Vec<AnyExtractor>,
-    pub(crate) missing: MissingKey,
-    pub(crate) on_error: OnStoreError,
-    pub(crate) cost: Option<CostFn>,
-    pub(crate) headers: HeaderStyle,
-    pub(crate) on_limited: Option<LimitedFn>,
-    pub(crate) limited_status: StatusCode,
-}
-
-impl fmt::Debug for RateLimitLayer {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let c = &self.config;
-        f.debug_struct("RateLimitLayer")
-            .field("default", &c.default)
-            .field("rules", &c.rules.len())
-            .field("keys", &c.keys.len())
-            .field("missing", &c.missing)
-            .field("on_error", &c.on_error)
-            .finish_non_exhaustive()
-    }
-}
-
-impl RateLimitLayer {
-    /// A layer checking every request against `limiter`, keyed by the peer IP until
-    /// [`key`](Self::key) says otherwise.
-    pub fn new(limiter: Limiter) -> RateLimitLayer {
-        RateLimitLayer {
-            config: Arc::new(Config {
-                default: limiter,
-                rules: Vec::new(),
-                keys: Vec::new(),
-                missing: MissingKey::Reject(StatusCode::INTERNAL_SERVER_ERROR),
-                on_error: OnStoreError::Allow,
-                cost: None,
-                headers: HeaderStyle {
-                    ietf: true,
-                    legacy: false,
-                },
-                on_limited: None,
-                limited_status: StatusCode::TOO_MANY_REQUESTS,
-            }),
-        }
-    }
-
-    fn edit(mut self, f: impl FnOnce(&mut Config)) -> Self {
-        f(Arc::make_mut(&mut self.config));
-        self
-    }
-
-    /// Adds a key extractor. With several, a request is checked for all the identifiers
-    /// found, at once, all-or-nothing (e.g. the client IP *and* the user). Without any, the
-    /// peer IP ([`PeerIp`](crate::key::PeerIp)) is used.
-    pub fn key(self, extractor: impl KeyExtractor) -> Self {
-        let e = AnyExtractor(Arc::new(extractor));
-        self.edit(|c| c.keys.push(e))
-    }
-
-    /// Requests matching `matcher` are checked against `limiter` instead of the default
-    /// one (per-route or per-method policies). Rules are tried in the order given.
-    pub fn route<F>(self, matcher: F, limiter: Limiter) -> Self
-    where
-        F: Fn(&RequestView<'_>) -> bool + Send + Sync + 'static,
-    {
-        self.edit(|c| c.rules.push((Arc::new(matcher), Some(limiter))))
-    }
-
-    /// Requests matching `matcher` are not limited (health checks, allow-listed keys).
-    pub fn bypass<F>(self, matcher: F) -> Self
-    where
-        F: Fn(&RequestView<'_>) -> bool + Send + Sync + 'static,
-    {
-        self.edit(|c| c.rules.push((Arc::new(matcher), None)))
-    }
-
-    /// What to do when no extractor finds a key (default: reject with 500, so that a
-    /// misconfigured deployment is loud rather than silently unlimited).
-    pub fn on_missing_key(self, missing: MissingKey) -> Self {
-        self.edit(|c| c.missing = missing)
-    }
-
-    /// What to do when the store fails (default: [`OnStoreError::Allow`]).
-    pub fn on_store_error(self, on_error: OnStoreError) -> Self {
-        self.edit(|c| c.on_error = on_error)
-    }
-
-    /// The cost (weight) of a request, default 1. A cost no limit could ever admit is
-    /// answered with `400 Bad Request`.
-    pub fn cost<F>(self, cost: F) -> Self
-    where
-        F: Fn(&RequestView<'_>) -> u64 + Send + Sync + 'static,
-    {
-        self.edit(|c| c.cost = Some(Arc::new(cost)))
-    }
-
-    /// Whether responses carry the IETF `RateLimit-Policy` and `RateLimit` headers
-    /// (default: yes).
-    pub fn ietf_headers(self, on: bool) -> Self {
-        self.edit(|c| c.headers.ietf = on)
-    }
-
-    /// Whether responses carry the legacy `X-RateLimit-Limit`, `X-RateLimit-Remaining` and
-    /// `X-RateLimit-Reset` headers, for the limit closest to exhaustion (default: no).
-    pub fn legacy_headers(self, on: bool) -> Self {
-        self.edit(|c| c.headers.legacy = on)
-    }
-
-    /// The status of a limited request (default `429 Too Many Requests`; a load shedder
-    /// answers `503 Service Unavailable`). gRPC requests get the matching gRPC code
-    /// (`RESOURCE_EXHAUSTED` for 429, `UNAVAILABLE` for 503).
-    pub fn limited_status(self, status: StatusCode) -> Self {
-        self.edit(|c| c.limited_status = status)
-    }
-
-    /// Builds the response to a limited HTTP request (gRPC requests always get
-    /// `RESOURCE_EXHAUSTED`). `Retry-After` and the rate-limit headers are added unless the
-    /// handler set them.
-    pub fn on_limited<F>(self, handler: F) -> Self
-    where
-        F: Fn(&RequestView<'_>, &Decision) -> http::Response<Bytes> + Send + Sync + 'static,
-    {
-        self.edit(|c| c.on_limited = Some(Arc::new(handler)))
-    }
-}
-
-impl<S> tower_layer::Layer<S> for RateLimitLayer {
-    type Service = RateLimit<S>;
-
-    fn layer(&self, inner: S) -> RateLimit<S> {
-        RateLimit::new(inner, self.config.clone())
-    }
-}
+pub use self::config::{MissingKey, OnStoreError};
+pub use self::future::ResponseFuture;
+pub use self::layer::RateLimitLayer;
+pub use self::service::RateLimit;
+pub use crate::http::ResponseBody;

@@ -1,4 +1,4 @@
-//! The HTTP rate-limiting service.
+//! [`RateLimit`]: the HTTP rate-limiting service.
 
 use std::fmt;
 use std::sync::Arc;
@@ -7,9 +7,10 @@ use std::task::{Context, Poll};
 use http::{Request, Response};
 use tower_service::Service;
 
+use super::config::{Config, MissingKey};
 use super::future::ResponseFuture;
-use super::response::own_response;
-use super::{Config, MissingKey};
+use crate::http::response::own_response;
+use crate::http::ResponseBody;
 use crate::key::{KeyExtractor, PeerIp, RequestView};
 
 /// An HTTP service wrapped by [`RateLimitLayer`](super::RateLimitLayer).
@@ -23,21 +24,17 @@ impl<S> RateLimit<S> {
         RateLimit { inner, config }
     }
 
-    /// The inner service.
-    pub fn get_ref(&self) -> &S {
-        &self.inner
-    }
-
-    /// The inner service, mutably.
-    pub fn get_mut(&mut self) -> &mut S {
-        &mut self.inner
-    }
-
-    /// The inner service, unwrapped.
-    pub fn into_inner(self) -> S {
-        self.inner
+    /// The ready service answers this request; a clone takes its place for the next one.
+    fn take_ready(&mut self) -> S
+    where
+        S: Clone,
+    {
+        let clone = self.inner.clone();
+        std::mem::replace(&mut self.inner, clone)
     }
 }
+
+crate::macros::inner_service_accessors!(RateLimit<S>);
 
 impl<S: Clone> Clone for RateLimit<S> {
     fn clone(&self) -> Self {
@@ -62,7 +59,7 @@ where
     S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
     ReqBody: Send + 'static,
 {
-    type Response = Response<super::ResponseBody<ResBody>>;
+    type Response = Response<ResponseBody<ResBody>>;
     type Error = S::Error;
     type Future = ResponseFuture<S, ReqBody>;
 
@@ -71,12 +68,12 @@ where
     }
 
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
-        let config = &self.config;
+        let config = self.config.clone();
         let view = RequestView::of(&req);
         let grpc = view.is_grpc();
         let limiter = match config.rules.iter().find(|(matches, _)| matches(&view)) {
             Some((_, Some(limiter))) => limiter.clone(),
-            Some((_, None)) => return ResponseFuture::calling(self.inner.call(req), None, config),
+            Some((_, None)) => return ResponseFuture::called(self.take_ready(), req, config),
             None => config.default.clone(),
         };
         let ids: Vec<String> = if config.keys.is_empty() {
@@ -90,18 +87,15 @@ where
         };
         if ids.is_empty() {
             return match config.missing {
-                MissingKey::Allow => ResponseFuture::calling(self.inner.call(req), None, config),
-                MissingKey::Reject(status) => ResponseFuture::ready(
-                    own_response(status, "no rate-limit key found in the request", grpc),
-                    config,
-                ),
+                MissingKey::Allow => ResponseFuture::called(self.take_ready(), req, config),
+                MissingKey::Reject(status) => {
+                    let res = own_response(status, "no rate-limit key found in the request", grpc);
+                    ResponseFuture::answered(self.inner.clone(), res, config)
+                }
             };
         }
         let cost = config.cost.as_ref().map_or(1, |f| f(&view));
-        // The ready service answers this request; a fresh clone waits for the next one.
-        let clone = self.inner.clone();
-        let inner = std::mem::replace(&mut self.inner, clone);
-        let check = Box::pin(async move { limiter.check_n(&ids, cost).await });
-        ResponseFuture::checking(check, inner, req, config, grpc)
+        let check = Box::pin(async move { (limiter.check_n(&ids, cost).await, req) });
+        ResponseFuture::checking(self.take_ready(), check, config, grpc)
     }
 }

@@ -15,9 +15,9 @@ use tower_service::Service;
 
 use super::priority::Classifier;
 use super::{InFlight, InFlightGuard, Priority, ShedConfig, UtilizationShedder};
+use crate::http::response::own_response;
+use crate::http::ResponseBody;
 use crate::key::RequestView;
-use crate::layer::response::own_response;
-use crate::layer::ResponseBody;
 
 const MESSAGE: &str = "server overloaded: request shed; retry later";
 
@@ -132,22 +132,7 @@ impl<S: fmt::Debug> fmt::Debug for UtilizationShed<S> {
     }
 }
 
-impl<S> UtilizationShed<S> {
-    /// The inner service.
-    pub fn get_ref(&self) -> &S {
-        &self.inner
-    }
-
-    /// The inner service, mutably.
-    pub fn get_mut(&mut self) -> &mut S {
-        &mut self.inner
-    }
-
-    /// The inner service, unwrapped.
-    pub fn into_inner(self) -> S {
-        self.inner
-    }
-}
+crate::macros::inner_service_accessors!(UtilizationShed<S>);
 
 impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for UtilizationShed<S>
 where

@@ -1,0 +1,162 @@
+//! [`KeyedRateLimitLayer`] and the [`Identifiers`] its closure returns.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::KeyedRateLimit;
+use crate::layer::OnStoreError;
+use crate::Limiter;
+
+/// What a [`KeyedRateLimitLayer`] checks a request for: the identifiers (all-or-nothing, as
+/// with [`Limiter::check`]) and the cost (default 1).
+///
+/// The layer's closure returns one, usually built with `.into()`:
+///
+/// ```
+/// use tollgate::service::Identifiers;
+///
+/// let one: Identifiers = "psp:acme".into();                                  // cost 1
+/// let both: Identifiers = vec!["psp:acme".to_string(), "merchant:7".to_string()].into();
+/// let weighted: Identifiers = (vec!["psp:acme".to_string()], 5).into();      // cost 5
+/// assert_eq!(weighted.ids(), ["psp:acme"]);
+/// assert_eq!(weighted.cost(), 5);
+/// # let _ = (one, both);
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Identifiers {
+    ids: Vec<String>,
+    cost: u64,
+}
+
+impl Identifiers {
+    /// The identifiers the request is checked for.
+    pub fn ids(&self) -> &[String] {
+        &self.ids
+    }
+
+    /// The cost (weight) of the request.
+    pub fn cost(&self) -> u64 {
+        self.cost
+    }
+
+    pub(crate) fn into_parts(self) -> (Vec<String>, u64) {
+        (self.ids, self.cost)
+    }
+}
+
+impl From<String> for Identifiers {
+    /// One identifier, cost 1.
+    fn from(id: String) -> Identifiers {
+        Identifiers {
+            ids: vec![id],
+            cost: 1,
+        }
+    }
+}
+
+impl From<&str> for Identifiers {
+    /// One identifier, cost 1.
+    fn from(id: &str) -> Identifiers {
+        Identifiers::from(id.to_string())
+    }
+}
+
+impl From<Vec<String>> for Identifiers {
+    /// Several identifiers, cost 1.
+    fn from(ids: Vec<String>) -> Identifiers {
+        Identifiers { ids, cost: 1 }
+    }
+}
+
+impl From<(Vec<String>, u64)> for Identifiers {
+    /// Several identifiers and the cost.
+    fn from((ids, cost): (Vec<String>, u64)) -> Identifiers {
+        Identifiers { ids, cost }
+    }
+}
+
+/// Rate limiting for any `tower::Service`: identifiers from a closure, rejections as errors.
+/// See the [`service`](super) module documentation.
+///
+/// ```
+/// use std::time::Duration;
+/// use tollgate::{KeyedRateLimitLayer, Limiter, MemoryStore};
+///
+/// struct Charge { provider: &'static str, cents: u64 }
+///
+/// // The payment provider allows 100 calls per second to the whole fleet; wait up to 2 s
+/// // for a slot rather than fail.
+/// let limiter = Limiter::new(MemoryStore::new(), "100/s log".parse().unwrap());
+/// let layer = KeyedRateLimitLayer::new(limiter, |c: &Charge| format!("psp:{}", c.provider).into())
+///     .wait_up_to(Duration::from_secs(2));
+/// # let _ = layer;
+/// ```
+pub struct KeyedRateLimitLayer<F> {
+    pub(super) limiter: Limiter,
+    pub(super) identify: Arc<F>,
+    pub(super) on_error: OnStoreError,
+    pub(super) max_wait: Duration,
+}
+
+impl<F> Clone for KeyedRateLimitLayer<F> {
+    fn clone(&self) -> Self {
+        KeyedRateLimitLayer {
+            limiter: self.limiter.clone(),
+            identify: self.identify.clone(),
+            on_error: self.on_error,
+            max_wait: self.max_wait,
+        }
+    }
+}
+
+impl<F> fmt::Debug for KeyedRateLimitLayer<F> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KeyedRateLimitLayer")
+            .field("limiter", &self.limiter)
+            .field("on_error", &self.on_error)
+            .field("max_wait", &self.max_wait)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<F> KeyedRateLimitLayer<F> {
+    /// Checks each request against `limiter` for the [`Identifiers`] `identify` returns.
+    pub fn new<Req>(limiter: Limiter, identify: F) -> Self
+    where
+        F: Fn(&Req) -> Identifiers,
+    {
+        KeyedRateLimitLayer {
+            limiter,
+            identify: Arc::new(identify),
+            on_error: OnStoreError::Allow,
+            max_wait: Duration::ZERO,
+        }
+    }
+
+    /// What to do when the store fails: let the request through (default) or fail it with
+    /// the store's error.
+    pub fn on_store_error(mut self, on_error: OnStoreError) -> Self {
+        self.on_error = on_error;
+        self
+    }
+
+    /// Instead of failing at once, wait for the limit to admit the request when that takes
+    /// at most `max_wait` (throttling: outbound calls paced to a third party's limit). A
+    /// request that would wait longer fails with [`RateLimited`](crate::RateLimited) without
+    /// waiting. A waiting call gives the inner service's readiness back and gets ready again
+    /// after the wait, so it does not hold a `Buffer` slot or a concurrency permit while it
+    /// sleeps.
+    pub fn wait_up_to(mut self, max_wait: Duration) -> Self {
+        self.max_wait = max_wait;
+        self
+    }
+}
+
+impl<S, F> tower_layer::Layer<S> for KeyedRateLimitLayer<F> {
+    type Service = KeyedRateLimit<S, F>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        KeyedRateLimit::new(inner, self.clone())
+    }
+}

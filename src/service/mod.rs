@@ -1,0 +1,21 @@
+//! Rate limiting for any service.
+//!
+//! [`KeyedRateLimitLayer`] wraps any `tower::Service`, servers and clients alike: a closure
+//! names the [`Identifiers`] of a request, and a limited request fails with [`RateLimited`] —
+//! or, for outbound calls that may wait, is delayed until the limit admits it
+//! ([`wait_up_to`](KeyedRateLimitLayer::wait_up_to)).
+//!
+//! For HTTP services, [`RateLimitLayer`](crate::RateLimitLayer) (in [`layer`](crate::layer))
+//! answers limited requests with responses instead.
+
+mod error;
+mod future;
+mod layer;
+#[allow(clippy::module_inception)]
+mod service;
+
+pub use self::error::RateLimited;
+pub use self::future::KeyedResponseFuture;
+pub use self::layer::{Identifiers, KeyedRateLimitLayer};
+pub use self::service::KeyedRateLimit;
+pub use crate::layer::OnStoreError;
