@@ -1,0 +1,383 @@
+//! Peer and client IP extractors, and the IP networks they trust.
+//!
+//! Every address is canonicalised before it is compared or keyed: an IPv4-mapped IPv6 address
+//! (`::ffff:192.0.2.1`) *is* the IPv4 address (`192.0.2.1`), so a dual-stack listener and an
+//! IPv4 listener key the same client identically, and IPv4 networks match it.
+//!
+//! The networks are in `cidr`, the parsing of the forwarding headers in `forwarded`.
+
+use std::net::{IpAddr, SocketAddr};
+use std::ops::ControlFlow;
+
+use http::header::HeaderMap;
+use http::Extensions;
+use ipnet::Ipv6Net;
+
+use super::{KeyExtractor, RequestView};
+
+mod cidr;
+mod forwarded;
+#[cfg(test)]
+mod forwarded_tests;
+#[cfg(test)]
+mod tests;
+
+pub use cidr::{IpCidr, IpCidrError, IpCidrErrorKind};
+use forwarded::{real_ip, walk_chain, ForwardingHeader, Hop};
+
+// ---------------------------------------------------------------------------------------------
+// Keys and the peer address
+// ---------------------------------------------------------------------------------------------
+
+/// The key of `ip`: `ip:ADDRESS`, or `ip:NETWORK/PREFIX` for IPv6 grouped by a prefix shorter
+/// than 128 bits. `ip` is canonical (never IPv4-mapped).
+fn ip_key(ip: IpAddr, ipv6_prefix: u8) -> String {
+    let grouped = match ip {
+        IpAddr::V6(v6) if ipv6_prefix < 128 => Ipv6Net::new(v6, ipv6_prefix).ok(),
+        _ => None,
+    };
+    match grouped {
+        Some(net) => format!("ip:{}", net.trunc()),
+        None => format!("ip:{ip}"),
+    }
+}
+
+/// The TCP peer's address, canonicalised, from the request extensions: axum's
+/// `ConnectInfo<SocketAddr>` (with the `axum` feature), else tonic's `TcpConnectInfo` (with
+/// the `tonic` feature), else a `SocketAddr`, else an `IpAddr`.
+fn peer_addr(extensions: &Extensions) -> Option<IpAddr> {
+    #[cfg(feature = "axum")]
+    if let Some(info) = extensions.get::<axum::extract::ConnectInfo<SocketAddr>>() {
+        return Some(info.0.ip().to_canonical());
+    }
+    #[cfg(feature = "tonic")]
+    if let Some(addr) = extensions
+        .get::<tonic::transport::server::TcpConnectInfo>()
+        .and_then(|info| info.remote_addr())
+    {
+        return Some(addr.ip().to_canonical());
+    }
+    extensions
+        .get::<SocketAddr>()
+        .map(SocketAddr::ip)
+        .or_else(|| extensions.get::<IpAddr>().copied())
+        .map(|ip| ip.to_canonical())
+}
+
+// ---------------------------------------------------------------------------------------------
+// PeerIp
+// ---------------------------------------------------------------------------------------------
+
+/// The TCP peer's IP address: `ip:192.0.2.1`, `ip:2001:db8::1`.
+///
+/// The address comes from the request extensions, the first found of:
+///
+/// * `axum::extract::ConnectInfo<SocketAddr>` (with the `axum` feature; serve with
+///   `into_make_service_with_connect_info::<SocketAddr>()`),
+/// * tonic's `TcpConnectInfo` (with the `tonic` feature),
+/// * a `std::net::SocketAddr`,
+/// * a `std::net::IpAddr`.
+///
+/// The key is missing when none is there. Behind a reverse proxy the peer is the proxy: use
+/// [`ClientIp`] there.
+///
+/// An IPv6 client usually controls a whole `/64` (or more) and can rotate through its
+/// addresses; [`PeerIp::ipv6_prefix`] keys IPv6 clients by their network instead.
+#[derive(Debug, Clone, Copy)]
+pub struct PeerIp {
+    ipv6_prefix: u8,
+}
+
+impl PeerIp {
+    /// Keys by the full peer address.
+    pub fn new() -> PeerIp {
+        PeerIp { ipv6_prefix: 128 }
+    }
+
+    /// Keys IPv6 peers by their network of `bits` bits instead: with `64`,
+    /// `2001:db8:1:2::7` is `ip:2001:db8:1:2::/64`. IPv4 peers are not grouped. `bits` above
+    /// 128 are taken as 128 (no grouping).
+    pub fn ipv6_prefix(mut self, bits: u8) -> PeerIp {
+        self.ipv6_prefix = bits.min(128);
+        self
+    }
+
+    /// The peer address of `req` (canonical, not grouped), if the server recorded it.
+    pub fn ip(&self, req: &RequestView<'_>) -> Option<IpAddr> {
+        peer_addr(req.extensions)
+    }
+}
+
+impl Default for PeerIp {
+    fn default() -> PeerIp {
+        PeerIp::new()
+    }
+}
+
+impl KeyExtractor for PeerIp {
+    fn extract(&self, req: &RequestView<'_>) -> Option<String> {
+        Some(ip_key(self.ip(req)?, self.ipv6_prefix))
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// ClientIp
+// ---------------------------------------------------------------------------------------------
+
+/// The client's IP address behind reverse proxies: `ip:203.0.113.7`.
+///
+/// # Security model
+///
+/// Forwarding headers are written by whoever sent the request, so a client can put any
+/// address in them. Only entries written by proxies you trust are believed, and proxies
+/// *append*: the trustworthy part of a chain is its right end. `ClientIp` therefore:
+///
+/// 1. starts from the TCP peer address (found as by [`PeerIp`]);
+/// 2. with [`ClientIp::trusted_proxies`], keys by the peer itself when the peer is not a
+///    trusted proxy, ignoring every header — a client that connects directly cannot forge
+///    anything;
+/// 3. otherwise walks the chain from the right (nearest proxy first; several header lines are
+///    read in order, as one list), skipping trusted proxies. The first untrusted address is
+///    the client; if every entry is trusted, the leftmost is. Addresses the client prepended
+///    lie to the left of the one your proxy appended and are never reached.
+///
+/// An entry that is not an IP address (`unknown`, an obfuscated `_name`, garbage, bytes
+/// that are not text) stops the walk: the client is the last address read before it — the
+/// proxy that received the request from that unknown hop — or the peer when there is none.
+/// Nothing beyond it is read.
+///
+/// With [`ClientIp::hops`] the proxies are counted instead of recognised; see there.
+///
+/// ```
+/// use std::net::SocketAddr;
+/// use tollgate::key::{ClientIp, IpCidr, KeyExtractor, RequestView};
+///
+/// let client_ip = ClientIp::trusted_proxies(["10.0.0.0/8".parse::<IpCidr>()?]);
+///
+/// // Through the load balancer 10.0.0.2: the client prepended a forged address, the balancer
+/// // appended the real one.
+/// let mut req = http::Request::builder()
+///     .header("x-forwarded-for", "198.51.100.1, 203.0.113.7")
+///     .body(())?;
+/// req.extensions_mut().insert("10.0.0.2:41000".parse::<SocketAddr>()?);
+/// assert_eq!(client_ip.extract(&RequestView::of(&req)).as_deref(), Some("ip:203.0.113.7"));
+///
+/// // Straight from the internet: the header is not believed at all.
+/// let mut req = http::Request::builder()
+///     .header("x-forwarded-for", "198.51.100.1")
+///     .body(())?;
+/// req.extensions_mut().insert("203.0.113.7:52000".parse::<SocketAddr>()?);
+/// assert_eq!(client_ip.extract(&RequestView::of(&req)).as_deref(), Some("ip:203.0.113.7"));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+///
+/// # Headers
+///
+/// By default `ClientIp` reads every one of RFC 7239 `Forwarded`, `X-Forwarded-For` and
+/// `X-Real-IP` that the request carries, and uses the answer only when they all give the same
+/// client; when they disagree it keys by the peer. That is because a proxy usually maintains
+/// one of them and passes the others through untouched: reading `Forwarded` "if present"
+/// would let a client behind an `X-Forwarded-For` proxy choose its key by sending a
+/// `Forwarded` header. The price of this caution: if your proxies legitimately write
+/// headers that disagree (say, a second proxy sets `X-Real-IP` to the first proxy's
+/// address), every client gets the proxy's key. Name the header your proxies maintain with
+/// [`ClientIp::only_forwarded`], [`ClientIp::only_x_forwarded_for`] or
+/// [`ClientIp::only_x_real_ip`] — which is the better configuration anyway.
+///
+/// `X-Real-IP` is a single address (several lines, or a list, is not usable), believed when
+/// the peer is a trusted proxy or `hops` is at least 1; your proxy must overwrite any
+/// `X-Real-IP` the client sent.
+///
+/// # Missing
+///
+/// The key is missing when the server recorded no peer address and the headers give no
+/// usable answer. With `trusted_proxies` a missing peer address always means a missing key:
+/// without it nobody can be told apart from a trusted proxy.
+#[derive(Debug, Clone)]
+pub struct ClientIp {
+    trust: Trust,
+    source: Source,
+    ipv6_prefix: u8,
+}
+
+#[derive(Debug, Clone)]
+enum Trust {
+    /// Proxies recognised by address.
+    Proxies(Vec<IpCidr>),
+    /// Exactly this many proxies in front of us.
+    Hops(usize),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Source {
+    /// All present headers, which must agree.
+    Any,
+    /// Only this one.
+    Only(ForwardingHeader),
+}
+
+impl ClientIp {
+    /// Believes forwarding headers only from the given proxies, recognised by address: the
+    /// peer, and each entry walked from the right, is skipped while it is in one of
+    /// `proxies`. With no proxies at all this keys by the peer, like [`PeerIp`].
+    ///
+    /// This is the robust configuration: it stays safe when a request reaches the server
+    /// without passing through the proxies.
+    pub fn trusted_proxies(proxies: impl IntoIterator<Item = IpCidr>) -> ClientIp {
+        ClientIp {
+            trust: Trust::Proxies(proxies.into_iter().collect()),
+            source: Source::Any,
+            ipv6_prefix: 128,
+        }
+    }
+
+    /// Believes that exactly `n` proxies stand in front of the server, each appending one
+    /// entry: the client is the `n`-th entry from the right. `hops(0)` keys by the peer.
+    ///
+    /// * With fewer than `n` entries the request did not come through all the proxies (or
+    ///   one of them does not append), so no entry is known to be written by them: the key
+    ///   is the peer address.
+    /// * An entry that is not an address among the last `n` stops the walk as described on
+    ///   [`ClientIp`].
+    ///
+    /// Only use this when the server cannot be reached except through those proxies: a
+    /// client that connects directly can write all `n` entries itself. Prefer
+    /// [`ClientIp::trusted_proxies`] when the proxies' addresses are known.
+    pub fn hops(n: usize) -> ClientIp {
+        ClientIp {
+            trust: Trust::Hops(n),
+            source: Source::Any,
+            ipv6_prefix: 128,
+        }
+    }
+
+    /// Keys IPv6 clients by their network of `bits` bits, like [`PeerIp::ipv6_prefix`].
+    /// `bits` above 128 are taken as 128 (no grouping). Trust decisions always use full
+    /// addresses.
+    pub fn ipv6_prefix(mut self, bits: u8) -> ClientIp {
+        self.ipv6_prefix = bits.min(128);
+        self
+    }
+
+    /// Reads only RFC 7239 `Forwarded` (its `for=` parameters), ignoring the other headers.
+    pub fn only_forwarded(mut self) -> ClientIp {
+        self.source = Source::Only(ForwardingHeader::Forwarded);
+        self
+    }
+
+    /// Reads only `X-Forwarded-For`, ignoring the other headers.
+    pub fn only_x_forwarded_for(mut self) -> ClientIp {
+        self.source = Source::Only(ForwardingHeader::XForwardedFor);
+        self
+    }
+
+    /// Reads only `X-Real-IP`, ignoring the other headers.
+    pub fn only_x_real_ip(mut self) -> ClientIp {
+        self.source = Source::Only(ForwardingHeader::XRealIp);
+        self
+    }
+
+    /// The client address of `req` (canonical, not grouped), if known.
+    pub fn ip(&self, req: &RequestView<'_>) -> Option<IpAddr> {
+        let peer = peer_addr(req.extensions);
+        match &self.trust {
+            Trust::Proxies(proxies) => {
+                // Without the peer nobody can be told apart from a trusted proxy.
+                let peer = peer?;
+                if !is_trusted(proxies, peer) {
+                    return Some(peer);
+                }
+            }
+            Trust::Hops(0) => return peer,
+            Trust::Hops(_) => {}
+        }
+        match self.source {
+            Source::Only(header) => self.client_by(req.headers, header, peer),
+            Source::Any => {
+                let mut answer = None;
+                for header in ForwardingHeader::ALL {
+                    if !req.headers.contains_key(header.name()) {
+                        continue;
+                    }
+                    let found = self.client_by(req.headers, header, peer);
+                    match answer {
+                        None => answer = Some(found),
+                        Some(earlier) if earlier == found => {}
+                        // Disagreement: one of them was passed through from the client.
+                        Some(_) => return peer,
+                    }
+                }
+                answer.unwrap_or(peer)
+            }
+        }
+    }
+
+    /// The client according to `header` alone, once the peer has been found fit to forward.
+    fn client_by(
+        &self,
+        headers: &HeaderMap,
+        header: ForwardingHeader,
+        peer: Option<IpAddr>,
+    ) -> Option<IpAddr> {
+        match header {
+            ForwardingHeader::XRealIp => real_ip(headers).or(peer),
+            ForwardingHeader::Forwarded | ForwardingHeader::XForwardedFor => {
+                self.client_by_chain(headers, header, peer)
+            }
+        }
+    }
+
+    /// Walks the chain of `header` from the right (see the type's documentation).
+    fn client_by_chain(
+        &self,
+        headers: &HeaderMap,
+        header: ForwardingHeader,
+        peer: Option<IpAddr>,
+    ) -> Option<IpAddr> {
+        // The last address walked: the leftmost so far, and the proxy nearest to whatever
+        // comes next.
+        let mut last = None;
+        let mut count = 0usize;
+        let flow = walk_chain(headers, header, |hop| {
+            let Hop::Addr(ip) = hop else {
+                // Not an address: nothing to its left can be trusted.
+                return ControlFlow::Break(last.or(peer));
+            };
+            match &self.trust {
+                Trust::Proxies(proxies) => {
+                    if !is_trusted(proxies, ip) {
+                        return ControlFlow::Break(Some(ip));
+                    }
+                }
+                Trust::Hops(n) => {
+                    count += 1;
+                    if count >= *n {
+                        return ControlFlow::Break(Some(ip));
+                    }
+                }
+            }
+            last = Some(ip);
+            ControlFlow::Continue(())
+        });
+        match flow {
+            ControlFlow::Break(client) => client,
+            ControlFlow::Continue(()) => match self.trust {
+                // Every entry trusted: the leftmost is the client (or the peer, when the
+                // chain is empty).
+                Trust::Proxies(_) => last.or(peer),
+                // Fewer entries than hops: none is known to come from our proxies.
+                Trust::Hops(_) => peer,
+            },
+        }
+    }
+}
+
+impl KeyExtractor for ClientIp {
+    fn extract(&self, req: &RequestView<'_>) -> Option<String> {
+        Some(ip_key(self.ip(req)?, self.ipv6_prefix))
+    }
+}
+
+fn is_trusted(proxies: &[IpCidr], ip: IpAddr) -> bool {
+    proxies.iter().any(|net| net.contains(ip))
+}

@@ -1,0 +1,244 @@
+//! The simple extractors: a header, an extension, the route, the gRPC method, one global key.
+
+use std::fmt;
+use std::marker::PhantomData;
+
+use http::HeaderName;
+
+use super::{KeyExtractor, RequestView};
+
+/// The value of a request header, e.g. an API key: `header:NAME:VALUE`.
+///
+/// Any bytes make a key (escaped, so that distinct values stay distinct); an empty value is
+/// missing.
+#[derive(Debug, Clone)]
+pub struct Header(HeaderName);
+
+impl Header {
+    /// Keys by the header `name`.
+    pub fn new(name: HeaderName) -> Header {
+        Header(name)
+    }
+
+    /// Keys by the header `name`, given as text.
+    ///
+    /// # Errors
+    ///
+    /// When `name` is not a valid header name.
+    pub fn named(name: &str) -> Result<Header, http::header::InvalidHeaderName> {
+        Ok(Header(HeaderName::from_bytes(name.as_bytes())?))
+    }
+}
+
+impl KeyExtractor for Header {
+    fn extract(&self, req: &RequestView<'_>) -> Option<String> {
+        let value = req.headers.get(&self.0)?;
+        if value.is_empty() {
+            return None;
+        }
+        // Every value escaped the same way (`\xff`, `\\`, …): an escaping that is applied to
+        // some values only would let a printable value spell another one's escape.
+        let text = value.as_bytes().escape_ascii();
+        Some(format!("header:{}:{text}", self.0))
+    }
+}
+
+/// A value an earlier layer put in the request extensions — typically the authenticated
+/// user: `user:VALUE` (or another kind, see [`Extension::kind`]).
+pub struct Extension<T> {
+    kind: &'static str,
+    _t: PhantomData<fn() -> T>,
+}
+
+impl<T> fmt::Debug for Extension<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Extension")
+            .field("kind", &self.kind)
+            .finish()
+    }
+}
+
+impl<T> Clone for Extension<T> {
+    fn clone(&self) -> Self {
+        Extension {
+            kind: self.kind,
+            _t: PhantomData,
+        }
+    }
+}
+
+impl<T: fmt::Display + Send + Sync + 'static> Extension<T> {
+    /// Keys by the extension of type `T`, as `user:VALUE`.
+    pub fn new() -> Extension<T> {
+        Extension {
+            kind: "user",
+            _t: PhantomData,
+        }
+    }
+
+    /// Namespaces the identifier as `KIND:VALUE` instead of `user:VALUE`.
+    pub fn kind(mut self, kind: &'static str) -> Self {
+        self.kind = kind;
+        self
+    }
+}
+
+impl<T: fmt::Display + Send + Sync + 'static> Default for Extension<T> {
+    fn default() -> Self {
+        Extension::new()
+    }
+}
+
+impl<T: fmt::Display + Send + Sync + 'static> KeyExtractor for Extension<T> {
+    fn extract(&self, req: &RequestView<'_>) -> Option<String> {
+        let value = req.extensions.get::<T>()?;
+        Some(format!("{}:{value}", self.kind))
+    }
+}
+
+/// The request path: `path:/users/42`. Behind axum, prefer the route template (axum's
+/// `MatchedPath`, e.g. `/users/{id}`), which [`Route`] uses when the `axum` feature is on.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Route;
+
+impl KeyExtractor for Route {
+    fn extract(&self, req: &RequestView<'_>) -> Option<String> {
+        #[cfg(feature = "axum")]
+        if let Some(m) = req.extensions.get::<axum::extract::MatchedPath>() {
+            return Some(format!("route:{}", m.as_str()));
+        }
+        Some(format!("path:{}", req.uri.path()))
+    }
+}
+
+/// The gRPC method of a gRPC request (`grpc:/package.Service/Method`); missing on other
+/// requests.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct GrpcMethod;
+
+impl KeyExtractor for GrpcMethod {
+    fn extract(&self, req: &RequestView<'_>) -> Option<String> {
+        req.is_grpc().then(|| format!("grpc:{}", req.uri.path()))
+    }
+}
+
+/// One key for every request: a global limit.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Global;
+
+impl KeyExtractor for Global {
+    fn extract(&self, _req: &RequestView<'_>) -> Option<String> {
+        Some("global".into())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(extractor: &impl KeyExtractor, req: &http::Request<()>) -> Option<String> {
+        extractor.extract(&RequestView::of(req))
+    }
+
+    fn get(uri: &str, headers: &[(&str, &[u8])]) -> http::Request<()> {
+        let mut builder = http::Request::builder().uri(uri);
+        for &(name, value) in headers {
+            builder = builder.header(name, http::HeaderValue::from_bytes(value).unwrap());
+        }
+        builder.body(()).unwrap()
+    }
+
+    #[test]
+    fn header_keys_by_the_escaped_value() {
+        let api_key = Header::named("X-Api-Key").unwrap();
+        let req = get("/", &[("x-api-key", b"abc123")]);
+        assert_eq!(
+            key(&api_key, &req).as_deref(),
+            Some("header:x-api-key:abc123")
+        );
+
+        // Escaped alike, so distinct values stay distinct.
+        let raw = key(&api_key, &get("/", &[("x-api-key", b"a\xffb")]));
+        let spelled = key(&api_key, &get("/", &[("x-api-key", b"a\\xffb")]));
+        assert_eq!(raw.as_deref(), Some("header:x-api-key:a\\xffb"));
+        assert_eq!(spelled.as_deref(), Some("header:x-api-key:a\\\\xffb"));
+
+        // Empty or absent: missing.
+        assert_eq!(key(&api_key, &get("/", &[("x-api-key", b"")])), None);
+        assert_eq!(key(&api_key, &get("/", &[])), None);
+
+        assert!(Header::named("not a header").is_err());
+        let by_name = Header::new(HeaderName::from_static("x-api-key"));
+        assert_eq!(
+            key(&by_name, &get("/", &[("x-api-key", b"k")])).as_deref(),
+            Some("header:x-api-key:k")
+        );
+    }
+
+    #[test]
+    fn extension_keys_by_the_stored_value() {
+        #[derive(Clone)]
+        struct UserId(u64);
+        impl fmt::Display for UserId {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                write!(f, "{}", self.0)
+            }
+        }
+
+        let mut req = get("/", &[]);
+        assert_eq!(key(&Extension::<UserId>::new(), &req), None);
+        req.extensions_mut().insert(UserId(42));
+        assert_eq!(
+            key(&Extension::<UserId>::default(), &req).as_deref(),
+            Some("user:42")
+        );
+        assert_eq!(
+            key(&Extension::<UserId>::new().kind("tenant"), &req).as_deref(),
+            Some("tenant:42")
+        );
+    }
+
+    #[test]
+    fn route_grpc_method_and_global() {
+        let req = get("/users/42?x=1", &[]);
+        assert_eq!(key(&Route, &req).as_deref(), Some("path:/users/42"));
+        assert_eq!(key(&GrpcMethod, &req), None);
+        assert_eq!(key(&Global, &req).as_deref(), Some("global"));
+
+        let req = get(
+            "/pkg.Service/Method",
+            &[("content-type", b"application/grpc+proto")],
+        );
+        assert_eq!(
+            key(&GrpcMethod, &req).as_deref(),
+            Some("grpc:/pkg.Service/Method")
+        );
+    }
+
+    #[cfg(feature = "axum")]
+    #[test]
+    fn route_prefers_the_matched_template() {
+        use axum::routing::get as route;
+        use tower::ServiceExt;
+
+        // axum puts the matched template in the extensions of the request it routes.
+        let seen = std::sync::Arc::new(std::sync::Mutex::new(None));
+        let record = seen.clone();
+        let app = axum::Router::new().route(
+            "/users/{id}",
+            route(move |req: axum::extract::Request| {
+                *record.lock().unwrap() = Route.extract(&RequestView::of(&req));
+                async {}
+            }),
+        );
+        let req = http::Request::builder()
+            .uri("/users/42")
+            .body(axum::body::Body::empty())
+            .unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        rt.block_on(app.oneshot(req)).unwrap();
+        assert_eq!(seen.lock().unwrap().as_deref(), Some("route:/users/{id}"));
+    }
+}
