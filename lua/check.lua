@@ -1,5 +1,6 @@
 -- tollgate's check: every limit of a policy, for every identifier of a request, decided in
 -- one atomic call, all-or-nothing.
+-- Rust twin: src/algorithm/mod.rs (`decide`); wire layout: src/store/script.rs.
 --
 -- KEYS: one per (identifier, limit), identifier-major: KEYS[(id - 1) * L + l].
 -- ARGV: now (µs; empty to read the server clock), cost, L, lease id (for a concurrency

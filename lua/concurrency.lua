@@ -2,6 +2,7 @@
 -- lease ids scored by their deadline in µs. A lease is live while its deadline is after now;
 -- expired ones (a process died holding them) are dropped when a slot is taken. The lease id
 -- comes from the caller (LEASE, random), so the caller can renew and release it.
+-- Rust twin: src/algorithm/concurrency.rs.
 ALG[5] = {
   load = function(key, lim)
     return { key = key }

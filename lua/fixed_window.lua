@@ -2,6 +2,7 @@
 -- i (window index) and c (its count); the key expires when the window ends. The index is
 -- stored rather than put in the key name because the script learns the time from TIME, and
 -- may only touch keys it was passed.
+-- Rust twin: src/algorithm/fixed_window.rs.
 ALG[3] = {
   load = function(key, lim)
     local v = redis.call('HMGET', key, 'i', 'c')

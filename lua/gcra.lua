@@ -3,6 +3,7 @@
 -- T = w / n µs, usually not a whole number, so times are kept exactly as pairs {us, rem}
 -- meaning us + rem / n, with 0 <= rem < n. A hash holds t (the theoretical arrival time's
 -- µs) and r (its remainder).
+-- Rust twin: src/algorithm/gcra.rs.
 --
 -- A request of cost c is admitted when max(tat, now) + c*T - now <= burst*T; it then moves
 -- tat to max(tat, now) + c*T.
@@ -77,7 +78,8 @@ ALG[4] = {
     local fin = add(lim, { now, 0 }, times(lim, lim.burst))
     local remaining = 0
     if le(m, fin) then
-      -- floor(slack / T): an estimate, then made exact with times().
+      -- floor(slack / T): an estimate, then made exact with times(). (The Rust twin divides
+      -- exactly in 128-bit integers, which Lua lacks.)
       local slack = sub(lim, fin, m)
       local k = math.floor((slack[1] + slack[2] / lim.n) * lim.n / lim.w)
       k = math.max(k, 0)

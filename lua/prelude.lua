@@ -1,8 +1,10 @@
 -- tollgate: shared helpers for the check script.
+-- Rust twin: none (Lua-only helpers; see src/algorithm/mod.rs).
 --
 -- The check script is this file, one file per algorithm, and check.lua, concatenated in that
--- order; the renew script is this file and renew.lua (see src/store/redis.rs). All times are integer microseconds held in Lua numbers
--- (doubles, exact below 2^53); policies are validated so that every product stays below that.
+-- order; the renew script is this file and renew.lua (see src/store/script.rs). All times are
+-- integer microseconds held in Lua numbers (doubles, exact below 2^53); policies are
+-- validated so that every product stays below that.
 
 -- An integer as the decimal string Redis expects. tostring() would print 1.7e+15 and lose
 -- digits, so every number written to Redis goes through here.
@@ -47,7 +49,7 @@ end
 --   evaluate(st, lim, now, cost)   -> admitted, retry_at
 --   commit(st, lim, now, cost)     charge `cost`, write the state and its TTL
 --   report(st, lim, now)           -> remaining, reset_after
--- `lim` is {n = count, w = window µs, burst = largest cost}. They mirror src/algorithm.rs.
+-- `lim` is {n = count, w = window µs, burst = largest cost}. They mirror src/algorithm/.
 local ALG = {}
 
 -- The lease id a concurrency limit takes, set by check.lua from ARGV (Redis forbids globals).

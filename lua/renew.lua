@@ -1,4 +1,5 @@
 -- tollgate: extends concurrency leases that are still held.
+-- Rust twin: src/algorithm/concurrency.rs (`renew`).
 --
 -- KEYS: the slot sets; ARGV: now (µs; empty to read the server clock), lease (µs), then one
 -- lease id per key. A lease that already expired (and may have been given to someone else) is

@@ -2,6 +2,7 @@
 -- in µs. The rolling window at `now` is the half-open interval (now - w, now]; an entry at
 -- exactly now - w has left it. Members are "<time>-<k>", k counting the entries already at
 -- that time, so two requests in the same microsecond are two entries.
+-- Rust twin: src/algorithm/sliding_log.rs.
 ALG[1] = {
   load = function(key, lim)
     return { key = key }

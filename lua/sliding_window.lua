@@ -3,8 +3,9 @@
 --   prev * (w - e) / w + curr
 -- where e is how far `now` is into the current window. A hash holds i (window index),
 -- c (its count) and p (the previous window's count).
+-- Rust twin: src/algorithm/sliding_window.rs.
 --
--- The estimate is a double computed in exactly the order src/algorithm.rs computes it, so
+-- The estimate is a double computed in exactly the order the Rust twin computes it, so
 -- both stores agree bit for bit; offsets derived from it by division are corrected with the
 -- admission test itself.
 

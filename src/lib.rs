@@ -30,7 +30,8 @@
 //!   described in [`policy`].
 //! * [`Limiter`]: checks requests; returns a [`Decision`].
 //! * [`MemoryStore`] and [`RedisStore`]: where the counters live.
-//! * [`RateLimitLayer`] and [`KeyedRateLimitLayer`]: tower middleware; [`key`] the extractors.
+//! * [`RateLimitLayer`] ([`layer`]): tower middleware for HTTP services (axum, tonic, hyper),
+//!   with [`key`] extractors; [`KeyedRateLimitLayer`] ([`service`]): for any tower service.
 //! * [`ConcurrencyGuard`]: the slot of a `N concurrent` limit; [`shed`]: load shedders.
 //!
 //! Guarantees, for both stores:
@@ -71,7 +72,7 @@ pub use clock::{Clock, ManualClock};
 pub use decision::{Decision, LimitStatus};
 pub use guard::ConcurrencyGuard;
 pub use layer::RateLimitLayer;
-pub use limiter::{Error, Limiter, MAX_IDENTIFIERS};
+pub use limiter::{Error, Limiter, OnStoreError, MAX_IDENTIFIERS};
 pub use policy::{Algorithm, Limit, Policy, PolicyError};
 pub use service::{KeyedRateLimitLayer, RateLimited};
 #[cfg(feature = "redis")]

@@ -1,6 +1,8 @@
 //! The limiter: a store and a policy, usable without tower.
 
 use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -10,6 +12,21 @@ use crate::policy::{Limit, Policy};
 use crate::store::keyspace;
 use crate::store::lease::{lease_id, Lease};
 use crate::store::{Outcome, Plan, Store, StoreError};
+
+/// What to do when the store fails (Redis down, slow, or answering nonsense). Both
+/// [`RateLimitLayer`](crate::RateLimitLayer) and
+/// [`KeyedRateLimitLayer`](crate::KeyedRateLimitLayer) take one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum OnStoreError {
+    /// Let the request through, without rate-limit headers (fail open; the default, as a
+    /// rate limiter should not take a site down with it).
+    Allow,
+    /// Refuse the request: the HTTP layer answers `503 Service Unavailable` (gRPC
+    /// `UNAVAILABLE`) with `Retry-After: 1`; the generic layer fails the call with the
+    /// store's error.
+    Deny,
+}
 
 /// The most distinct identifiers one check may name.
 pub const MAX_IDENTIFIERS: usize = 16;
@@ -70,6 +87,10 @@ impl Limiter {
     }
 
     /// Checks one request of cost 1 for the given identifiers. See [`Limiter::check_n`].
+    ///
+    /// # Errors
+    ///
+    /// As [`Limiter::check_n`].
     pub async fn check<I: AsRef<str>>(&self, identifiers: &[I]) -> Result<Decision, Error> {
         self.check_n(identifiers, 1).await
     }
@@ -81,7 +102,9 @@ impl Limiter {
     /// Identifiers are free text (`"ip:203.0.113.9"`, `"user:42"`); any bytes are safe, long
     /// ones are hashed. Giving the same identifier twice counts it once.
     ///
-    /// Errors: [`Error::Cost`] when `cost` is 0 or more than some limit could ever admit
+    /// # Errors
+    ///
+    /// [`Error::Cost`] when `cost` is 0 or more than some limit could ever admit
     /// (a request that can never fit is an error, not an eternal denial),
     /// [`Error::NoIdentifiers`] / [`Error::TooManyIdentifiers`], and [`Error::Store`] when
     /// the store could not decide.
@@ -201,6 +224,10 @@ async fn take_slot(
         }
     }
 }
+
+/// A limiter's check of one request. It owns the request while it runs and hands it back
+/// with the outcome, so that the request can then be passed on (or answered).
+pub(crate) type CheckFuture<R> = Pin<Box<dyn Future<Output = (Result<Decision, Error>, R)> + Send>>;
 
 /// A check that could not be decided.
 ///

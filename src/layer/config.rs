@@ -7,6 +7,7 @@ use http::StatusCode;
 
 use crate::http::headers::HeaderStyle;
 use crate::key::{AnyExtractor, RequestView};
+use crate::limiter::OnStoreError;
 use crate::{Decision, Limiter};
 
 /// Whether a rule applies to a request.
@@ -26,21 +27,6 @@ pub enum MissingKey {
     /// Answer with this status (for gRPC requests, the matching gRPC code) and a message
     /// saying that no rate-limit key was found.
     Reject(StatusCode),
-}
-
-/// What to do when the store fails (Redis down, slow, or answering nonsense). Both
-/// [`RateLimitLayer`](crate::RateLimitLayer) and
-/// [`KeyedRateLimitLayer`](crate::KeyedRateLimitLayer) take one.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum OnStoreError {
-    /// Let the request through, without rate-limit headers (fail open; the default, as a
-    /// rate limiter should not take a site down with it).
-    Allow,
-    /// Refuse the request: the HTTP layer answers `503 Service Unavailable` (gRPC
-    /// `UNAVAILABLE`) with `Retry-After: 1`; the generic layer fails the call with the
-    /// store's error.
-    Deny,
 }
 
 /// The settings of a [`RateLimitLayer`](super::RateLimitLayer), shared by its services.

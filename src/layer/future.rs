@@ -12,16 +12,13 @@ use http::{Request, Response, StatusCode};
 use pin_project_lite::pin_project;
 use tower_service::Service;
 
-use super::config::{Config, OnStoreError};
+use super::config::Config;
 use crate::http::headers::add_headers;
 use crate::http::response::{limited_message, own_response};
 use crate::http::ResponseBody;
 use crate::key::RequestView;
+use crate::limiter::{CheckFuture, OnStoreError};
 use crate::{Decision, Error};
-
-/// A limiter's check of one request. It owns the request while it runs and hands it back
-/// with the outcome, so that the request can then be passed on (or answered).
-pub(crate) type CheckFuture<R> = Pin<Box<dyn Future<Output = (Result<Decision, Error>, R)> + Send>>;
 
 pin_project! {
     /// The future returned by [`RateLimit`](super::RateLimit): the limiter's check, then the

@@ -6,9 +6,10 @@ use std::sync::Arc;
 use bytes::Bytes;
 use http::StatusCode;
 
-use super::config::{Config, MissingKey, OnStoreError};
+use super::config::{Config, MissingKey};
 use super::RateLimit;
 use crate::key::{AnyExtractor, KeyExtractor, RequestView};
+use crate::limiter::OnStoreError;
 use crate::{Decision, Limiter};
 
 /// Rate limiting for HTTP services. See the [`layer`](super) module documentation.

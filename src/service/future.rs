@@ -9,7 +9,7 @@ use pin_project_lite::pin_project;
 use tower_service::Service;
 
 use super::{OnStoreError, RateLimited};
-use crate::layer::future::CheckFuture;
+use crate::limiter::CheckFuture;
 use crate::{ConcurrencyGuard, Error};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;

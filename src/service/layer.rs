@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::KeyedRateLimit;
-use crate::layer::OnStoreError;
+use crate::limiter::OnStoreError;
 use crate::Limiter;
 
 /// What a [`KeyedRateLimitLayer`] checks a request for: the identifiers (all-or-nothing, as

@@ -18,4 +18,4 @@ pub use self::error::RateLimited;
 pub use self::future::KeyedResponseFuture;
 pub use self::layer::{Identifiers, KeyedRateLimitLayer};
 pub use self::service::KeyedRateLimit;
-pub use crate::layer::OnStoreError;
+pub use crate::limiter::OnStoreError;

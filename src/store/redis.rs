@@ -28,6 +28,7 @@ const DEFAULT_TIMEOUT: Duration = Duration::from_millis(250);
 ///
 /// A cheap handle: clones share one connection.
 #[derive(Clone)]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub struct RedisStore {
     conn: ConnectionManager,
     script: Arc<Script>,
@@ -50,6 +51,7 @@ impl fmt::Debug for RedisStore {
 
 /// Configures a [`RedisStore`].
 #[derive(Debug, Clone)]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub struct RedisStoreBuilder {
     url: String,
     prefix: String,
@@ -119,6 +121,11 @@ impl RedisStoreBuilder {
     }
 
     /// Connects, and fails if Redis cannot be reached now.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::Config`] for an unusable setting (the URL, the prefix, a zero timeout);
+    /// [`StoreError::Backend`] or [`StoreError::Timeout`] when Redis cannot be reached.
     pub async fn build(self) -> Result<RedisStore, StoreError> {
         let (client, config) = self.manager()?;
         let conn = ConnectionManager::new_with_config(client, config)
@@ -130,6 +137,10 @@ impl RedisStoreBuilder {
     /// Returns at once and connects on first use: the application starts even while Redis
     /// is down, and checks fail with a [`StoreError`] until it is back. Must be called
     /// within a Tokio runtime.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::Config`] for an unusable setting (the URL, the prefix, a zero timeout).
     pub fn build_lazy(self) -> Result<RedisStore, StoreError> {
         let (client, config) = self.manager()?;
         let conn = ConnectionManager::new_lazy_with_config(client, config).map_err(backend)?;
@@ -155,6 +166,10 @@ impl RedisStore {
     }
 
     /// Connects to `url` with the default settings.
+    ///
+    /// # Errors
+    ///
+    /// As [`RedisStoreBuilder::build`].
     pub async fn connect(url: impl Into<String>) -> Result<RedisStore, StoreError> {
         RedisStore::builder(url).build().await
     }
