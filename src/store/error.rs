@@ -20,6 +20,23 @@ pub enum StoreError {
     UnexpectedReply(String),
     /// The store's configuration is unusable.
     Config(ConfigError),
+    /// The store is known to be down (its circuit breaker is open, or it is reconnecting): the
+    /// check was answered at once, without calling it.
+    Unavailable,
+}
+
+impl StoreError {
+    /// A short, stable name of the kind of failure, for logs and metric labels: `timeout`,
+    /// `backend`, `unexpected_reply`, `config` or `unavailable`.
+    pub fn kind_label(&self) -> &'static str {
+        match self {
+            StoreError::Timeout(_) => "timeout",
+            StoreError::Backend(_) => "backend",
+            StoreError::UnexpectedReply(_) => "unexpected_reply",
+            StoreError::Config(_) => "config",
+            StoreError::Unavailable => "unavailable",
+        }
+    }
 }
 
 impl fmt::Display for StoreError {
@@ -31,6 +48,7 @@ impl fmt::Display for StoreError {
                 write!(f, "rate-limit store answered unexpectedly: {what}")
             }
             StoreError::Config(e) => fmt::Display::fmt(e, f),
+            StoreError::Unavailable => f.write_str("rate-limit store unavailable"),
         }
     }
 }
