@@ -1,61 +1,86 @@
 -- tollgate's check: every limit of a policy, for every identifier of a request, decided in
 -- one atomic call, all-or-nothing.
--- Rust twin: src/algorithm/mod.rs (`decide`); wire layout: src/store/script.rs.
+-- Rust twin: src/algorithm/mod.rs (`decide`, `Layout`); assembly and wire layout:
+-- src/store/script.rs.
 --
--- KEYS: one per (identifier, limit), identifier-major: KEYS[(id - 1) * L + l].
--- ARGV: now (µs; empty to read the server clock), cost, L, lease id (for a concurrency
---       limit; may be empty), then per limit: algorithm (1 sliding log, 2 sliding window,
---       3 fixed window, 4 GCRA / token bucket, 5 concurrency), count, window (µs; the lease
---       for concurrency), largest cost (count, or the burst).
--- Returns {allowed, now, then per key: remaining, reset_after, retry_after, admitted}
--- with the times in µs relative to now.
+-- The script is generated per policy, from the sections below (`--@ name`), each limit's
+-- fragments (one file per algorithm) and prelude.lua, with the policy's numbers written in:
+-- no limit is parsed, no function looked up at run time. $x names a limit (its index in the
+-- policy), $keys is the number of keys per identifier, $fields / $zeros / $format the packed
+-- fields (T, then each packed limit's fields, in policy order), their zeros and their
+-- struct format.
 --
+-- KEYS: per identifier, identifier-major: the packed key (when the policy has window or GCRA
+--       limits), then one sorted set per log or concurrency limit, in policy order.
+-- ARGV: now (µs; empty to read the server clock), cost, lease id (for a concurrency limit;
+--       may be empty).
+-- Returns {allowed, now, then per identifier: its packed state as read (nil when none), then
+--       per sorted-set limit: admitted, remaining, reset_after, retry_after (µs from now)}.
+--       The client derives the packed limits' figures from the state with the Rust twin.
+--
+-- The packed key is one string, written once with SET ... PX: T (the time of the
+-- identifier's last charge; every window limit's index is T / w), then each limit's fields.
 -- Phase 1 only reads. Only when every pair admits does phase 2 write: a denied request
 -- charges nothing anywhere and leaves every key, TTLs included, as it was.
 
+--@ head
 local now = clock(ARGV[1])
 local cost = tonumber(ARGV[2])
-local nlimits = tonumber(ARGV[3])
-LEASE = ARGV[4]
+local ids = #KEYS / $keys
+local ok = true
 
-local limits = {}
-for l = 1, nlimits do
-  local a = 4 + (l - 1) * 4
-  limits[l] = {
-    alg = ALG[tonumber(ARGV[a + 1])],
-    n = tonumber(ARGV[a + 2]),
-    w = tonumber(ARGV[a + 3]),
-    burst = tonumber(ARGV[a + 4]),
-  }
+--@ read_all
+local packed = redis.call('MGET', unpack(KEYS))
+local new, ttl = {}, {}
+
+--@ read_each
+local names = {}
+for j = 1, ids do
+  names[j] = KEYS[(j - 1) * $keys + 1]
 end
+local packed = redis.call('MGET', unpack(names))
+local new, ttl = {}, {}
 
-local states, admitted, retry_at = {}, {}, {}
-local allowed = true
-for k = 1, #KEYS do
-  local lim = limits[(k - 1) % nlimits + 1]
-  states[k] = lim.alg.load(KEYS[k], lim)
-  admitted[k], retry_at[k] = lim.alg.evaluate(states[k], lim, now, cost)
-  allowed = allowed and admitted[k]
+--@ phase1
+for j = 1, ids do
+  local base = (j - 1) * $keys
+
+--@ unpack
+  local T, $fields = 0, $zeros
+  if packed[j] then
+    T, $fields = struct.unpack('$format', packed[j])
+  end
+
+--@ pack_open
+  if ok then
+    local life = 0
+
+--@ pack_close
+    if T < now then
+      T = now
+    end
+    new[j] = struct.pack('$format', T, $fields)
+    ttl[j] = string.format('%d', math.ceil((life - now) / 1000) + 1)
+  end
+
+--@ phase2
 end
+if ok then
+  for j = 1, ids do
+    local base = (j - 1) * $keys
 
-if allowed then
-  for k = 1, #KEYS do
-    local lim = limits[(k - 1) % nlimits + 1]
-    lim.alg.commit(states[k], lim, now, cost)
+--@ write
+    redis.call('SET', KEYS[base + 1], new[j], 'PX', ttl[j])
+
+--@ reply
   end
 end
+local out = { ok and 1 or 0, now }
+for j = 1, ids do
 
-local out = { allowed and 1 or 0, now }
-for k = 1, #KEYS do
-  local lim = limits[(k - 1) % nlimits + 1]
-  local remaining, reset = lim.alg.report(states[k], lim, now)
-  local retry = 0
-  if not admitted[k] then
-    retry = retry_at[k] - now
-  end
-  out[#out + 1] = remaining
-  out[#out + 1] = reset
-  out[#out + 1] = retry
-  out[#out + 1] = admitted[k] and 1 or 0
+--@ reply_packed
+  out[#out + 1] = packed[j]
+
+--@ tail
 end
 return out

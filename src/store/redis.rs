@@ -31,7 +31,6 @@ const DEFAULT_TIMEOUT: Duration = Duration::from_millis(250);
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub struct RedisStore {
     conn: ConnectionManager,
-    script: Arc<Script>,
     renew_script: Arc<Script>,
     keeper: Arc<KeeperSlot>,
     prefix: Arc<str>,
@@ -111,7 +110,6 @@ impl RedisStoreBuilder {
     fn finish(self, conn: ConnectionManager) -> RedisStore {
         RedisStore {
             conn,
-            script: Arc::new(Script::new(script::CHECK)),
             renew_script: Arc::new(Script::new(script::RENEW)),
             keeper: Arc::default(),
             prefix: self.prefix.into(),
@@ -180,10 +178,12 @@ impl RedisStore {
     }
 
     pub(crate) async fn check(&self, plan: &Plan<'_>) -> Result<Outcome, StoreError> {
-        let mut call = self.script.prepare_invoke();
-        script::check_args(&mut call, &self.prefix, self.clock.manual_now(), plan);
-        let reply: Vec<i64> = self.run(call.invoke_async(&mut self.conn.clone())).await?;
-        script::parse_reply(&reply, plan.ids.len() * plan.limits.len())
+        let compiled = script::check_script(plan.limits);
+        let mut call = compiled.script.prepare_invoke();
+        let now = self.clock.manual_now();
+        script::check_args(&mut call, &compiled, &self.prefix, now, plan);
+        let reply: redis::Value = self.run(call.invoke_async(&mut self.conn.clone())).await?;
+        script::parse_reply(reply, &compiled, plan)
     }
 
     /// Runs one call under the store's timeout.

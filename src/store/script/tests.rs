@@ -1,0 +1,293 @@
+use super::*;
+use crate::Policy;
+
+fn limits(policy: &str) -> Vec<Limit> {
+    policy.parse::<Policy>().unwrap().limits().to_vec()
+}
+
+/// Every algorithm, once, in its Lua file, its Rust twin and a sample limit.
+fn algorithms() -> [(&'static str, &'static str, &'static str); 6] {
+    [
+        (
+            "10/s log",
+            SLIDING_LOG,
+            include_str!("../../algorithm/sliding_log.rs"),
+        ),
+        (
+            "10/s",
+            SLIDING_WINDOW,
+            include_str!("../../algorithm/sliding_window.rs"),
+        ),
+        (
+            "10/s fixed",
+            FIXED_WINDOW,
+            include_str!("../../algorithm/fixed_window.rs"),
+        ),
+        ("10/s gcra", GCRA, include_str!("../../algorithm/gcra.rs")),
+        (
+            "10/s bucket capacity=20",
+            GCRA,
+            include_str!("../../algorithm/gcra.rs"),
+        ),
+        (
+            "3 concurrent",
+            CONCURRENCY,
+            include_str!("../../algorithm/concurrency.rs"),
+        ),
+    ]
+}
+
+/// The section names of a Lua file, in order.
+fn section_names(file: &str) -> Vec<&str> {
+    file.lines()
+        .filter_map(|l| l.strip_prefix("--@ "))
+        .collect()
+}
+
+/// The `pub(crate) fn` names of a Rust file, in order.
+fn fn_names(file: &str) -> Vec<&str> {
+    file.lines()
+        .filter_map(|l| l.strip_prefix("pub(crate) fn "))
+        .map(|l| &l[..l.find(['(', '<']).unwrap()])
+        .collect()
+}
+
+/// Each fragment file has the sections the generator assembles, in the order they run, and
+/// its Rust twin the functions of the same names in the same order.
+#[test]
+fn fragments_mirror_their_twins() {
+    for (policy, lua, rust) in algorithms() {
+        let limit = limits(policy)[0];
+        // the automaton's code picks this file
+        assert_eq!(fragments(limit.algorithm()), lua, "{policy}");
+        let packed = algorithm::is_packed(&limit);
+        let sections = section_names(lua);
+        let expected: &[&str] = if packed {
+            &["fields", "prepare", "evaluate", "commit", "expires"]
+        } else {
+            &["prepare", "evaluate", "commit", "report"]
+        };
+        assert_eq!(sections, expected, "{policy}");
+        assert!(
+            lua.contains("Rust twin: src/algorithm/"),
+            "{policy}: the header names the twin"
+        );
+
+        let fns = fn_names(rust);
+        let twin: &[&str] = if packed {
+            &["load", "evaluate", "commit", "report", "expires_at"]
+        } else {
+            &["evaluate", "commit", "report", "expires_at"]
+        };
+        let at: Vec<usize> = twin
+            .iter()
+            .map(|f| fns.iter().position(|g| g == f).unwrap())
+            .collect();
+        assert!(at.windows(2).all(|w| w[0] < w[1]), "{policy}: {fns:?}");
+    }
+    assert_eq!(
+        section_names(DRIVER),
+        [
+            "head",
+            "read_all",
+            "read_each",
+            "phase1",
+            "unpack",
+            "pack_open",
+            "pack_close",
+            "phase2",
+            "write",
+            "reply",
+            "reply_packed",
+            "tail"
+        ]
+    );
+    assert_eq!(section_names(PRELUDE), ["helpers"]);
+}
+
+/// The fields a fragment packs are the ones its twin loads, in the same order, each with a
+/// format the client decodes.
+#[test]
+fn packed_fields_match_the_twins() {
+    for (policy, _, _) in algorithms() {
+        let limit = limits(policy)[0];
+        if !algorithm::is_packed(&limit) {
+            assert_eq!(fields(&limit).count(), 0, "{policy}");
+            continue;
+        }
+        let lua: Vec<&str> = fields(&limit).map(|(name, _)| name).collect();
+        assert_eq!(lua, Counter::fields(&limit), "{policy}");
+        assert!(fields(&limit).all(|(_, w)| w.is_some()), "{policy}");
+    }
+}
+
+/// The reference policy's script: the numbers written in, one read and one write per
+/// identifier, nothing dispatched or parsed at run time.
+#[test]
+fn the_reference_policy_makes_a_straight_script() {
+    let (text, layout, packed, wire) = generate(&limits("10/s, 120/min, 240/h"));
+    assert_eq!(layout.keys_per_id(), 1);
+    assert_eq!(packed, [0, 1, 2]);
+    assert_eq!(wire.len(), 7);
+    assert!(!text.contains('$'), "a placeholder is left:\n{text}");
+    assert!(text.contains("local ids = #KEYS / 1"));
+    assert!(text.contains("local T, c1, p1, c2, p2, c3, p3 = 0, 0, 0, 0, 0, 0, 0"));
+    assert!(text.contains("struct.unpack('<dI4I4I4I4I4I4', packed[j])"));
+    assert!(text.contains("local s3 = idiv(now, 3600000000) * 3600000000"));
+    assert!(text.contains("(c2 + cost) > 120 then"));
+    assert_eq!(text.matches("redis.call(").count(), 3, "TIME, MGET, SET");
+    assert_eq!(text.matches("redis.call('MGET', unpack(KEYS))").count(), 1);
+    assert_eq!(text.matches("redis.call('SET', ").count(), 1);
+    for absent in ["ARGV[3]", "ARGV[4]", "cjson", "function(", "HSET", "EXPIRE"] {
+        assert!(!text.contains(absent), "{absent}");
+    }
+    // only the prelude's two helpers are functions
+    assert_eq!(text.matches("local function").count(), 2);
+}
+
+/// Every algorithm, and all of them in one policy, generate complete scripts; sorted sets
+/// get keys of their own after the packed key.
+#[test]
+fn every_shape_fills_every_placeholder() {
+    let all = "10/s, 5/s log, 20/min fixed, 2 concurrent, 7/3s gcra burst=2, 4/s bucket";
+    for policy in algorithms().map(|a| a.0).into_iter().chain([all]) {
+        let (text, layout, ..) = generate(&limits(policy));
+        assert!(!text.contains('$'), "{policy}: a placeholder is left");
+        assert!(text.starts_with(section(PRELUDE, "helpers")));
+        assert!(text.ends_with("return out\n"));
+        let reads = text.contains("redis.call('MGET'");
+        assert_eq!(reads, layout.has_packed(), "{policy}");
+    }
+    let (text, layout, packed, wire) = generate(&limits(all));
+    assert_eq!(layout.keys_per_id(), 3);
+    assert_eq!(packed, [0, 2, 4, 5]);
+    // T, c p, c, t r, t r
+    assert_eq!(wire.len(), 8);
+    assert!(text.contains("names[j] = KEYS[(j - 1) * 3 + 1]"));
+    assert!(text.contains("redis.call('ZCOUNT', KEYS[base + 2], from2, '+inf')"));
+    assert!(text.contains("redis.call('ZADD', KEYS[base + 3], deadline4, ARGV[3])"));
+    // 7/3s: T = 3e6/7 µs = 428571 + 3/7; burst 2 → 857142 + 6/7
+    assert!(text.contains("cost * 428571 + kq5"));
+    assert!(text.contains("nu5 - now > 857142 or (nu5 - now == 857142 and nr5 > 6)"));
+}
+
+/// One script per policy, generated once: the same policy finds the same script, another one
+/// (even of the same shape) gets its own.
+#[test]
+fn scripts_are_cached_per_policy() {
+    let a = check_script(&limits("11/s, 13/min"));
+    let b = check_script(&limits("11/s, 13/min"));
+    assert!(Arc::ptr_eq(&a, &b));
+    let c = check_script(&limits("11/s, 14/min"));
+    assert_ne!(a.script.get_hash(), c.script.get_hash());
+    let d = check_script(&limits("11/s fixed, 13/min"));
+    assert_ne!(a.script.get_hash(), d.script.get_hash());
+}
+
+/// The driver reads ARGV, and builds its reply, the way this module lays them out.
+#[test]
+fn wire_layout_matches_the_driver() {
+    let head = section(DRIVER, "head");
+    assert!(head.contains("local now = clock(ARGV[1])"));
+    assert!(section(PRELUDE, "helpers").contains("if arg ~= '' then"));
+    assert!(head.contains("local cost = tonumber(ARGV[2])"));
+    assert!(section(CONCURRENCY, "commit").contains("ARGV[3]"));
+    assert_eq!(now_arg(None), "");
+    assert_eq!(now_arg(Some(7)), "7");
+
+    // allowed and now, then per identifier its packed state, then 4 per sorted set
+    assert!(section(DRIVER, "reply").contains("local out = { ok and 1 or 0, now }"));
+    assert_eq!(REPLY_HEAD, 2);
+    let appends = |s: &str| s.matches("out[#out + 1] =").count();
+    assert_eq!(appends(section(DRIVER, "reply_packed")), 1);
+    assert_eq!(appends(section(SLIDING_LOG, "report")), REPLY_PER_SORTED);
+    assert_eq!(appends(section(CONCURRENCY, "report")), REPLY_PER_SORTED);
+    // the packed state is T, then the fields; T is the time of the last charge
+    assert!(section(DRIVER, "unpack").contains("local T, $fields = 0, $zeros"));
+    assert!(section(DRIVER, "pack_close").contains("struct.pack('$format', T, $fields)"));
+}
+
+/// Little-endian bytes as Lua's `struct.pack` writes them for `wire`.
+fn pack(wire: &[Wire], values: &[u64]) -> Vec<u8> {
+    wire.iter()
+        .zip(values)
+        .flat_map(|(w, v)| match w {
+            Wire::Double => (*v as f64).to_le_bytes().to_vec(),
+            Wire::U32 => (*v as u32).to_le_bytes().to_vec(),
+        })
+        .collect()
+}
+
+/// A reply is read through the twin: the packed state gives every figure, the sorted sets'
+/// entries are taken as the script reported them, and the verdicts must agree.
+#[test]
+fn replies_are_derived_with_the_twin() {
+    let l = limits("2/s, 5/s log");
+    let compiled = check_script(&l);
+    let now = 1_767_225_600_250_000u64;
+    let ids = vec!["a".to_string()];
+    let plan = Plan {
+        ids: &ids,
+        limits: &l,
+        cost: 1,
+        lease: "",
+    };
+    // one request earlier in this second: T, c, p
+    let state = pack(&compiled.wire, &[now - 100_000, 1, 0]);
+    let reply = |allowed: i64, state: Value| {
+        Value::Array(vec![
+            Value::Int(allowed),
+            Value::Int(now as i64),
+            state,
+            Value::Int(1),
+            Value::Int(3),
+            Value::Int(1_000_000),
+            Value::Int(0),
+        ])
+    };
+    let out = parse_reply(reply(1, Value::BulkString(state.clone())), &compiled, &plan).unwrap();
+    assert!(out.allowed);
+    assert_eq!(out.entries[0].remaining, 0);
+    assert_eq!(out.entries[0].reset_after_us, 1_750_000);
+    assert_eq!(out.entries[1].remaining, 3);
+
+    // a fresh identifier
+    let out = parse_reply(reply(1, Value::Nil), &compiled, &plan).unwrap();
+    assert_eq!(out.entries[0].remaining, 1);
+
+    // the script and the twin disagree: an error, not a guess
+    assert!(parse_reply(reply(0, Value::BulkString(state.clone())), &compiled, &plan).is_err());
+    // a state of the wrong size, a wrong length, a negative figure
+    assert!(parse_reply(reply(1, Value::BulkString(vec![0; 5])), &compiled, &plan).is_err());
+    let Value::Array(mut short) = reply(1, Value::Nil) else {
+        unreachable!()
+    };
+    short.pop();
+    assert!(parse_reply(Value::Array(short), &compiled, &plan).is_err());
+    let Value::Array(mut negative) = reply(1, Value::Nil) else {
+        unreachable!()
+    };
+    negative[4] = Value::Int(-3);
+    assert!(parse_reply(Value::Array(negative), &compiled, &plan).is_err());
+}
+
+#[test]
+fn sections_are_read_to_the_next_marker() {
+    let file = "-- header\n--@ one\na\nb\n--@ two\nc\n";
+    assert_eq!(section(file, "one"), "a\nb\n");
+    assert_eq!(section(file, "two"), "c\n");
+    assert_eq!(section(file, "three"), "");
+    let mut out = String::new();
+    fill(
+        &mut out,
+        "x$a y$bb $c$a.",
+        &[("a", "1".into()), ("bb", "2".into())],
+    );
+    assert_eq!(out, "x1 y2 $c1.");
+}
+
+#[test]
+fn the_renew_script_is_the_prelude_and_renew_lua() {
+    assert!(RENEW.starts_with(PRELUDE));
+    assert!(RENEW.ends_with(include_str!("../../../lua/renew.lua")));
+}
