@@ -3,9 +3,9 @@
 -- Rust twin: src/algorithm/mod.rs (`decide`, `Layout`); assembly and wire layout:
 -- src/store/script.rs.
 --
--- The script is generated per policy, from the sections below (`--@ name`), each limit's
--- fragments (one file per algorithm) and prelude.lua, with the policy's numbers written in:
--- no limit is parsed, no function looked up at run time. $x names a limit (its index in the
+-- The script is generated per policy, from prelude.lua, the sections below (`--@ name`) and
+-- each limit's fragments (one file per algorithm), with the policy's numbers written in: no
+-- limit is parsed, nothing dispatched at run time. $x names a limit (its index in the
 -- policy), $keys is the number of keys per identifier, $fields / $zeros / $format the packed
 -- fields (T, then each packed limit's fields, in policy order), their zeros and their
 -- struct format.
@@ -18,13 +18,15 @@
 --       per sorted-set limit: admitted, remaining, reset_after, retry_after (µs from now)}.
 --       The client derives the packed limits' figures from the state with the Rust twin.
 --
--- The packed key is one string, written once with SET ... PX: T (the time of the
--- identifier's last charge; every window limit's index is T / w), then each limit's fields.
+-- The packed key is one string, written once with SET: T (the time of the identifier's last
+-- charge; every window limit's index is T / w), then each limit's fields. Its TTL (PX) runs to
+-- the latest moment one of its limits' state matters (`expires`), rounded up to whole
+-- milliseconds, plus 1 ms because Redis takes the expiry's base time when the script starts,
+-- a little before TIME was read; when the key's TTL already covers that moment, it is kept.
 -- Phase 1 only reads. Only when every pair admits does phase 2 write: a denied request
 -- charges nothing anywhere and leaves every key, TTLs included, as it was.
 
 --@ head
-local now = clock(ARGV[1])
 local cost = tonumber(ARGV[2])
 local ids = #KEYS / $keys
 local ok = true
@@ -32,6 +34,7 @@ local ok = true
 --@ read_all
 local packed = redis.call('MGET', unpack(KEYS))
 local new, ttl = {}, {}
+local lastlife, lastttl = -1, ''
 
 --@ read_each
 local names = {}
@@ -40,27 +43,44 @@ for j = 1, ids do
 end
 local packed = redis.call('MGET', unpack(names))
 local new, ttl = {}, {}
+local lastlife, lastttl = -1, ''
 
 --@ phase1
 for j = 1, ids do
   local base = (j - 1) * $keys
 
 --@ unpack
-  local T, $fields = 0, $zeros
-  if packed[j] then
-    T, $fields = struct.unpack('$format', packed[j])
-  end
+  if not ok then
+    -- denied already: the client derives every figure from the states returned
+  elseif j > 1 and packed[j] == packed[j - 1] then
+    -- the same state as the previous identifier's: the same verdict, the same new state
+    new[j], ttl[j] = new[j - 1], ttl[j - 1]
+  else
+    local T, $fields = 0, $zeros
+    if packed[j] then
+      T, $fields = struct.unpack('$format', packed[j])
+    end
 
 --@ pack_open
-  if ok then
-    local life = 0
+    if ok then
+      -- life: when the new state stops mattering; old: at most when the stored one did
+      local life, old = 0, 0
 
 --@ pack_close
-    if T < now then
-      T = now
+      if T < now then
+        T = now
+      end
+      new[j] = struct.pack('$format', T, $fields)
+      if packed[j] and life <= old then
+        -- the key's TTL covers the stored state's life, so the new state's too: keep it
+        ttl[j] = false
+      elseif life == lastlife then
+        ttl[j] = lastttl
+      else
+        lastlife, lastttl = life, string.format('%d', math.ceil((life - now) / 1000) + 1)
+        ttl[j] = lastttl
+      end
     end
-    new[j] = struct.pack('$format', T, $fields)
-    ttl[j] = string.format('%d', math.ceil((life - now) / 1000) + 1)
   end
 
 --@ phase2
@@ -70,7 +90,11 @@ if ok then
     local base = (j - 1) * $keys
 
 --@ write
-    redis.call('SET', KEYS[base + 1], new[j], 'PX', ttl[j])
+    if ttl[j] then
+      redis.call('SET', KEYS[base + 1], new[j], 'PX', ttl[j])
+    else
+      redis.call('SET', KEYS[base + 1], new[j], 'KEEPTTL')
+    end
 
 --@ reply
   end

@@ -14,22 +14,30 @@ local s$x = idiv(now, $w) * $w
 local life$x = s$x + $w
 
 --@ evaluate
-  if T < s$x then
-    c$x = 0
-  end
-  if c$x + cost > $n then
-    ok = false
-  end
+    if T < s$x then
+      c$x = 0
+    end
+    if c$x + cost > $n then
+      ok = false
+    end
 
 --@ commit
-    c$x = c$x + cost
+      c$x = c$x + cost
 
 --@ expires
-    -- the window ends
-    local l$x = life$x
-    if T >= life$x then
-      l$x = (idiv(T, $w) + 1) * $w
-    end
-    if l$x > life then
-      life = l$x
-    end
+      -- the window ends: the new state's life, and at least the stored one's
+      local l$x, o$x = life$x, 0
+      if T >= life$x then
+        l$x = (idiv(T, $w) + 1) * $w
+        o$x = l$x
+      elseif T >= s$x then
+        o$x = l$x
+      elseif T >= s$x - $w then
+        o$x = l$x - $w
+      end
+      if l$x > life then
+        life = l$x
+      end
+      if o$x > old then
+        old = o$x
+      end

@@ -23,29 +23,37 @@ local kq$x = idiv(kr$x, $n)
 local cu$x, cr$x = cost * $q + kq$x, kr$x - kq$x * $n
 
 --@ evaluate
-  -- next = max(tat, now) + cost*T
-  local nu$x, nr$x = t$x, r$x
-  if nu$x < now or (nu$x == now and nr$x == 0) then
-    nu$x, nr$x = now, 0
-  end
-  nu$x, nr$x = nu$x + cu$x, nr$x + cr$x
-  if nr$x >= $n then
-    nu$x, nr$x = nu$x + 1, nr$x - $n
-  end
-  -- admitted when next - now <= burst*T
-  if nu$x - now > $tu or (nu$x - now == $tu and nr$x > $tr) then
-    ok = false
-  end
+    -- the stored state's life: its arrival time, rounded up
+    local o$x = t$x
+    if r$x > 0 then
+      o$x = o$x + 1
+    end
+    -- next = max(tat, now) + cost*T
+    local nu$x, nr$x = t$x, r$x
+    if nu$x < now or (nu$x == now and nr$x == 0) then
+      nu$x, nr$x = now, 0
+    end
+    nu$x, nr$x = nu$x + cu$x, nr$x + cr$x
+    if nr$x >= $n then
+      nu$x, nr$x = nu$x + 1, nr$x - $n
+    end
+    -- admitted when next - now <= burst*T
+    if nu$x - now > $tu or (nu$x - now == $tu and nr$x > $tr) then
+      ok = false
+    end
 
 --@ commit
-    t$x, r$x = nu$x, nr$x
+      t$x, r$x = nu$x, nr$x
 
 --@ expires
-    -- the theoretical arrival time, rounded up
-    local l$x = t$x
-    if r$x > 0 then
-      l$x = l$x + 1
-    end
-    if l$x > life then
-      life = l$x
-    end
+      -- the new arrival time, rounded up
+      local l$x = t$x
+      if r$x > 0 then
+        l$x = l$x + 1
+      end
+      if l$x > life then
+        life = l$x
+      end
+      if o$x > old then
+        old = o$x
+      end

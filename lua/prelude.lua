@@ -22,12 +22,13 @@ local function idiv(a, b)
   return q
 end
 
--- The time in µs: ARGV's value when the caller gives one (tests and replays), else Redis'
--- own clock. Redis is the clock: the application servers' clocks drift, Redis' is one for all.
-local function clock(arg)
-  if arg ~= '' then
-    return tonumber(arg)
-  end
+--@ clock
+-- The time in µs: ARGV[1] when the caller gives one (tests and replays), else Redis' own
+-- clock. Redis is the clock: the application servers' clocks drift, Redis' is one for all.
+local now
+if ARGV[1] == '' then
   local t = redis.call('TIME')
-  return t[1] * 1000000 + t[2]
+  now = t[1] * 1000000 + t[2]
+else
+  now = tonumber(ARGV[1])
 end

@@ -7,7 +7,6 @@
 -- cover the new deadline (GT: never shortened).
 
 --@ renew
-local now = clock(ARGV[1])
 local lease = tonumber(ARGV[2])
 local deadline = string.format('%d', now + lease)
 local ttl = string.format('%d', math.ceil(lease / 1000) + 1)

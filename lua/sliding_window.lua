@@ -22,27 +22,36 @@ local s$x = idiv(now, $w) * $w
 local life$x = s$x + 2 * $w
 
 --@ evaluate
-  -- the (curr, prev) counts seen from the current window
-  if T < s$x then
-    if T >= s$x - $w then
-      c$x, p$x = 0, c$x
-    else
-      c$x, p$x = 0, 0
+    -- the (curr, prev) counts seen from the current window
+    if T < s$x then
+      if T >= s$x - $w then
+        c$x, p$x = 0, c$x
+      else
+        c$x, p$x = 0, 0
+      end
     end
-  end
-  if p$x * ($w - (now - s$x)) / $w + (c$x + cost) > $n then
-    ok = false
-  end
+    if p$x * ($w - (now - s$x)) / $w + (c$x + cost) > $n then
+      ok = false
+    end
 
 --@ commit
-    c$x = c$x + cost
+      c$x = c$x + cost
 
 --@ expires
-    -- the count weighs on the next window's estimate too
-    local l$x = life$x
-    if T >= s$x + $w then
-      l$x = (idiv(T, $w) + 2) * $w
-    end
-    if l$x > life then
-      life = l$x
-    end
+      -- the count weighs on the next window's estimate too: the new state's life, and at
+      -- least the stored one's
+      local l$x, o$x = life$x, 0
+      if T >= s$x + $w then
+        l$x = (idiv(T, $w) + 2) * $w
+        o$x = l$x
+      elseif T >= s$x then
+        o$x = l$x
+      elseif T >= s$x - $w then
+        o$x = l$x - $w
+      end
+      if l$x > life then
+        life = l$x
+      end
+      if o$x > old then
+        old = o$x
+      end

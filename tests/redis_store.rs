@@ -116,6 +116,39 @@ async fn ttls_cover_the_state_lifetime() {
     }
 }
 
+/// A later check keeps the packed key's TTL while it covers the new state's life, and sets a
+/// new one when the state lives longer: never shorter than the state's lifetime.
+#[tokio::test]
+async fn ttls_are_kept_or_extended_never_shortened() {
+    let server = RedisServer::start();
+    let clock = manual_clock(); // midnight
+    let store = server.store(Clock::Manual(clock.clone())).await;
+    let prefix = store.prefix().to_string();
+    let l = Limiter::new(store, "10/h, 100/d fixed".parse().unwrap());
+    let mut conn = server.conn();
+    let day: i64 = 86_400_000;
+    // (advance before the check, lifetime after it in ms: when the day's window ends, and
+    // whether the TTL set by the first check still covers it, and is kept)
+    for (advance, lifetime, kept) in [
+        (60_000, day - 60_000, false),
+        (1_800_000, day - 1_860_000, true),
+        (3_600_000, day - 5_460_000, true),
+        (day - 5_460_000 + 10_000, day - 10_000, false),
+    ] {
+        clock.advance(Duration::from_millis(advance as u64));
+        assert!(l.check(&["a"]).await.unwrap().is_allowed());
+        let keys: Vec<String> = conn.keys(format!("{prefix}:{{a}}:s:*")).unwrap();
+        assert_eq!(keys.len(), 1);
+        let pttl: i64 = conn.pttl(&keys[0]).unwrap();
+        assert!(pttl >= lifetime - 2000, "{pttl} shorter than {lifetime}");
+        assert_eq!(pttl > lifetime + 1000, kept, "{pttl} for {lifetime}");
+    }
+    // in the new day the state lives until the next midnight: the TTL was set afresh, tight
+    let keys: Vec<String> = conn.keys(format!("{prefix}:{{a}}:s:*")).unwrap();
+    let pttl: i64 = conn.pttl(&keys[0]).unwrap();
+    assert!(pttl <= day - 10_000 + 1, "{pttl}");
+}
+
 #[tokio::test]
 async fn keys_disappear_once_their_state_no_longer_matters() {
     let server = RedisServer::start();

@@ -5,7 +5,7 @@
 //! # Generation
 //!
 //! A Lua file is a header comment and sections, each starting at a line `--@ name`. The check
-//! script of a policy is the prelude's helpers, then `check.lua`'s sections with each limit's
+//! script of a policy is the prelude's sections, then `check.lua`'s sections with each limit's
 //! fragments (the sections of its algorithm's file) in between, in the order of
 //! [`generate`]; placeholders (`$name`) are replaced by the policy's numbers, so the script
 //! parses no limit and dispatches on nothing at run time. Scripts are cached per policy
@@ -204,6 +204,7 @@ fn generate(limits: &[Limit]) -> (String, Layout, Vec<usize>, Vec<Wire>) {
     let all: Vec<usize> = (0..limits.len()).collect();
 
     out.push_str(section(PRELUDE, "helpers"));
+    out.push_str(section(PRELUDE, "clock"));
     driver(&mut out, "head");
     each(&mut out, &all, "prepare");
     if !packed.is_empty() {

@@ -1,6 +1,8 @@
 use super::*;
 use crate::Policy;
 
+const RENEW_LUA: &str = include_str!("../../../lua/renew.lua");
+
 fn limits(policy: &str) -> Vec<Limit> {
     policy.parse::<Policy>().unwrap().limits().to_vec()
 }
@@ -102,7 +104,7 @@ fn fragments_mirror_their_twins() {
             "tail"
         ]
     );
-    assert_eq!(section_names(PRELUDE), ["helpers"]);
+    assert_eq!(section_names(PRELUDE), ["helpers", "clock"]);
 }
 
 /// The fields a fragment packs are the ones its twin loads, in the same order, each with a
@@ -135,14 +137,18 @@ fn the_reference_policy_makes_a_straight_script() {
     assert!(text.contains("struct.unpack('<dI4I4I4I4I4I4', packed[j])"));
     assert!(text.contains("local s3 = idiv(now, 3600000000) * 3600000000"));
     assert!(text.contains("(c2 + cost) > 120 then"));
-    assert_eq!(text.matches("redis.call(").count(), 3, "TIME, MGET, SET");
+    assert_eq!(
+        text.matches("redis.call(").count(),
+        4,
+        "TIME, MGET, SET with or without PX"
+    );
     assert_eq!(text.matches("redis.call('MGET', unpack(KEYS))").count(), 1);
-    assert_eq!(text.matches("redis.call('SET', ").count(), 1);
+    assert_eq!(text.matches("redis.call('SET', ").count(), 2);
     for absent in ["ARGV[3]", "ARGV[4]", "cjson", "function(", "HSET", "EXPIRE"] {
         assert!(!text.contains(absent), "{absent}");
     }
-    // only the prelude's two helpers are functions
-    assert_eq!(text.matches("local function").count(), 2);
+    // only the prelude's floor division is a function
+    assert_eq!(text.matches("local function").count(), 1);
 }
 
 /// Every algorithm, and all of them in one policy, generate complete scripts; sorted sets
@@ -154,6 +160,7 @@ fn every_shape_fills_every_placeholder() {
         let (text, layout, ..) = generate(&limits(policy));
         assert!(!text.contains('$'), "{policy}: a placeholder is left");
         assert!(text.starts_with(section(PRELUDE, "helpers")));
+        assert!(text.contains(section(PRELUDE, "clock")));
         assert!(text.ends_with("return out\n"));
         let reads = text.contains("redis.call('MGET'");
         assert_eq!(reads, layout.has_packed(), "{policy}");
@@ -188,8 +195,9 @@ fn scripts_are_cached_per_policy() {
 #[test]
 fn wire_layout_matches_the_driver() {
     let head = section(DRIVER, "head");
-    assert!(head.contains("local now = clock(ARGV[1])"));
-    assert!(section(PRELUDE, "helpers").contains("if arg ~= '' then"));
+    let clock = section(PRELUDE, "clock");
+    assert!(clock.contains("if ARGV[1] == '' then"));
+    assert!(clock.contains("now = tonumber(ARGV[1])"));
     assert!(head.contains("local cost = tonumber(ARGV[2])"));
     assert!(section(CONCURRENCY, "commit").contains("ARGV[3]"));
     assert_eq!(now_arg(None), "");
@@ -204,6 +212,7 @@ fn wire_layout_matches_the_driver() {
     assert_eq!(appends(section(CONCURRENCY, "report")), REPLY_PER_SORTED);
     // the packed state is T, then the fields; T is the time of the last charge
     assert!(section(DRIVER, "unpack").contains("local T, $fields = 0, $zeros"));
+    assert!(section(RENEW_LUA, "renew").contains("ARGV[2]"));
     assert!(section(DRIVER, "pack_close").contains("struct.pack('$format', T, $fields)"));
 }
 
@@ -289,5 +298,27 @@ fn sections_are_read_to_the_next_marker() {
 #[test]
 fn the_renew_script_is_the_prelude_and_renew_lua() {
     assert!(RENEW.starts_with(PRELUDE));
-    assert!(RENEW.ends_with(include_str!("../../../lua/renew.lua")));
+    assert!(RENEW.ends_with(RENEW_LUA));
+    // the renew script reads the clock the same way
+    assert!(RENEW.contains(section(PRELUDE, "clock")));
+}
+
+#[test]
+fn zz_print() {
+    let (text, ..) = generate(&limits("10/s, 120/min, 240/h"));
+    std::fs::write("/tmp/proto/gen_ref.lua", text).unwrap();
+    for p in [
+        "10/s fixed",
+        "10/s",
+        "10/s log",
+        "100/s gcra burst=500",
+        "10 concurrent",
+    ] {
+        let (text, ..) = generate(&limits(p));
+        std::fs::write(
+            format!("/tmp/proto/gen_{}.lua", p.replace(['/', ' ', '='], "_")),
+            text,
+        )
+        .unwrap();
+    }
 }
