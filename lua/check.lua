@@ -31,10 +31,34 @@ local cost = tonumber(ARGV[2])
 local ids = #KEYS / $keys
 local ok = true
 
---@ read_all
-local packed = redis.call('MGET', unpack(KEYS))
+--@ read_one
+local packed
 local new, ttl = {}, {}
 local lastlife, lastttl = -1, ''
+if ids == 1 then
+  -- One identifier and only packed limits: a fresh key admits whatever cost the limiter
+  -- lets through, so the state a charge gives a fresh key is written by the very call that
+  -- reads an existing key (SET NX GET: nothing is written when the key exists).
+  local T, $fields = 0, $zeros
+
+--@ fresh_open
+  if ok then
+    local life, old = 0, 0
+
+--@ fresh_close
+    lastlife, lastttl = life, string.format('%d', math.ceil((life - now) / 1000) + 1)
+    local got = redis.call('SET', KEYS[1], struct.pack('$format', now, $fields), 'NX', 'GET', 'PX', lastttl)
+    if not got then
+      return { 1, now, false }
+    end
+    packed = { got }
+  else
+    ok = true
+    packed = { redis.call('GET', KEYS[1]) }
+  end
+else
+  packed = redis.call('MGET', unpack(KEYS))
+end
 
 --@ read_each
 local names = {}

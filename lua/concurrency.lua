@@ -10,25 +10,30 @@
 -- the TTL to the lease, never shortening it (GT) when the key already holds live leases.
 
 --@ prepare
-local live$x = '(' .. string.format('%d', now)
+-- leases whose deadline is after now are live
+local live$x = string.format('(%d', now)
 local deadline$x = string.format('%d', now + $w)
-local used$x, retry$x = {}, {}
+-- per identifier j: live leases, when a denied request may retry
+local L$x = {}
 
 --@ evaluate
-  local used = redis.call('ZCOUNT', $key, live$x, '+inf')
-  used$x[j], retry$x[j] = used, 0
-  if used >= $n then
-    ok = false
-    -- Slots free up when requests finish, which nobody can predict: suggest retrying in a
-    -- second, or at the earliest lease deadline if that comes sooner.
-    local first = redis.call('ZRANGEBYSCORE', $key, live$x, '+inf', 'WITHSCORES', 'LIMIT', '0', '1')
-    retry$x[j] = math.min(tonumber(first[2]), now + 1000000)
+  do
+    local used = redis.call('ZCOUNT', $key, live$x, '+inf')
+    local retry = 0
+    if used >= $n then
+      ok = false
+      -- Slots free up when requests finish, which nobody can predict: suggest retrying in a
+      -- second, or at the earliest lease deadline if that comes sooner.
+      local first = redis.call('ZRANGEBYSCORE', $key, live$x, '+inf', 'WITHSCORES', 'LIMIT', '0', '1')
+      retry = math.min(tonumber(first[2]), now + 1000000)
+    end
+    L$x[2 * j - 1], L$x[2 * j] = used, retry
   end
 
 --@ commit
     redis.call('ZREMRANGEBYSCORE', $key, '-inf', string.sub(live$x, 2))
     redis.call('ZADD', $key, deadline$x, ARGV[3])
-    if used$x[j] > 0 then
+    if L$x[2 * j - 1] > 0 then
       redis.call('PEXPIRE', $key, '$ttl', 'GT')
     else
       redis.call('PEXPIRE', $key, '$ttl')
@@ -36,12 +41,12 @@ local used$x, retry$x = {}, {}
 
 --@ report
   do
-    local used = used$x[j]
+    local used, retry = L$x[2 * j - 1], L$x[2 * j]
     if ok then
       used = used + 1
     end
-    out[#out + 1] = retry$x[j] == 0 and 1 or 0
+    out[#out + 1] = retry == 0 and 1 or 0
     out[#out + 1] = math.max($n - used, 0)
     out[#out + 1] = 0
-    out[#out + 1] = retry$x[j] > 0 and retry$x[j] - now or 0
+    out[#out + 1] = retry > 0 and retry - now or 0
   end

@@ -11,51 +11,62 @@
 -- when the key already holds live entries.
 
 --@ prepare
-local from$x = '(' .. string.format('%d', now - $w)
-local used$x, newest$x, retry$x = {}, {}, {}
+-- entries after now - w are live; now as a score
+local live$x = string.format('(%d', now - $w)
+local at$x = string.format('%d', now)
+-- per identifier j: live entries, the newest one's time, when a denied cost fits
+local L$x = {}
 
 --@ evaluate
-  local used = redis.call('ZCOUNT', $key, from$x, '+inf')
-  local newest = 0
-  if used > 0 then
-    newest = tonumber(redis.call('ZREVRANGEBYSCORE', $key, '+inf', from$x, 'WITHSCORES', 'LIMIT', '0', '1')[2])
-  end
-  used$x[j], newest$x[j], retry$x[j] = used, newest, 0
-  if used + cost > $n then
-    ok = false
-    -- the (used + cost - n)-th oldest live entry must leave the window first
-    local k = string.format('%d', used + cost - $n - 1)
-    local e = redis.call('ZRANGEBYSCORE', $key, from$x, '+inf', 'WITHSCORES', 'LIMIT', k, '1')
-    retry$x[j] = tonumber(e[2]) + $w
+  do
+    local used = redis.call('ZCOUNT', $key, live$x, '+inf')
+    local newest, retry = 0, 0
+    if used > 0 then
+      -- the newest entry's time, read from its member (fetching scores costs more)
+      newest = tonumber(string.match(redis.call('ZRANGE', $key, '-1', '-1')[1], '^%d+'))
+    end
+    if used + cost > $n then
+      ok = false
+      -- the (used + cost - n)-th oldest live entry must leave the window first
+      local k = string.format('%d', used + cost - $n - 1)
+      local e = redis.call('ZRANGEBYSCORE', $key, live$x, '+inf', 'LIMIT', k, '1')
+      retry = tonumber(string.match(e[1], '^%d+')) + $w
+    end
+    L$x[3 * j - 2], L$x[3 * j - 1], L$x[3 * j] = used, newest, retry
   end
 
 --@ commit
-    redis.call('ZREMRANGEBYSCORE', $key, '-inf', string.sub(from$x, 2))
-    local at = string.format('%d', now)
-    local k = 0
-    if newest$x[j] >= now then
-      k = redis.call('ZCOUNT', $key, at, at)
-    end
-    -- ZADD in batches: unpack() of a large cost would overflow Lua's C stack.
-    local m = 1
-    while m <= cost do
-      local args = {}
-      for u = m, math.min(m + 499, cost) do
-        args[#args + 1] = at
-        args[#args + 1] = at .. '-' .. (k + u)
+    do
+      redis.call('ZREMRANGEBYSCORE', $key, '-inf', string.sub(live$x, 2))
+      local k = 0
+      if L$x[3 * j - 1] >= now then
+        k = redis.call('ZCOUNT', $key, at$x, at$x)
       end
-      redis.call('ZADD', $key, unpack(args))
-      m = m + 500
-    end
-    if used$x[j] > 0 then
-      redis.call('PEXPIRE', $key, '$ttl', 'GT')
-    else
-      redis.call('PEXPIRE', $key, '$ttl')
+      if cost == 1 then
+        redis.call('ZADD', $key, at$x, at$x .. '-' .. (k + 1))
+      else
+        -- in batches: unpack() of a large cost would overflow Lua's C stack
+        local m = 1
+        while m <= cost do
+          local args = {}
+          for u = m, math.min(m + 499, cost) do
+            args[#args + 1] = at$x
+            args[#args + 1] = at$x .. '-' .. (k + u)
+          end
+          redis.call('ZADD', $key, unpack(args))
+          m = m + 500
+        end
+      end
+      if L$x[3 * j - 2] > 0 then
+        redis.call('PEXPIRE', $key, '$ttl', 'GT')
+      else
+        redis.call('PEXPIRE', $key, '$ttl')
+      end
     end
 
 --@ report
   do
-    local used, newest, retry = used$x[j], newest$x[j], retry$x[j]
+    local used, newest, retry = L$x[3 * j - 2], L$x[3 * j - 1], L$x[3 * j]
     if ok then
       used = used + cost
       if newest < now then

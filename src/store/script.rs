@@ -208,14 +208,17 @@ fn generate(limits: &[Limit]) -> (String, Layout, Vec<usize>, Vec<Wire>) {
     driver(&mut out, "head");
     each(&mut out, &all, "prepare");
     if !packed.is_empty() {
-        driver(
-            &mut out,
-            if layout.keys_per_id() == 1 {
-                "read_all"
-            } else {
-                "read_each"
-            },
-        );
+        if layout.keys_per_id() == 1 {
+            // an identifier's verdict is its packed key's alone
+            driver(&mut out, "read_one");
+            each(&mut out, &packed, "evaluate");
+            driver(&mut out, "fresh_open");
+            each(&mut out, &packed, "commit");
+            each(&mut out, &packed, "expires");
+            driver(&mut out, "fresh_close");
+        } else {
+            driver(&mut out, "read_each");
+        }
     }
     driver(&mut out, "phase1");
     if !packed.is_empty() {

@@ -91,7 +91,9 @@ fn fragments_mirror_their_twins() {
         section_names(DRIVER),
         [
             "head",
-            "read_all",
+            "read_one",
+            "fresh_open",
+            "fresh_close",
             "read_each",
             "phase1",
             "unpack",
@@ -137,13 +139,14 @@ fn the_reference_policy_makes_a_straight_script() {
     assert!(text.contains("struct.unpack('<dI4I4I4I4I4I4', packed[j])"));
     assert!(text.contains("local s3 = idiv(now, 3600000000) * 3600000000"));
     assert!(text.contains("(c2 + cost) > 120 then"));
-    assert_eq!(
-        text.matches("redis.call(").count(),
-        4,
-        "TIME, MGET, SET with or without PX"
-    );
+    // TIME; one identifier: SET NX GET (or GET); several: MGET; then SET with or without PX
+    assert_eq!(text.matches("redis.call(").count(), 6);
+    assert!(text.contains(
+        "redis.call('SET', KEYS[1], struct.pack('<dI4I4I4I4I4I4', now, c1, p1, c2, p2, c3, p3), \
+         'NX', 'GET', 'PX', lastttl)"
+    ));
     assert_eq!(text.matches("redis.call('MGET', unpack(KEYS))").count(), 1);
-    assert_eq!(text.matches("redis.call('SET', ").count(), 2);
+    assert_eq!(text.matches("redis.call('SET', ").count(), 3);
     for absent in ["ARGV[3]", "ARGV[4]", "cjson", "function(", "HSET", "EXPIRE"] {
         assert!(!text.contains(absent), "{absent}");
     }
@@ -171,7 +174,7 @@ fn every_shape_fills_every_placeholder() {
     // T, c p, c, t r, t r
     assert_eq!(wire.len(), 8);
     assert!(text.contains("names[j] = KEYS[(j - 1) * 3 + 1]"));
-    assert!(text.contains("redis.call('ZCOUNT', KEYS[base + 2], from2, '+inf')"));
+    assert!(text.contains("redis.call('ZCOUNT', KEYS[base + 2], live2, '+inf')"));
     assert!(text.contains("redis.call('ZADD', KEYS[base + 3], deadline4, ARGV[3])"));
     // 7/3s: T = 3e6/7 µs = 428571 + 3/7; burst 2 → 857142 + 6/7
     assert!(text.contains("cost * 428571 + kq5"));
