@@ -14,9 +14,11 @@
 --       limits), then one sorted set per log or concurrency limit, in policy order.
 -- ARGV: now (µs; empty to read the server clock), cost, lease id (for a concurrency limit;
 --       may be empty).
--- Returns {allowed, now, then per identifier: its packed state as read (nil when none), then
---       per sorted-set limit: admitted, remaining, reset_after, retry_after (µs from now)}.
---       The client derives the packed limits' figures from the state with the Rust twin.
+-- Returns one string (a table costs Redis more to convert): "1" (allowed) or "0", the time as
+--       "SECONDS,MICROSECONDS", ";", then per identifier: its packed state as read (as many
+--       zero bytes when none), from which the client derives the packed limits' figures with
+--       the Rust twin; then per sorted-set limit four little-endian doubles: admitted,
+--       remaining, reset_after, retry_after (µs from now).
 --
 -- The packed key is one string, written once with SET: T (the time of the identifier's last
 -- charge; every window limit's index is T / w), then each limit's fields. Its TTL (PX) runs to
@@ -49,7 +51,7 @@ if ids == 1 then
     lastlife, lastttl = life, string.format('%d', math.ceil((life - now) / 1000) + 1)
     local got = redis.call('SET', KEYS[1], struct.pack('$format', now, $fields), 'NX', 'GET', 'PX', lastttl)
     if not got then
-      return { 1, now, false }
+      return '1' .. sec .. ',' .. usec .. ';$zero'
     end
     packed = { got }
   else
@@ -123,12 +125,12 @@ if ok then
 --@ reply
   end
 end
-local out = { ok and 1 or 0, now }
+local head = (ok and '1' or '0') .. sec .. ',' .. usec .. ';'
 for j = 1, ids do
 
 --@ reply_packed
-  out[#out + 1] = packed[j]
+  head = head .. (packed[j] or '$zero')
 
 --@ tail
 end
-return out
+return head

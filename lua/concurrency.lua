@@ -45,8 +45,5 @@ local L$x = {}
     if ok then
       used = used + 1
     end
-    out[#out + 1] = retry == 0 and 1 or 0
-    out[#out + 1] = math.max($n - used, 0)
-    out[#out + 1] = 0
-    out[#out + 1] = retry > 0 and retry - now or 0
+    head = head .. struct.pack('<dddd', retry == 0 and 1 or 0, math.max($n - used, 0), 0, retry > 0 and retry - now or 0)
   end

@@ -10,7 +10,7 @@
 c:I4
 
 --@ prepare
-local s$x = idiv(now, $w) * $w
+local s$x = now - now % $w
 local life$x = s$x + $w
 
 --@ evaluate
@@ -28,7 +28,7 @@ local life$x = s$x + $w
       -- the window ends: the new state's life, and at least the stored one's
       local l$x, o$x = life$x, 0
       if T >= life$x then
-        l$x = (idiv(T, $w) + 1) * $w
+        l$x = T - T % $w + $w
         o$x = l$x
       elseif T >= s$x then
         o$x = l$x

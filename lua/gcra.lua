@@ -19,7 +19,7 @@ t:d r:I4
 --@ prepare
 -- cost*T as (us, rem), without ever forming cost * w (which could pass 2^53)
 local kr$x = cost * $r
-local kq$x = idiv(kr$x, $n)
+local kq$x = math.floor(kr$x / $n)
 local cu$x, cr$x = cost * $q + kq$x, kr$x - kq$x * $n
 
 --@ evaluate

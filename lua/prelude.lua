@@ -9,26 +9,23 @@
 -- Numbers handed to redis.call() are formatted by Redis with %.17g, slowly: the scripts pass
 -- strings where they can (string.format('%d', x), exact for integers below 2^53), and
 -- constants are written into the script as string literals by the generator.
-
---@ helpers
--- Floor division of non-negative integers, exact even where a/b rounds up to an integer.
-local function idiv(a, b)
-  local q = math.floor(a / b)
-  if q * b > a then
-    q = q - 1
-  elseif (q + 1) * b <= a then
-    q = q + 1
-  end
-  return q
-end
+--
+-- Floor division needs no correction: for integers 0 <= a < 2^53 and b >= 1, the double a / b
+-- is never rounded up to the next integer (that would take an error of at least 1 / b, while
+-- the rounding error is below a / b * 2^-53 < 1 / b), so math.floor(a / b) and a % b are
+-- exact.
 
 --@ clock
 -- The time in µs: ARGV[1] when the caller gives one (tests and replays), else Redis' own
 -- clock. Redis is the clock: the application servers' clocks drift, Redis' is one for all.
-local now
+-- `sec` and `usec` give the same time as text for the reply ("SECONDS,MICROSECONDS"):
+-- formatting a number costs more than passing on the strings TIME returns.
+local now, sec, usec
 if ARGV[1] == '' then
   local t = redis.call('TIME')
-  now = t[1] * 1000000 + t[2]
+  sec, usec = t[1], t[2]
+  now = sec * 1000000 + usec
 else
   now = tonumber(ARGV[1])
+  sec, usec = '0', ARGV[1]
 end

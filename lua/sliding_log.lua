@@ -78,8 +78,5 @@ local L$x = {}
       remaining = math.max($n - used, 0)
       reset = math.max(newest + $w - now, 0)
     end
-    out[#out + 1] = retry == 0 and 1 or 0
-    out[#out + 1] = remaining
-    out[#out + 1] = reset
-    out[#out + 1] = retry > 0 and retry - now or 0
+    head = head .. struct.pack('<dddd', retry == 0 and 1 or 0, remaining, reset, retry > 0 and retry - now or 0)
   end

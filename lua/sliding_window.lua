@@ -18,7 +18,7 @@ c:I4 p:I4
 --@ prepare
 -- The current window starts at s$x, the previous one at s$x - w; after a charge the state's
 -- window is the current one (unless T is later, after the clock went back).
-local s$x = idiv(now, $w) * $w
+local s$x = now - now % $w
 local life$x = s$x + 2 * $w
 
 --@ evaluate
@@ -42,7 +42,7 @@ local life$x = s$x + 2 * $w
       -- least the stored one's
       local l$x, o$x = life$x, 0
       if T >= s$x + $w then
-        l$x = (idiv(T, $w) + 2) * $w
+        l$x = T - T % $w + 2 * $w
         o$x = l$x
       elseif T >= s$x then
         o$x = l$x

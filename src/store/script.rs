@@ -29,6 +29,9 @@ const FIXED_WINDOW: &str = include_str!("../../lua/fixed_window.lua");
 const GCRA: &str = include_str!("../../lua/gcra.lua");
 const CONCURRENCY: &str = include_str!("../../lua/concurrency.lua");
 
+/// The largest integer a double holds exactly: 2^53.
+const MAX_EXACT: f64 = 9_007_199_254_740_992.0;
+
 /// The most policies whose scripts are kept; past it the cache starts over.
 const MAX_CACHED: usize = 256;
 
@@ -39,9 +42,8 @@ pub(crate) const RENEW: &str = concat!(
     include_str!("../../lua/renew.lua"),
 );
 
-/// The reply: allowed, now, then per identifier…
-const REPLY_HEAD: usize = 2;
-/// …per sorted-set limit: admitted, remaining, reset_after, retry_after.
+/// Per identifier, per sorted-set limit, the reply holds four doubles: admitted, remaining,
+/// reset_after, retry_after.
 const REPLY_PER_SORTED: usize = 4;
 
 /// How one packed field is stored (a Lua `struct` format code).
@@ -180,11 +182,16 @@ fn generate(limits: &[Limit]) -> (String, Layout, Vec<usize>, Vec<Wire>) {
     let format: String = std::iter::once("<")
         .chain(wire.iter().map(|w| w.code()))
         .collect();
+    let state_len: usize = wire.iter().map(|w| w.len()).sum();
     let driver_vars = [
         ("keys", layout.keys_per_id().to_string()),
         ("fields", names.join(", ")),
         ("zeros", vec!["0"; names.len()].join(", ")),
         ("format", format),
+        (
+            "zero",
+            "\\0".repeat(if packed.is_empty() { 0 } else { state_len }),
+        ),
     ];
     let vars: Vec<_> = (0..limits.len())
         .map(|l| limit_vars(limits, l, layout.key_of(l)))
@@ -203,7 +210,6 @@ fn generate(limits: &[Limit]) -> (String, Layout, Vec<usize>, Vec<Wire>) {
     };
     let all: Vec<usize> = (0..limits.len()).collect();
 
-    out.push_str(section(PRELUDE, "helpers"));
     out.push_str(section(PRELUDE, "clock"));
     driver(&mut out, "head");
     each(&mut out, &all, "prepare");
@@ -318,7 +324,7 @@ fn decode(bytes: &[u8], compiled: &CheckScript, limits: &[Limit]) -> Result<Stat
             Wire::U32 => u64::from(u32::from_le_bytes(field.try_into().unwrap_or_default())),
             Wire::Double => {
                 let v = f64::from_le_bytes(field.try_into().unwrap_or_default());
-                if !(0.0..=9_007_199_254_740_992.0).contains(&v) || v.fract() != 0.0 {
+                if !(0.0..=MAX_EXACT).contains(&v) || v.fract() != 0.0 {
                     return Err(unexpected(format!("a packed field of {v}")));
                 }
                 v as u64
@@ -340,6 +346,22 @@ fn decode(bytes: &[u8], compiled: &CheckScript, limits: &[Limit]) -> Result<Stat
     Ok(State::Counters(counters))
 }
 
+/// Reads the time the script stamped its reply with: `SECONDS,MICROSECONDS`.
+fn stamp(text: &[u8]) -> Result<u64, StoreError> {
+    let text = std::str::from_utf8(text).map_err(|_| unexpected("a time that is not text"))?;
+    let (s, us) = text
+        .split_once(',')
+        .ok_or_else(|| unexpected(format!("a time of {text:?}")))?;
+    let number = |v: &str| {
+        v.parse::<u64>()
+            .map_err(|_| unexpected(format!("a time of {text:?}")))
+    };
+    number(s)?
+        .checked_mul(1_000_000)
+        .and_then(|s| s.checked_add(number(us).ok()?))
+        .ok_or_else(|| unexpected(format!("a time of {text:?}")))
+}
+
 /// Reads the check script's reply: the states it returns go through the twin ([`decide`]),
 /// which derives every figure; the script's own verdict must agree with it.
 ///
@@ -349,42 +371,62 @@ pub(crate) fn parse_reply(
     compiled: &CheckScript,
     plan: &Plan<'_>,
 ) -> Result<Outcome, StoreError> {
-    let Value::Array(items) = reply else {
+    let layout = &compiled.layout;
+    let ids = plan.ids.len();
+    let sorted = layout.keys_per_id() - usize::from(layout.has_packed());
+    let Value::BulkString(reply) = reply else {
         return Err(unexpected(format!("{reply:?}")));
     };
-    let layout = &compiled.layout;
-    let sorted = layout.keys_per_id() - usize::from(layout.has_packed());
-    let per_id = usize::from(layout.has_packed()) + REPLY_PER_SORTED * sorted;
-    if items.len() != REPLY_HEAD + per_id * plan.ids.len() {
+    // "1" or "0", the time, ";", then per identifier its packed state and sorted-set entries
+    let split = reply
+        .iter()
+        .position(|&b| b == b';')
+        .ok_or_else(|| unexpected("a reply without states"))?;
+    let allowed = match reply.first() {
+        Some(b'1') => true,
+        Some(b'0') => false,
+        _ => return Err(unexpected("a reply without a verdict")),
+    };
+    let now = stamp(&reply[1..split])?;
+    let state_len = if layout.has_packed() {
+        compiled.wire.iter().map(|w| w.len()).sum()
+    } else {
+        0
+    };
+    let record = state_len + 8 * REPLY_PER_SORTED * sorted;
+    let records = &reply[split + 1..];
+    if records.len() != record * ids {
         return Err(unexpected(format!(
-            "{} values for {} identifiers",
-            items.len(),
-            plan.ids.len()
+            "{} bytes of state for {ids} identifiers",
+            records.len()
         )));
     }
-    let int = |v: &Value| match v {
-        Value::Int(i) => u64::try_from(*i).map_err(|_| unexpected(format!("negative value {i}"))),
-        other => Err(unexpected(format!("{other:?} for an integer"))),
-    };
-    let allowed = int(&items[0])? == 1;
-    let now = int(&items[1])?;
-    let mut states = Vec::with_capacity(plan.ids.len() * layout.keys_per_id());
-    for chunk in items[REPLY_HEAD..].chunks_exact(per_id) {
-        let mut rest = chunk;
-        if layout.has_packed() {
-            states.push(match &rest[0] {
-                Value::Nil => None,
-                Value::BulkString(bytes) => Some(decode(bytes, compiled, plan.limits)?),
-                other => return Err(unexpected(format!("{other:?} for a packed state"))),
-            });
-            rest = &rest[1..];
+    let number = |bytes: &[u8]| {
+        let v = f64::from_le_bytes(bytes.try_into().unwrap_or_default());
+        if (0.0..=MAX_EXACT).contains(&v) && v.fract() == 0.0 {
+            Ok(v as u64)
+        } else {
+            Err(unexpected(format!("a figure of {v}")))
         }
-        for e in rest.chunks_exact(REPLY_PER_SORTED) {
+    };
+    let mut states = Vec::with_capacity(ids * layout.keys_per_id());
+    for r in records.chunks_exact(record) {
+        let (state, entries) = r.split_at(state_len);
+        if layout.has_packed() {
+            // a stored state's T is a time, never 0: all zeros stand for no state
+            states.push(match state.iter().all(|&b| b == 0) {
+                true => None,
+                false => Some(decode(state, compiled, plan.limits)?),
+            });
+        }
+        for e in entries.chunks_exact(8 * REPLY_PER_SORTED) {
+            let mut f = e.chunks_exact(8).map(number);
+            let mut next = || f.next().unwrap_or(Ok(0));
             states.push(Some(State::Settled(Entry {
-                allowed: int(&e[0])? == 1,
-                remaining: int(&e[1])?,
-                reset_after_us: int(&e[2])?,
-                retry_after_us: int(&e[3])?,
+                allowed: next()? == 1,
+                remaining: next()?,
+                reset_after_us: next()?,
+                retry_after_us: next()?,
             })));
         }
     }

@@ -106,7 +106,7 @@ fn fragments_mirror_their_twins() {
             "tail"
         ]
     );
-    assert_eq!(section_names(PRELUDE), ["helpers", "clock"]);
+    assert_eq!(section_names(PRELUDE), ["clock"]);
 }
 
 /// The fields a fragment packs are the ones its twin loads, in the same order, each with a
@@ -137,7 +137,7 @@ fn the_reference_policy_makes_a_straight_script() {
     assert!(text.contains("local ids = #KEYS / 1"));
     assert!(text.contains("local T, c1, p1, c2, p2, c3, p3 = 0, 0, 0, 0, 0, 0, 0"));
     assert!(text.contains("struct.unpack('<dI4I4I4I4I4I4', packed[j])"));
-    assert!(text.contains("local s3 = idiv(now, 3600000000) * 3600000000"));
+    assert!(text.contains("local s3 = now - now % 3600000000"));
     assert!(text.contains("(c2 + cost) > 120 then"));
     // TIME; one identifier: SET NX GET (or GET); several: MGET; then SET with or without PX
     assert_eq!(text.matches("redis.call(").count(), 6);
@@ -150,8 +150,9 @@ fn the_reference_policy_makes_a_straight_script() {
     for absent in ["ARGV[3]", "ARGV[4]", "cjson", "function(", "HSET", "EXPIRE"] {
         assert!(!text.contains(absent), "{absent}");
     }
-    // only the prelude's floor division is a function
-    assert_eq!(text.matches("local function").count(), 1);
+    // no function at all; the reply is one string
+    assert_eq!(text.matches("function").count(), 0);
+    assert!(text.trim_end().ends_with("return head"));
 }
 
 /// Every algorithm, and all of them in one policy, generate complete scripts; sorted sets
@@ -162,9 +163,8 @@ fn every_shape_fills_every_placeholder() {
     for policy in algorithms().map(|a| a.0).into_iter().chain([all]) {
         let (text, layout, ..) = generate(&limits(policy));
         assert!(!text.contains('$'), "{policy}: a placeholder is left");
-        assert!(text.starts_with(section(PRELUDE, "helpers")));
-        assert!(text.contains(section(PRELUDE, "clock")));
-        assert!(text.ends_with("return out\n"));
+        assert!(text.starts_with(section(PRELUDE, "clock")));
+        assert!(text.trim_end().ends_with("return head"), "{policy}");
         let reads = text.contains("redis.call('MGET'");
         assert_eq!(reads, layout.has_packed(), "{policy}");
     }
@@ -206,13 +206,20 @@ fn wire_layout_matches_the_driver() {
     assert_eq!(now_arg(None), "");
     assert_eq!(now_arg(Some(7)), "7");
 
-    // allowed and now, then per identifier its packed state, then 4 per sorted set
-    assert!(section(DRIVER, "reply").contains("local out = { ok and 1 or 0, now }"));
-    assert_eq!(REPLY_HEAD, 2);
-    let appends = |s: &str| s.matches("out[#out + 1] =").count();
-    assert_eq!(appends(section(DRIVER, "reply_packed")), 1);
-    assert_eq!(appends(section(SLIDING_LOG, "report")), REPLY_PER_SORTED);
-    assert_eq!(appends(section(CONCURRENCY, "report")), REPLY_PER_SORTED);
+    // one string: verdict, time, ";", per identifier its packed state and 4 doubles per
+    // sorted set
+    assert!(section(DRIVER, "reply")
+        .contains("local head = (ok and '1' or '0') .. sec .. ',' .. usec .. ';'"));
+    assert!(clock.contains("sec, usec = t[1], t[2]"));
+    assert!(clock.contains("sec, usec = '0', ARGV[1]"));
+    assert!(section(DRIVER, "reply_packed").contains("head = head .. (packed[j] or '$zero')"));
+    let entry = format!(
+        "head = head .. struct.pack('<{}', ",
+        "d".repeat(REPLY_PER_SORTED)
+    );
+    for lua in [SLIDING_LOG, CONCURRENCY] {
+        assert_eq!(section(lua, "report").matches(&entry).count(), 1);
+    }
     // the packed state is T, then the fields; T is the time of the last charge
     assert!(section(DRIVER, "unpack").contains("local T, $fields = 0, $zeros"));
     assert!(section(RENEW_LUA, "renew").contains("ARGV[2]"));
@@ -246,41 +253,47 @@ fn replies_are_derived_with_the_twin() {
     };
     // one request earlier in this second: T, c, p
     let state = pack(&compiled.wire, &[now - 100_000, 1, 0]);
-    let reply = |allowed: i64, state: Value| {
-        Value::Array(vec![
-            Value::Int(allowed),
-            Value::Int(now as i64),
-            state,
-            Value::Int(1),
-            Value::Int(3),
-            Value::Int(1_000_000),
-            Value::Int(0),
-        ])
+    let reply = |allowed: &str, state: &[u8], entry: [f64; 4]| {
+        let mut head = format!("{allowed}1767225600,250000;").into_bytes();
+        head.extend_from_slice(state);
+        for v in entry {
+            head.extend_from_slice(&v.to_le_bytes());
+        }
+        Value::BulkString(head)
     };
-    let out = parse_reply(reply(1, Value::BulkString(state.clone())), &compiled, &plan).unwrap();
+    let log = [1.0, 3.0, 1_000_000.0, 0.0];
+    let out = parse_reply(reply("1", &state, log), &compiled, &plan).unwrap();
     assert!(out.allowed);
     assert_eq!(out.entries[0].remaining, 0);
     assert_eq!(out.entries[0].reset_after_us, 1_750_000);
     assert_eq!(out.entries[1].remaining, 3);
 
-    // a fresh identifier
-    let out = parse_reply(reply(1, Value::Nil), &compiled, &plan).unwrap();
+    // a fresh identifier: all zeros
+    let fresh = vec![0; state.len()];
+    let out = parse_reply(reply("1", &fresh, log), &compiled, &plan).unwrap();
     assert_eq!(out.entries[0].remaining, 1);
 
     // the script and the twin disagree: an error, not a guess
-    assert!(parse_reply(reply(0, Value::BulkString(state.clone())), &compiled, &plan).is_err());
-    // a state of the wrong size, a wrong length, a negative figure
-    assert!(parse_reply(reply(1, Value::BulkString(vec![0; 5])), &compiled, &plan).is_err());
-    let Value::Array(mut short) = reply(1, Value::Nil) else {
-        unreachable!()
-    };
-    short.pop();
-    assert!(parse_reply(Value::Array(short), &compiled, &plan).is_err());
-    let Value::Array(mut negative) = reply(1, Value::Nil) else {
-        unreachable!()
-    };
-    negative[4] = Value::Int(-3);
-    assert!(parse_reply(Value::Array(negative), &compiled, &plan).is_err());
+    assert!(parse_reply(reply("0", &state, log), &compiled, &plan).is_err());
+    // a state of the wrong size, a negative or fractional figure, a bad time, not a string
+    assert!(parse_reply(reply("1", &state[1..], log), &compiled, &plan).is_err());
+    let negative = [1.0, -3.0, 0.0, 0.0];
+    assert!(parse_reply(reply("1", &state, negative), &compiled, &plan).is_err());
+    let fraction = [1.0, 3.5, 0.0, 0.0];
+    assert!(parse_reply(reply("1", &state, fraction), &compiled, &plan).is_err());
+    assert!(parse_reply(Value::BulkString(b"1x;".to_vec()), &compiled, &plan).is_err());
+    assert!(parse_reply(Value::Int(1), &compiled, &plan).is_err());
+
+    // without sorted sets the reply is the string alone
+    let l = limits("2/s");
+    let compiled = check_script(&l);
+    let plan = Plan { limits: &l, ..plan };
+    let mut head = b"10,1767225600250000;".to_vec();
+    head.extend_from_slice(&state);
+    let out = parse_reply(Value::BulkString(head), &compiled, &plan).unwrap();
+    assert_eq!(out.entries[0].remaining, 0);
+    assert_eq!(stamp(b"1767225600,5").unwrap(), 1_767_225_600_000_005);
+    assert!(stamp(b"17,x").is_err() && stamp(b"17").is_err());
 }
 
 #[test]
