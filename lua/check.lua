@@ -3,12 +3,13 @@
 -- Rust twin: src/algorithm/mod.rs (`decide`, `Layout`); assembly and wire layout:
 -- src/store/script.rs.
 --
--- The script is generated per policy, from prelude.lua, the sections below (`--@ name`) and
--- each limit's fragments (one file per algorithm), with the policy's numbers written in: no
--- limit is parsed, nothing dispatched at run time. $x names a limit (its index in the
--- policy), $keys is the number of keys per identifier, $fields / $zeros / $format the packed
--- fields (T, then each packed limit's fields, in policy order), their zeros and their
--- struct format.
+-- The script is generated per policy and number of identifiers, from prelude.lua, the
+-- sections below (`--@ name`) and each limit's fragments (one file per algorithm), with the
+-- numbers written in: no limit is parsed, nothing dispatched, no loop run at run time. The
+-- sections between `id_open` and `id_close` are repeated for each identifier $j (its keys
+-- start after KEYS[$b], at KEYS[$first]; $p is the identifier before); $x names a limit (its index in the policy); $fields / $zeros / $format are the
+-- packed fields (T, then each packed limit's fields, in policy order), their zeros and their
+-- struct format, $zero a missing state (as many zero bytes).
 --
 -- KEYS: per identifier, identifier-major: the packed key (when the policy has window or GCRA
 --       limits), then one sorted set per log or concurrency limit, in policy order.
@@ -30,107 +31,96 @@
 
 --@ head
 local cost = tonumber(ARGV[2])
-local ids = #KEYS / $keys
 local ok = true
+-- the TTL last formatted, for the life it was formatted for
+local lastlife, lastttl = -1, ''
 
 --@ read_one
-local packed
-local new, ttl = {}, {}
-local lastlife, lastttl = -1, ''
-if ids == 1 then
-  -- One identifier and only packed limits: a fresh key admits whatever cost the limiter
-  -- lets through, so the state a charge gives a fresh key is written by the very call that
-  -- reads an existing key (SET NX GET: nothing is written when the key exists).
+-- One identifier and only packed limits: a fresh key admits whatever cost the limiter lets
+-- through, so the state a charge gives a fresh key is written by the very call that reads an
+-- existing key (SET NX GET writes nothing when the key exists).
+local got1, put1, ttl1
+do
   local T, $fields = 0, $zeros
+  local life, old = 0, 0
 
 --@ fresh_open
   if ok then
-    local life, old = 0, 0
 
 --@ fresh_close
     lastlife, lastttl = life, string.format('%d', math.ceil((life - now) / 1000) + 1)
-    local got = redis.call('SET', KEYS[1], struct.pack('$format', now, $fields), 'NX', 'GET', 'PX', lastttl)
-    if not got then
+    got1 = redis.call('SET', KEYS[1], struct.pack('$format', now, $fields), 'NX', 'GET', 'PX', lastttl)
+    if not got1 then
       return '1' .. sec .. ',' .. usec .. ';$zero'
     end
-    packed = { got }
   else
     ok = true
-    packed = { redis.call('GET', KEYS[1]) }
+    got1 = redis.call('GET', KEYS[1])
   end
-else
-  packed = redis.call('MGET', unpack(KEYS))
 end
 
---@ read_each
-local names = {}
-for j = 1, ids do
-  names[j] = KEYS[(j - 1) * $keys + 1]
-end
-local packed = redis.call('MGET', unpack(names))
-local new, ttl = {}, {}
-local lastlife, lastttl = -1, ''
+--@ read_many
+local $states = unpack(redis.call('MGET', $names))
+local $news
 
---@ phase1
-for j = 1, ids do
-  local base = (j - 1) * $keys
+--@ id_open
+-- identifier $j
+do
+  local j, base = $j, $b
 
 --@ unpack
   if not ok then
     -- denied already: the client derives every figure from the states returned
-  elseif j > 1 and packed[j] == packed[j - 1] then
+  elseif $same then
     -- the same state as the previous identifier's: the same verdict, the same new state
-    new[j], ttl[j] = new[j - 1], ttl[j - 1]
+    put$j, ttl$j = put$p, ttl$p
   else
     local T, $fields = 0, $zeros
-    if packed[j] then
-      T, $fields = struct.unpack('$format', packed[j])
+    if got$j then
+      T, $fields = struct.unpack('$format', got$j)
     end
+    -- life: when the new state stops mattering; old: at most when the stored one did
+    local life, old = 0, 0
 
 --@ pack_open
     if ok then
-      -- life: when the new state stops mattering; old: at most when the stored one did
-      local life, old = 0, 0
 
 --@ pack_close
       if T < now then
         T = now
       end
-      new[j] = struct.pack('$format', T, $fields)
-      if packed[j] and life <= old then
+      put$j = struct.pack('$format', T, $fields)
+      if got$j and life <= old then
         -- the key's TTL covers the stored state's life, so the new state's too: keep it
-        ttl[j] = false
+        ttl$j = false
       elseif life == lastlife then
-        ttl[j] = lastttl
+        ttl$j = lastttl
       else
         lastlife, lastttl = life, string.format('%d', math.ceil((life - now) / 1000) + 1)
-        ttl[j] = lastttl
+        ttl$j = lastttl
       end
     end
   end
 
---@ phase2
+--@ id_close
 end
+
+--@ phase2
 if ok then
-  for j = 1, ids do
-    local base = (j - 1) * $keys
 
 --@ write
-    if ttl[j] then
-      redis.call('SET', KEYS[base + 1], new[j], 'PX', ttl[j])
-    else
-      redis.call('SET', KEYS[base + 1], new[j], 'KEEPTTL')
-    end
+  if ttl$j then
+    redis.call('SET', KEYS[$first], put$j, 'PX', ttl$j)
+  else
+    redis.call('SET', KEYS[$first], put$j, 'KEEPTTL')
+  end
 
 --@ reply
-  end
 end
 local head = (ok and '1' or '0') .. sec .. ',' .. usec .. ';'
-for j = 1, ids do
 
 --@ reply_packed
-  head = head .. (packed[j] or '$zero')
+head = head .. (got$j or '$zero')
 
 --@ tail
-end
 return head

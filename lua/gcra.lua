@@ -18,42 +18,44 @@ t:d r:I4
 
 --@ prepare
 -- cost*T as (us, rem), without ever forming cost * w (which could pass 2^53)
-local kr$x = cost * $r
-local kq$x = math.floor(kr$x / $n)
-local cu$x, cr$x = cost * $q + kq$x, kr$x - kq$x * $n
+local cu$x, cr$x
+do
+  local kr = cost * $r
+  local kq = math.floor(kr / $n)
+  cu$x, cr$x = cost * $q + kq, kr - kq * $n
+end
 
 --@ evaluate
     -- the stored state's life: its arrival time, rounded up
-    local o$x = t$x
+    local o = t$x
     if r$x > 0 then
-      o$x = o$x + 1
+      o = o + 1
     end
-    -- next = max(tat, now) + cost*T
-    local nu$x, nr$x = t$x, r$x
-    if nu$x < now or (nu$x == now and nr$x == 0) then
-      nu$x, nr$x = now, 0
+    if o > old then
+      old = o
     end
-    nu$x, nr$x = nu$x + cu$x, nr$x + cr$x
-    if nr$x >= $n then
-      nu$x, nr$x = nu$x + 1, nr$x - $n
+    -- next = max(tat, now) + cost*T, kept in the fields: only written if every limit admits
+    if t$x < now or (t$x == now and r$x == 0) then
+      t$x, r$x = now, 0
+    end
+    t$x, r$x = t$x + cu$x, r$x + cr$x
+    if r$x >= $n then
+      t$x, r$x = t$x + 1, r$x - $n
     end
     -- admitted when next - now <= burst*T
-    if nu$x - now > $tu or (nu$x - now == $tu and nr$x > $tr) then
+    if t$x - now > $tu or (t$x - now == $tu and r$x > $tr) then
       ok = false
     end
 
 --@ commit
-      t$x, r$x = nu$x, nr$x
+      -- evaluate has moved the arrival time already
 
 --@ expires
       -- the new arrival time, rounded up
-      local l$x = t$x
+      local l = t$x
       if r$x > 0 then
-        l$x = l$x + 1
+        l = l + 1
       end
-      if l$x > life then
-        life = l$x
-      end
-      if o$x > old then
-        old = o$x
+      if l > life then
+        life = l
       end

@@ -40,18 +40,18 @@ local life$x = s$x + 2 * $w
 --@ expires
       -- the count weighs on the next window's estimate too: the new state's life, and at
       -- least the stored one's
-      local l$x, o$x = life$x, 0
+      local l, o = life$x, 0
       if T >= s$x + $w then
-        l$x = T - T % $w + 2 * $w
-        o$x = l$x
+        l = T - T % $w + 2 * $w
+        o = l
       elseif T >= s$x then
-        o$x = l$x
+        o = l
       elseif T >= s$x - $w then
-        o$x = l$x - $w
+        o = l - $w
       end
-      if l$x > life then
-        life = l$x
+      if l > life then
+        life = l
       end
-      if o$x > old then
-        old = o$x
+      if o > old then
+        old = o
       end

@@ -178,7 +178,7 @@ impl RedisStore {
     }
 
     pub(crate) async fn check(&self, plan: &Plan<'_>) -> Result<Outcome, StoreError> {
-        let compiled = script::check_script(plan.limits);
+        let compiled = script::check_script(plan.limits, plan.ids.len());
         let mut call = compiled.script.prepare_invoke();
         let now = self.clock.manual_now();
         script::check_args(&mut call, &compiled, &self.prefix, now, plan);

@@ -32,8 +32,9 @@ const CONCURRENCY: &str = include_str!("../../lua/concurrency.lua");
 /// The largest integer a double holds exactly: 2^53.
 const MAX_EXACT: f64 = 9_007_199_254_740_992.0;
 
-/// The most policies whose scripts are kept; past it the cache starts over.
-const MAX_CACHED: usize = 256;
+/// The most scripts (policies times numbers of identifiers) kept; past it the cache starts
+/// over.
+const MAX_CACHED: usize = 1024;
 
 /// The script renewing concurrency leases (with the shared helpers; the section markers are
 /// Lua comments).
@@ -160,9 +161,33 @@ fn limit_vars(limits: &[Limit], l: usize, key: usize) -> Vec<(&'static str, Stri
     vars
 }
 
-/// The check script of a policy: the text, and what reading its reply needs.
-fn generate(limits: &[Limit]) -> (String, Layout, Vec<usize>, Vec<Wire>) {
+/// Emits `section` of each limit in `ls`, each in a block of its own when `scoped` (its
+/// locals end with it).
+fn fragments_of(
+    out: &mut String,
+    limits: &[Limit],
+    vars: &[Vec<(&str, String)>],
+    ls: &[usize],
+    name: &str,
+    scoped: bool,
+) {
+    for &l in ls {
+        let text = section(fragments(limits[l].algorithm()), name);
+        if scoped && !text.trim().is_empty() {
+            out.push_str("do\n");
+            fill(out, text, &vars[l]);
+            out.push_str("end\n");
+        } else {
+            fill(out, text, &vars[l]);
+        }
+    }
+}
+
+/// The check script of a policy for `ids` identifiers: the text, and what reading its reply
+/// needs.
+fn generate(limits: &[Limit], ids: usize) -> (String, Layout, Vec<usize>, Vec<Wire>) {
     let layout = Layout::of(limits);
+    let per_id = layout.keys_per_id();
     let packed: Vec<usize> = layout
         .limits_of(0)
         .filter(|_| layout.has_packed())
@@ -183,8 +208,8 @@ fn generate(limits: &[Limit]) -> (String, Layout, Vec<usize>, Vec<Wire>) {
         .chain(wire.iter().map(|w| w.code()))
         .collect();
     let state_len: usize = wire.iter().map(|w| w.len()).sum();
-    let driver_vars = [
-        ("keys", layout.keys_per_id().to_string()),
+    let list = |f: &dyn Fn(usize) -> String| (1..=ids).map(f).collect::<Vec<_>>().join(", ");
+    let common = vec![
         ("fields", names.join(", ")),
         ("zeros", vec!["0"; names.len()].join(", ")),
         ("format", format),
@@ -192,76 +217,107 @@ fn generate(limits: &[Limit]) -> (String, Layout, Vec<usize>, Vec<Wire>) {
             "zero",
             "\\0".repeat(if packed.is_empty() { 0 } else { state_len }),
         ),
+        ("states", list(&|j| format!("got{j}"))),
+        ("news", list(&|j| format!("put{j}, ttl{j}"))),
+        (
+            "names",
+            list(&|j| format!("KEYS[{}]", (j - 1) * per_id + 1)),
+        ),
     ];
+    let id_vars = |j: usize| {
+        let mut v = common.clone();
+        v.push(("j", j.to_string()));
+        v.push(("p", (j - 1).to_string()));
+        v.push(("b", ((j - 1) * per_id).to_string()));
+        v.push(("first", ((j - 1) * per_id + 1).to_string()));
+        let same = if j == 1 {
+            "false".to_string()
+        } else {
+            format!("got{j} == got{}", j - 1)
+        };
+        v.push(("same", same));
+        v
+    };
     let vars: Vec<_> = (0..limits.len())
         .map(|l| limit_vars(limits, l, layout.key_of(l)))
         .collect();
 
-    let mut out = String::with_capacity(8192);
-    let driver = |out: &mut String, name: &str| fill(out, section(DRIVER, name), &driver_vars);
-    let each = |out: &mut String, ls: &[usize], name: &str| {
-        for &l in ls {
-            fill(
-                out,
-                section(fragments(limits[l].algorithm()), name),
-                &vars[l],
-            );
-        }
+    let mut out = String::with_capacity(4096 * ids);
+    let driver = |out: &mut String, name: &str, vars: &[(&str, String)]| {
+        fill(out, section(DRIVER, name), vars)
     };
     let all: Vec<usize> = (0..limits.len()).collect();
 
     out.push_str(section(PRELUDE, "clock"));
-    driver(&mut out, "head");
-    each(&mut out, &all, "prepare");
+    driver(&mut out, "head", &common);
+    fragments_of(&mut out, limits, &vars, &all, "prepare", false);
     if !packed.is_empty() {
-        if layout.keys_per_id() == 1 {
-            // an identifier's verdict is its packed key's alone
-            driver(&mut out, "read_one");
-            each(&mut out, &packed, "evaluate");
-            driver(&mut out, "fresh_open");
-            each(&mut out, &packed, "commit");
-            each(&mut out, &packed, "expires");
-            driver(&mut out, "fresh_close");
+        if per_id == 1 && ids == 1 {
+            // the identifier's verdict is its packed key's alone
+            driver(&mut out, "read_one", &common);
+            fragments_of(&mut out, limits, &vars, &packed, "evaluate", true);
+            driver(&mut out, "fresh_open", &common);
+            fragments_of(&mut out, limits, &vars, &packed, "commit", true);
+            fragments_of(&mut out, limits, &vars, &packed, "expires", true);
+            driver(&mut out, "fresh_close", &common);
         } else {
-            driver(&mut out, "read_each");
+            driver(&mut out, "read_many", &common);
         }
     }
-    driver(&mut out, "phase1");
-    if !packed.is_empty() {
-        driver(&mut out, "unpack");
-        each(&mut out, &packed, "evaluate");
-        driver(&mut out, "pack_open");
-        each(&mut out, &packed, "commit");
-        each(&mut out, &packed, "expires");
-        driver(&mut out, "pack_close");
+    // phase 1: read and decide
+    for j in 1..=ids {
+        let v = id_vars(j);
+        driver(&mut out, "id_open", &v);
+        if !packed.is_empty() {
+            driver(&mut out, "unpack", &v);
+            fragments_of(&mut out, limits, &vars, &packed, "evaluate", true);
+            driver(&mut out, "pack_open", &v);
+            fragments_of(&mut out, limits, &vars, &packed, "commit", true);
+            fragments_of(&mut out, limits, &vars, &packed, "expires", true);
+            driver(&mut out, "pack_close", &v);
+        }
+        fragments_of(&mut out, limits, &vars, &sorted, "evaluate", false);
+        driver(&mut out, "id_close", &v);
     }
-    each(&mut out, &sorted, "evaluate");
-    driver(&mut out, "phase2");
-    if !packed.is_empty() {
-        driver(&mut out, "write");
+    // phase 2: write, only when every pair admits
+    driver(&mut out, "phase2", &common);
+    for j in 1..=ids {
+        let v = id_vars(j);
+        driver(&mut out, "id_open", &v);
+        if !packed.is_empty() {
+            driver(&mut out, "write", &v);
+        }
+        fragments_of(&mut out, limits, &vars, &sorted, "commit", false);
+        driver(&mut out, "id_close", &v);
     }
-    each(&mut out, &sorted, "commit");
-    driver(&mut out, "reply");
-    if !packed.is_empty() {
-        driver(&mut out, "reply_packed");
+    driver(&mut out, "reply", &common);
+    for j in 1..=ids {
+        let v = id_vars(j);
+        driver(&mut out, "id_open", &v);
+        if !packed.is_empty() {
+            driver(&mut out, "reply_packed", &v);
+        }
+        fragments_of(&mut out, limits, &vars, &sorted, "report", false);
+        driver(&mut out, "id_close", &v);
     }
-    each(&mut out, &sorted, "report");
-    driver(&mut out, "tail");
+    driver(&mut out, "tail", &common);
     (out, layout, packed, wire)
 }
 
-/// The check script of `limits`, generated on first use and then cached.
-pub(crate) fn check_script(limits: &[Limit]) -> Arc<CheckScript> {
-    static CACHE: OnceLock<Mutex<HashMap<Vec<Limit>, Arc<CheckScript>>>> = OnceLock::new();
+/// The check script of `limits` for `ids` identifiers, generated on first use and then cached.
+pub(crate) fn check_script(limits: &[Limit], ids: usize) -> Arc<CheckScript> {
+    type Cache = HashMap<(Vec<Limit>, usize), Arc<CheckScript>>;
+    static CACHE: OnceLock<Mutex<Cache>> = OnceLock::new();
     let cache = CACHE.get_or_init(Mutex::default);
+    let key = (limits.to_vec(), ids);
     if let Some(found) = cache
         .lock()
         .unwrap_or_else(PoisonError::into_inner)
-        .get(limits)
+        .get(&key)
     {
         return found.clone();
     }
-    let (text, layout, packed, wire) = generate(limits);
+    let (text, layout, packed, wire) = generate(limits, ids);
     let compiled = Arc::new(CheckScript {
         script: Script::new(&text),
         layout,
@@ -272,7 +328,7 @@ pub(crate) fn check_script(limits: &[Limit]) -> Arc<CheckScript> {
     if cache.len() >= MAX_CACHED {
         cache.clear();
     }
-    cache.insert(limits.to_vec(), compiled.clone());
+    cache.insert(key, compiled.clone());
     compiled
 }
 

@@ -94,11 +94,12 @@ fn fragments_mirror_their_twins() {
             "read_one",
             "fresh_open",
             "fresh_close",
-            "read_each",
-            "phase1",
+            "read_many",
+            "id_open",
             "unpack",
             "pack_open",
             "pack_close",
+            "id_close",
             "phase2",
             "write",
             "reply",
@@ -107,6 +108,33 @@ fn fragments_mirror_their_twins() {
         ]
     );
     assert_eq!(section_names(PRELUDE), ["clock"]);
+}
+
+/// The names the generated script gives a limit's fields (`c1`, `t4`), its per-check values
+/// (`s1`, `cu4`) and an identifier's states (`got2`, `put2`, `ttl2`) never meet.
+#[test]
+fn generated_names_never_meet() {
+    let mut fields = Vec::new();
+    let mut prefixes = vec!["got", "put", "ttl"];
+    for (policy, lua, _) in algorithms() {
+        fields.extend(fields_of(&limits(policy)[0]));
+        let prepare = section(lua, "prepare");
+        for decl in prepare.split("local ").skip(1) {
+            for name in decl.split(['=', '\n']).next().unwrap().split(',') {
+                if let Some(prefix) = name.trim().strip_suffix("$x") {
+                    prefixes.push(prefix);
+                }
+            }
+        }
+    }
+    assert!(prefixes.len() > 8, "{prefixes:?}");
+    for f in &fields {
+        assert!(!prefixes.contains(f), "{f} is a field and a value");
+    }
+}
+
+fn fields_of(limit: &Limit) -> Vec<&'static str> {
+    fields(limit).map(|(name, _)| name).collect()
 }
 
 /// The fields a fragment packs are the ones its twin loads, in the same order, each with a
@@ -125,73 +153,85 @@ fn packed_fields_match_the_twins() {
     }
 }
 
-/// The reference policy's script: the numbers written in, one read and one write per
-/// identifier, nothing dispatched or parsed at run time.
+/// The reference policy's script for an IP and a user: the numbers written in, one read for
+/// both identifiers and one write each, nothing dispatched, parsed or looped over at run
+/// time.
 #[test]
 fn the_reference_policy_makes_a_straight_script() {
-    let (text, layout, packed, wire) = generate(&limits("10/s, 120/min, 240/h"));
+    let (text, layout, packed, wire) = generate(&limits("10/s, 120/min, 240/h"), 2);
     assert_eq!(layout.keys_per_id(), 1);
     assert_eq!(packed, [0, 1, 2]);
     assert_eq!(wire.len(), 7);
     assert!(!text.contains('$'), "a placeholder is left:\n{text}");
-    assert!(text.contains("local ids = #KEYS / 1"));
+    assert!(text.contains("local got1, got2 = unpack(redis.call('MGET', KEYS[1], KEYS[2]))"));
     assert!(text.contains("local T, c1, p1, c2, p2, c3, p3 = 0, 0, 0, 0, 0, 0, 0"));
-    assert!(text.contains("struct.unpack('<dI4I4I4I4I4I4', packed[j])"));
+    assert!(text.contains("struct.unpack('<dI4I4I4I4I4I4', got2)"));
     assert!(text.contains("local s3 = now - now % 3600000000"));
     assert!(text.contains("(c2 + cost) > 120 then"));
-    // TIME; one identifier: SET NX GET (or GET); several: MGET; then SET with or without PX
+    // the second identifier takes the first one's new state when it had the same state
+    assert!(text.contains("elseif got2 == got1 then"));
+    // TIME, MGET, then per identifier SET with or without PX
     assert_eq!(text.matches("redis.call(").count(), 6);
-    assert!(text.contains(
-        "redis.call('SET', KEYS[1], struct.pack('<dI4I4I4I4I4I4', now, c1, p1, c2, p2, c3, p3), \
-         'NX', 'GET', 'PX', lastttl)"
-    ));
-    assert_eq!(text.matches("redis.call('MGET', unpack(KEYS))").count(), 1);
-    assert_eq!(text.matches("redis.call('SET', ").count(), 3);
-    for absent in ["ARGV[3]", "ARGV[4]", "cjson", "function(", "HSET", "EXPIRE"] {
+    assert_eq!(text.matches("redis.call('SET', KEYS[2], put2, ").count(), 2);
+    for absent in [
+        "ARGV[3]", "ARGV[4]", "cjson", "function", "HSET", "EXPIRE", "for j", "while ",
+    ] {
         assert!(!text.contains(absent), "{absent}");
     }
-    // no function at all; the reply is one string
-    assert_eq!(text.matches("function").count(), 0);
     assert!(text.trim_end().ends_with("return head"));
+
+    // one identifier: a fresh key is created by the call that reads an existing one
+    let (one, ..) = generate(&limits("10/s, 120/min, 240/h"), 1);
+    assert!(one.contains(
+        "got1 = redis.call('SET', KEYS[1], struct.pack('<dI4I4I4I4I4I4', now, c1, p1, c2, p2, \
+         c3, p3), 'NX', 'GET', 'PX', lastttl)"
+    ));
+    assert!(!one.contains("MGET"));
 }
 
-/// Every algorithm, and all of them in one policy, generate complete scripts; sorted sets
-/// get keys of their own after the packed key.
+/// Every algorithm, and all of them in one policy, generate complete scripts for one and for
+/// several identifiers; sorted sets get keys of their own after the packed key.
 #[test]
 fn every_shape_fills_every_placeholder() {
     let all = "10/s, 5/s log, 20/min fixed, 2 concurrent, 7/3s gcra burst=2, 4/s bucket";
     for policy in algorithms().map(|a| a.0).into_iter().chain([all]) {
-        let (text, layout, ..) = generate(&limits(policy));
-        assert!(!text.contains('$'), "{policy}: a placeholder is left");
-        assert!(text.starts_with(section(PRELUDE, "clock")));
-        assert!(text.trim_end().ends_with("return head"), "{policy}");
-        let reads = text.contains("redis.call('MGET'");
-        assert_eq!(reads, layout.has_packed(), "{policy}");
+        for ids in [1, 2, 16] {
+            let (text, layout, ..) = generate(&limits(policy), ids);
+            assert!(!text.contains('$'), "{policy}: a placeholder is left");
+            assert!(text.starts_with(section(PRELUDE, "clock")));
+            assert!(text.trim_end().ends_with("return head"), "{policy}");
+            let reads = text.contains("redis.call('MGET'") || text.contains("'NX', 'GET'");
+            assert_eq!(reads, layout.has_packed(), "{policy}");
+            assert_eq!(text.matches("-- identifier ").count(), 3 * ids);
+        }
     }
-    let (text, layout, packed, wire) = generate(&limits(all));
+    let (text, layout, packed, wire) = generate(&limits(all), 2);
     assert_eq!(layout.keys_per_id(), 3);
     assert_eq!(packed, [0, 2, 4, 5]);
     // T, c p, c, t r, t r
     assert_eq!(wire.len(), 8);
-    assert!(text.contains("names[j] = KEYS[(j - 1) * 3 + 1]"));
+    assert!(text.contains("local got1, got2 = unpack(redis.call('MGET', KEYS[1], KEYS[4]))"));
+    assert!(text.contains("local j, base = 2, 3"));
     assert!(text.contains("redis.call('ZCOUNT', KEYS[base + 2], live2, '+inf')"));
     assert!(text.contains("redis.call('ZADD', KEYS[base + 3], deadline4, ARGV[3])"));
     // 7/3s: T = 3e6/7 µs = 428571 + 3/7; burst 2 → 857142 + 6/7
-    assert!(text.contains("cost * 428571 + kq5"));
-    assert!(text.contains("nu5 - now > 857142 or (nu5 - now == 857142 and nr5 > 6)"));
+    assert!(text.contains("cu5, cr5 = cost * 428571 + kq, kr - kq * 7"));
+    assert!(text.contains("t5 - now > 857142 or (t5 - now == 857142 and r5 > 6)"));
 }
 
-/// One script per policy, generated once: the same policy finds the same script, another one
-/// (even of the same shape) gets its own.
+/// One script per policy and number of identifiers, generated once: the same finds the same
+/// script, another policy (even of the same shape) or count gets its own.
 #[test]
 fn scripts_are_cached_per_policy() {
-    let a = check_script(&limits("11/s, 13/min"));
-    let b = check_script(&limits("11/s, 13/min"));
+    let a = check_script(&limits("11/s, 13/min"), 2);
+    let b = check_script(&limits("11/s, 13/min"), 2);
     assert!(Arc::ptr_eq(&a, &b));
-    let c = check_script(&limits("11/s, 14/min"));
+    let c = check_script(&limits("11/s, 14/min"), 2);
     assert_ne!(a.script.get_hash(), c.script.get_hash());
-    let d = check_script(&limits("11/s fixed, 13/min"));
+    let d = check_script(&limits("11/s fixed, 13/min"), 2);
     assert_ne!(a.script.get_hash(), d.script.get_hash());
+    let e = check_script(&limits("11/s, 13/min"), 3);
+    assert_ne!(a.script.get_hash(), e.script.get_hash());
 }
 
 /// The driver reads ARGV, and builds its reply, the way this module lays them out.
@@ -212,7 +252,7 @@ fn wire_layout_matches_the_driver() {
         .contains("local head = (ok and '1' or '0') .. sec .. ',' .. usec .. ';'"));
     assert!(clock.contains("sec, usec = t[1], t[2]"));
     assert!(clock.contains("sec, usec = '0', ARGV[1]"));
-    assert!(section(DRIVER, "reply_packed").contains("head = head .. (packed[j] or '$zero')"));
+    assert!(section(DRIVER, "reply_packed").contains("head = head .. (got$j or '$zero')"));
     let entry = format!(
         "head = head .. struct.pack('<{}', ",
         "d".repeat(REPLY_PER_SORTED)
@@ -242,7 +282,7 @@ fn pack(wire: &[Wire], values: &[u64]) -> Vec<u8> {
 #[test]
 fn replies_are_derived_with_the_twin() {
     let l = limits("2/s, 5/s log");
-    let compiled = check_script(&l);
+    let compiled = check_script(&l, 1);
     let now = 1_767_225_600_250_000u64;
     let ids = vec!["a".to_string()];
     let plan = Plan {
@@ -286,7 +326,7 @@ fn replies_are_derived_with_the_twin() {
 
     // without sorted sets the reply is the string alone
     let l = limits("2/s");
-    let compiled = check_script(&l);
+    let compiled = check_script(&l, 1);
     let plan = Plan { limits: &l, ..plan };
     let mut head = b"10,1767225600250000;".to_vec();
     head.extend_from_slice(&state);
@@ -321,7 +361,7 @@ fn the_renew_script_is_the_prelude_and_renew_lua() {
 
 #[test]
 fn zz_print() {
-    let (text, ..) = generate(&limits("10/s, 120/min, 240/h"));
+    let (text, ..) = generate(&limits("10/s, 120/min, 240/h"), 2);
     std::fs::write("/tmp/proto/gen_ref.lua", text).unwrap();
     for p in [
         "10/s fixed",
@@ -330,7 +370,7 @@ fn zz_print() {
         "100/s gcra burst=500",
         "10 concurrent",
     ] {
-        let (text, ..) = generate(&limits(p));
+        let (text, ..) = generate(&limits(p), 1);
         std::fs::write(
             format!("/tmp/proto/gen_{}.lua", p.replace(['/', ' ', '='], "_")),
             text,
