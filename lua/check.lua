@@ -36,27 +36,22 @@ local ok = true
 local lastlife, lastttl = -1, ''
 
 --@ read_one
--- One identifier and only packed limits: a fresh key admits whatever cost the limiter lets
--- through, so the state a charge gives a fresh key is written by the very call that reads an
+-- One identifier and only packed limits: a fresh key admits any cost up to the policy's
+-- largest, so the state a charge gives a fresh key is written by the very call that reads an
 -- existing key (SET NX GET writes nothing when the key exists).
 local got1, put1, ttl1
-do
-  local T, $fields = 0, $zeros
-  local life, old = 0, 0
-
---@ fresh_open
-  if ok then
+if cost <= $most then
+  local T, $fields = now, $zeros
+  local life = 0
 
 --@ fresh_close
-    lastlife, lastttl = life, string.format('%d', math.ceil((life - now) / 1000) + 1)
-    got1 = redis.call('SET', KEYS[1], struct.pack('$format', now, $fields), 'NX', 'GET', 'PX', lastttl)
-    if not got1 then
-      return '1' .. sec .. ',' .. usec .. ';$zero'
-    end
-  else
-    ok = true
-    got1 = redis.call('GET', KEYS[1])
+  lastlife, lastttl = life, string.format('%d', math.ceil((life - now) / 1000) + 1)
+  got1 = redis.call('SET', KEYS[1], struct.pack('$format', T, $fields), 'NX', 'GET', 'PX', lastttl)
+  if not got1 then
+    return '1' .. sec .. ',' .. usec .. ';$zero'
   end
+else
+  got1 = redis.call('GET', KEYS[1])
 end
 
 --@ read_many
@@ -74,6 +69,15 @@ do
   elseif $same then
     -- the same state as the previous identifier's: the same verdict, the same new state
     put$j, ttl$j = put$p, ttl$p
+  elseif not got$j and cost <= $most then
+    -- no state: charged once, a fresh state admits any cost up to the policy's largest
+    local T, $fields = now, $zeros
+    local life, old = 0, 0
+
+--@ fresh_pack
+    put$j = struct.pack('$format', T, $fields)
+
+--@ stored
   else
     local T, $fields = 0, $zeros
     if got$j then
@@ -90,6 +94,8 @@ do
         T = now
       end
       put$j = struct.pack('$format', T, $fields)
+
+--@ ttl
       if got$j and life <= old then
         -- the key's TTL covers the stored state's life, so the new state's too: keep it
         ttl$j = false
@@ -99,6 +105,8 @@ do
         lastlife, lastttl = life, string.format('%d', math.ceil((life - now) / 1000) + 1)
         ttl$j = lastttl
       end
+
+--@ stored_close
     end
   end
 
@@ -117,6 +125,11 @@ if ok then
 
 --@ reply
 end
+
+--@ reply_only
+return (ok and '1' or '0') .. sec .. ',' .. usec .. ';' .. $replies
+
+--@ reply_open
 local head = (ok and '1' or '0') .. sec .. ',' .. usec .. ';'
 
 --@ reply_packed

@@ -13,6 +13,14 @@ c:I4
 local s$x = now - now % $w
 local life$x = s$x + $w
 
+--@ fresh
+    -- a fresh state charged once (what evaluate and commit give it): the count is the cost
+    -- until the window ends
+    c$x = cost
+    if life$x > life then
+      life = life$x
+    end
+
 --@ evaluate
     if T < s$x then
       c$x = 0

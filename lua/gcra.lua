@@ -25,6 +25,18 @@ do
   cu$x, cr$x = cost * $q + kq, kr - kq * $n
 end
 
+--@ fresh
+    -- a fresh state charged once (what evaluate and commit give it): the arrival time is
+    -- now + cost*T (cr$x < n: no carry)
+    t$x, r$x = now + cu$x, cr$x
+    local l = t$x
+    if r$x > 0 then
+      l = l + 1
+    end
+    if l > life then
+      life = l
+    end
+
 --@ evaluate
     -- the stored state's life: its arrival time, rounded up
     local o = t$x

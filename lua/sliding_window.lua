@@ -21,6 +21,14 @@ c:I4 p:I4
 local s$x = now - now % $w
 local life$x = s$x + 2 * $w
 
+--@ fresh
+    -- a fresh state charged once (what evaluate and commit give it): this window's count is
+    -- the cost, which weighs on the next window too
+    c$x, p$x = cost, 0
+    if life$x > life then
+      life = life$x
+    end
+
 --@ evaluate
     -- the (curr, prev) counts seen from the current window
     if T < s$x then

@@ -208,21 +208,30 @@ fn generate(limits: &[Limit], ids: usize) -> (String, Layout, Vec<usize>, Vec<Wi
         .chain(wire.iter().map(|w| w.code()))
         .collect();
     let state_len: usize = wire.iter().map(|w| w.len()).sum();
+    // the largest cost every packed limit admits (what a fresh state admits)
+    let most = packed
+        .iter()
+        .map(|&l| limits[l].max_cost())
+        .min()
+        .unwrap_or(0);
+    let zero = "\\0".repeat(state_len);
     let list = |f: &dyn Fn(usize) -> String| (1..=ids).map(f).collect::<Vec<_>>().join(", ");
+    let replies = (1..=ids)
+        .map(|j| format!("(got{j} or '{zero}')"))
+        .collect::<Vec<_>>()
+        .join(" .. ");
     let common = vec![
         ("fields", names.join(", ")),
         ("zeros", vec!["0"; names.len()].join(", ")),
         ("format", format),
-        (
-            "zero",
-            "\\0".repeat(if packed.is_empty() { 0 } else { state_len }),
-        ),
+        ("zero", zero),
         ("states", list(&|j| format!("got{j}"))),
         ("news", list(&|j| format!("put{j}, ttl{j}"))),
         (
             "names",
             list(&|j| format!("KEYS[{}]", (j - 1) * per_id + 1)),
         ),
+        ("most", most.to_string()),
     ];
     let id_vars = |j: usize| {
         let mut v = common.clone();
@@ -255,10 +264,7 @@ fn generate(limits: &[Limit], ids: usize) -> (String, Layout, Vec<usize>, Vec<Wi
         if per_id == 1 && ids == 1 {
             // the identifier's verdict is its packed key's alone
             driver(&mut out, "read_one", &common);
-            fragments_of(&mut out, limits, &vars, &packed, "evaluate", true);
-            driver(&mut out, "fresh_open", &common);
-            fragments_of(&mut out, limits, &vars, &packed, "commit", true);
-            fragments_of(&mut out, limits, &vars, &packed, "expires", true);
+            fragments_of(&mut out, limits, &vars, &packed, "fresh", true);
             driver(&mut out, "fresh_close", &common);
         } else {
             driver(&mut out, "read_many", &common);
@@ -270,11 +276,17 @@ fn generate(limits: &[Limit], ids: usize) -> (String, Layout, Vec<usize>, Vec<Wi
         driver(&mut out, "id_open", &v);
         if !packed.is_empty() {
             driver(&mut out, "unpack", &v);
+            fragments_of(&mut out, limits, &vars, &packed, "fresh", true);
+            driver(&mut out, "fresh_pack", &v);
+            driver(&mut out, "ttl", &v);
+            driver(&mut out, "stored", &v);
             fragments_of(&mut out, limits, &vars, &packed, "evaluate", true);
             driver(&mut out, "pack_open", &v);
             fragments_of(&mut out, limits, &vars, &packed, "commit", true);
             fragments_of(&mut out, limits, &vars, &packed, "expires", true);
             driver(&mut out, "pack_close", &v);
+            driver(&mut out, "ttl", &v);
+            driver(&mut out, "stored_close", &v);
         }
         fragments_of(&mut out, limits, &vars, &sorted, "evaluate", false);
         driver(&mut out, "id_close", &v);
@@ -291,16 +303,24 @@ fn generate(limits: &[Limit], ids: usize) -> (String, Layout, Vec<usize>, Vec<Wi
         driver(&mut out, "id_close", &v);
     }
     driver(&mut out, "reply", &common);
-    for j in 1..=ids {
-        let v = id_vars(j);
-        driver(&mut out, "id_open", &v);
-        if !packed.is_empty() {
-            driver(&mut out, "reply_packed", &v);
+    if sorted.is_empty() {
+        // one expression: the verdict, the time and the states read
+        let mut v = common.clone();
+        v.push(("replies", replies));
+        driver(&mut out, "reply_only", &v);
+    } else {
+        driver(&mut out, "reply_open", &common);
+        for j in 1..=ids {
+            let v = id_vars(j);
+            driver(&mut out, "id_open", &v);
+            if !packed.is_empty() {
+                driver(&mut out, "reply_packed", &v);
+            }
+            fragments_of(&mut out, limits, &vars, &sorted, "report", false);
+            driver(&mut out, "id_close", &v);
         }
-        fragments_of(&mut out, limits, &vars, &sorted, "report", false);
-        driver(&mut out, "id_close", &v);
+        driver(&mut out, "tail", &common);
     }
-    driver(&mut out, "tail", &common);
     (out, layout, packed, wire)
 }
 
