@@ -88,13 +88,13 @@ async fn ttls_cover_the_state_lifetime() {
     // key lives as long as the longest-lived of them. Lifetime from the decision, in ms.
     let expected = [
         ("10/h log", "l", 3_600_000), // the entry leaves the log after the window
-        ("10/h", "s:w", 2 * 3_600_000 - 60_000), // the count weighs on the next window too
-        ("10/h fixed", "s:f", 3_600_000 - 60_000), // the window ends
-        ("10/h gcra", "s:g", 360_000), // one emission interval of debt
-        ("4/h bucket capacity=2", "s:b", 900_000),
+        ("10/h", "w", 2 * 3_600_000 - 60_000), // the count weighs on the next window too
+        ("10/h fixed", "f", 3_600_000 - 60_000), // the window ends
+        ("10/h gcra", "g", 360_000),  // one emission interval of debt
+        ("4/h bucket capacity=2", "b", 900_000),
         (
             "10/h fixed, 10/h gcra, 10/h, 4/h bucket capacity=2",
-            "s:f",
+            "f",
             2 * 3_600_000 - 60_000,
         ),
     ];
@@ -137,14 +137,14 @@ async fn ttls_are_kept_or_extended_never_shortened() {
     ] {
         clock.advance(Duration::from_millis(advance as u64));
         assert!(l.check(&["a"]).await.unwrap().is_allowed());
-        let keys: Vec<String> = conn.keys(format!("{prefix}:{{a}}:s:*")).unwrap();
+        let keys: Vec<String> = conn.keys(format!("{prefix}:{{a}}:*")).unwrap();
         assert_eq!(keys.len(), 1);
         let pttl: i64 = conn.pttl(&keys[0]).unwrap();
         assert!(pttl >= lifetime - 2000, "{pttl} shorter than {lifetime}");
         assert_eq!(pttl > lifetime + 1000, kept, "{pttl} for {lifetime}");
     }
     // in the new day the state lives until the next midnight: the TTL was set afresh, tight
-    let keys: Vec<String> = conn.keys(format!("{prefix}:{{a}}:s:*")).unwrap();
+    let keys: Vec<String> = conn.keys(format!("{prefix}:{{a}}:*")).unwrap();
     let pttl: i64 = conn.pttl(&keys[0]).unwrap();
     assert!(pttl <= day - 10_000 + 1, "{pttl}");
 }

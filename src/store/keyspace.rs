@@ -1,6 +1,7 @@
-//! Store keys: `PREFIX:{IDENTIFIER}:s:LIMIT,LIMIT…` for an identifier's packed key (every
-//! window and GCRA limit of a policy in one string), `PREFIX:{IDENTIFIER}:LIMIT` for a sorted
-//! set (a sliding log, a concurrency limit).
+//! Store keys: `PREFIX:{IDENTIFIER}:LIMIT,LIMIT…` for an identifier's packed key (every
+//! window and GCRA limit of a policy in one string: `tollgate:{ip:1.2.3.4}:w10/1s,w120/1m`),
+//! `PREFIX:{IDENTIFIER}:LIMIT` for a sorted set (a sliding log, a concurrency limit:
+//! `tollgate:{ip:1.2.3.4}:l10/1s`).
 //!
 //! * All keys of one identifier share the `{hash tag}`, so in Redis Cluster they live in one
 //!   slot.
@@ -15,7 +16,9 @@
 //!   which gives the party who forged it nothing but sharing its own budget.
 //! * The limit part names the algorithm and all its parameters — for the packed key, of every
 //!   limit it holds, in order — so that changing a policy starts new state instead of reading
-//!   state of another shape. The `s:` part keeps packed keys apart from keys of one limit.
+//!   state of another shape. A packed key names only window and GCRA limits, a sorted set one
+//!   log or concurrency limit, so the two never meet; names are short, because Redis hashes
+//!   and copies them in every command.
 
 use std::fmt::Write;
 
@@ -43,7 +46,10 @@ pub(crate) fn escape_identifier(id: &str) -> String {
     out
 }
 
-/// The limit part of a key, e.g. `w10x1000000` (sliding window, 10 per 1 s).
+/// The limit part of a key, e.g. `w10/1s` (sliding window, 10 per second), `g3/1300msb2`
+/// (GCRA, 3 per 1.3 s, burst 2): the algorithm's letter, the count, `/`, the window in its
+/// largest whole unit (`d`, `h`, `m`, `s` or `ms`), then a bucket's or GCRA's burst after `b`.
+/// Every limit has exactly one such name, and the name gives the limit back.
 fn limit_tag(out: &mut String, limit: &Limit) {
     let algorithm = limit.algorithm();
     let burst = match algorithm {
@@ -52,7 +58,17 @@ fn limit_tag(out: &mut String, limit: &Limit) {
         _ => None,
     };
     let letter = algorithm.key_letter();
-    let _ = write!(out, "{letter}{}x{}", limit.count(), limit.window_us());
+    let ms = limit.window_us() / 1000;
+    let (n, unit) = [
+        (86_400_000, "d"),
+        (3_600_000, "h"),
+        (60_000, "m"),
+        (1000, "s"),
+    ]
+    .into_iter()
+    .find(|(u, _)| ms % u == 0)
+    .map_or((ms, "ms"), |(u, name)| (ms / u, name));
+    let _ = write!(out, "{letter}{}/{n}{unit}", limit.count());
     if let Some(b) = burst {
         let _ = write!(out, "b{b}");
     }
@@ -80,7 +96,7 @@ pub(crate) fn packed_key<'a>(
     out.push_str(prefix);
     out.push_str(":{");
     out.push_str(escaped);
-    out.push_str("}:s:");
+    out.push_str("}:");
     for (i, limit) in limits.into_iter().enumerate() {
         if i > 0 {
             out.push(',');
@@ -116,7 +132,7 @@ mod tests {
             "}",
             "{",
             "a:b",
-            "a}:w10x1000000",
+            "a}:w10/1s",
         ];
         let keys: HashSet<String> = ids
             .iter()
@@ -130,7 +146,7 @@ mod tests {
         }
         assert_eq!(
             key("rl", &escape_identifier("ip:1.2.3.4"), &limit),
-            "rl:{ip:1.2.3.4}:w10x1000000"
+            "rl:{ip:1.2.3.4}:w10/1s"
         );
     }
 
@@ -155,15 +171,48 @@ mod tests {
         let policy: crate::Policy = "10/s, 120/min, 240/h".parse().unwrap();
         let id = escape_identifier("ip:1.2.3.4");
         let packed = packed_key("rl", &id, policy.limits());
-        assert_eq!(
-            packed,
-            "rl:{ip:1.2.3.4}:s:w10x1000000,w120x60000000,w240x3600000000"
-        );
-        let one = Limit::per_second(10).unwrap();
-        assert_ne!(packed_key("rl", &id, [&one]), key("rl", &id, &one));
+        assert_eq!(packed, "rl:{ip:1.2.3.4}:w10/1s,w120/1m,w240/1h");
+        let log = Limit::per_second(10)
+            .unwrap()
+            .with_algorithm(Algorithm::SlidingLog)
+            .unwrap();
+        assert_eq!(key("rl", &id, &log), "rl:{ip:1.2.3.4}:l10/1s");
         // another policy, another key
         let other: crate::Policy = "10/s, 120/min".parse().unwrap();
         assert_ne!(packed_key("rl", &id, other.limits()), packed);
+    }
+
+    #[test]
+    fn limit_names_are_short_and_one_to_one() {
+        let names: Vec<String> = [
+            "1/ms",
+            "1/1000ms",
+            "1/1001ms",
+            "1/60s",
+            "1/61s",
+            "1/90min",
+            "1/24h",
+            "1/25h",
+            "1/2d",
+            "3/1300ms gcra burst=2",
+            "3/1300ms bucket capacity=2",
+            "3/1300ms gcra burst=21",
+            "31/300ms gcra burst=2",
+            "3 concurrent",
+            "3 concurrent lease=90s",
+        ]
+        .iter()
+        .map(|p| {
+            let limit: Limit = p.parse().unwrap();
+            let mut out = String::new();
+            limit_tag(&mut out, &limit);
+            out
+        })
+        .collect();
+        assert_eq!(names[..4], ["w1/1ms", "w1/1s", "w1/1001ms", "w1/1m"]);
+        assert_eq!(names[9], "g3/1300msb2");
+        let distinct: HashSet<&String> = names.iter().collect();
+        assert_eq!(distinct.len(), names.len(), "{names:?}");
     }
 
     #[test]
