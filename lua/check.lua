@@ -36,23 +36,8 @@ local ok = true
 local lastlife, lastttl = -1, ''
 
 --@ read_one
--- One identifier and only packed limits: a fresh key admits any cost up to the policy's
--- largest, so the state a charge gives a fresh key is written by the very call that reads an
--- existing key (SET NX GET writes nothing when the key exists).
-local got1, put1, ttl1
-if cost <= $most then
-  local T, $fields = now, $zeros
-  local life = 0
-
---@ fresh_close
-  lastlife, lastttl = life, string.format('%d', math.ceil((life - now) / 1000) + 1)
-  got1 = redis.call('SET', KEYS[1], struct.pack('$format', T, $fields), 'NX', 'GET', 'PX', lastttl)
-  if not got1 then
-    return '1' .. sec .. ',' .. usec .. ';$zero'
-  end
-else
-  got1 = redis.call('GET', KEYS[1])
-end
+local got1 = redis.call('GET', KEYS[1])
+local put1, ttl1
 
 --@ read_many
 local $states = unpack(redis.call('MGET', $names))
@@ -102,7 +87,8 @@ do
       elseif life == lastlife then
         ttl$j = lastttl
       else
-        lastlife, lastttl = life, string.format('%d', math.ceil((life - now) / 1000) + 1)
+        local ms = life - now + 999
+        lastlife, lastttl = life, string.format('%d', (ms - ms % 1000) / 1000 + 1)
         ttl$j = lastttl
       end
 

@@ -261,14 +261,11 @@ fn generate(limits: &[Limit], ids: usize) -> (String, Layout, Vec<usize>, Vec<Wi
     driver(&mut out, "head", &common);
     fragments_of(&mut out, limits, &vars, &all, "prepare", false);
     if !packed.is_empty() {
-        if per_id == 1 && ids == 1 {
-            // the identifier's verdict is its packed key's alone
-            driver(&mut out, "read_one", &common);
-            fragments_of(&mut out, limits, &vars, &packed, "fresh", true);
-            driver(&mut out, "fresh_close", &common);
-        } else {
-            driver(&mut out, "read_many", &common);
-        }
+        driver(
+            &mut out,
+            if ids == 1 { "read_one" } else { "read_many" },
+            &common,
+        );
     }
     // phase 1: read and decide
     for j in 1..=ids {
