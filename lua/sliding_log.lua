@@ -11,9 +11,8 @@
 -- when the key already holds live entries.
 
 --@ prepare
--- entries after now - w are live; now as a score
+-- entries after now - w are live
 local live$x = string.format('(%d', now - $w)
-local at$x = string.format('%d', now)
 -- per identifier j: live entries, the newest one's time, when a denied cost fits
 local L$x = {}
 
@@ -28,7 +27,8 @@ local L$x = {}
     if used + cost > $n then
       ok = false
       -- the (used + cost - n)-th oldest live entry must leave the window first
-      local k = string.format('%d', used + cost - $n - 1)
+      local k = used + cost - $n - 1
+      k = k == 0 and '0' or string.format('%d', k)
       local e = redis.call('ZRANGEBYSCORE', $key, live$x, '+inf', 'LIMIT', k, '1')
       retry = tonumber(string.match(e[1], '^%d+')) + $w
     end
@@ -38,20 +38,21 @@ local L$x = {}
 --@ commit
     do
       redis.call('ZREMRANGEBYSCORE', $key, '-inf', string.sub(live$x, 2))
+      local at = string.format('%d', now)
       local k = 0
       if L$x[3 * j - 1] >= now then
-        k = redis.call('ZCOUNT', $key, at$x, at$x)
+        k = redis.call('ZCOUNT', $key, at, at)
       end
       if cost == 1 then
-        redis.call('ZADD', $key, at$x, at$x .. '-' .. (k + 1))
+        redis.call('ZADD', $key, at, at .. '-' .. (k + 1))
       else
         -- in batches: unpack() of a large cost would overflow Lua's C stack
         local m = 1
         while m <= cost do
           local args = {}
           for u = m, math.min(m + 499, cost) do
-            args[#args + 1] = at$x
-            args[#args + 1] = at$x .. '-' .. (k + u)
+            args[#args + 1] = at
+            args[#args + 1] = at .. '-' .. (k + u)
           end
           redis.call('ZADD', $key, unpack(args))
           m = m + 500
