@@ -4,8 +4,10 @@
 //! `scripts/bench-redis.sh [--rounds N] [--calls N] [--seconds S]` (or `cargo bench --bench
 //! redis_cost -- …`; `redis-server` and `redis-benchmark` must be installed).
 //!
-//! 1. Redis CPU per call: `INFO commandstats` `usec_per_call` of `EVALSHA` after `CONFIG
-//!    RESETSTAT`, `redis-benchmark` driving the script (4 connections pipelining 8). A
+//! 1. Redis per call: `INFO commandstats` `usec_per_call` of `EVALSHA` after `CONFIG
+//!    RESETSTAT`, and the instructions the server ran per call (`perf stat`, when available;
+//!    they include reading the request, the same for every row), `redis-benchmark` driving the
+//!    script (4 connections pipelining 8). A
 //!    tollgate row runs exactly the command a `Limiter` sends (captured from `SLOWLOG`), with
 //!    its identifiers replaced. Admitted: random identifiers, so every check is admitted and
 //!    writes. Denied: one hot identifier, exhausted before the run (a denied check writes
@@ -264,23 +266,6 @@ fn usec_per_call(conn: &mut redis::Connection) -> f64 {
         .unwrap_or(f64::NAN)
 }
 
-/// The CPU time (µs, user and system) Redis' main thread has used: unlike `usec_per_call`,
-/// it does not count the time the server waited while the machine ran something else.
-fn main_thread_cpu(conn: &mut redis::Connection) -> f64 {
-    let info: String = redis::cmd("INFO")
-        .arg("cpu")
-        .query(conn)
-        .unwrap_or_default();
-    info.lines()
-        .filter_map(|l| {
-            l.strip_prefix("used_cpu_sys_main_thread:")
-                .or_else(|| l.strip_prefix("used_cpu_user_main_thread:"))
-        })
-        .filter_map(|v| v.trim().parse::<f64>().ok())
-        .sum::<f64>()
-        * 1e6
-}
-
 /// One script run by `redis-benchmark`: `EVALSHA sha` and arguments in which `ID0`, `ID1`…
 /// stand for identifiers.
 #[derive(Clone)]
@@ -378,7 +363,38 @@ impl Row {
     }
 }
 
-/// Redis' cost per call of `row` in µs, as `usec_per_call` and as main-thread CPU time:
+/// Counts the instructions the server runs while `f` runs, with `perf stat` (NaN where perf
+/// is missing or not allowed): unlike times, counts do not change with the machine's load.
+fn instructions(server: &Server, f: impl FnOnce()) -> f64 {
+    let out = std::env::temp_dir().join(format!("tollgate-perf-{}", server.port));
+    let perf = Command::new("perf")
+        .args(["stat", "-x,", "-e", "instructions", "-p"])
+        .arg(server.child.id().to_string())
+        .arg("-o")
+        .arg(&out)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn();
+    let Ok(mut perf) = perf else {
+        f();
+        return f64::NAN;
+    };
+    std::thread::sleep(Duration::from_millis(200));
+    f();
+    let _ = Command::new("kill")
+        .args(["-INT", &perf.id().to_string()])
+        .status();
+    let _ = perf.wait();
+    let text = std::fs::read_to_string(&out).unwrap_or_default();
+    let _ = std::fs::remove_file(&out);
+    text.lines()
+        .find(|l| l.contains("instructions"))
+        .and_then(|l| l.split(',').next())
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or(f64::NAN)
+}
+
+/// Redis' cost per call of `row`: `usec_per_call` (µs) and server instructions (thousands),
 /// admitted (random identifiers) or denied (one hot identifier, exhausted first).
 fn cost(server: &Server, row: &Row, hot: bool, calls: usize) -> (f64, f64) {
     let mut conn = server.conn_or_none();
@@ -389,11 +405,11 @@ fn cost(server: &Server, row: &Row, hot: bool, calls: usize) -> (f64, f64) {
         server.benchmark(&warm, &row.command(true));
     }
     cmd(&mut conn, &["CONFIG", "RESETSTAT"]);
-    let cpu = main_thread_cpu(&mut conn);
     let args = [&load[..], &["-n".into(), calls.to_string()]].concat();
-    server.benchmark(&args, &row.command(hot));
-    let cpu = (main_thread_cpu(&mut conn) - cpu) / calls as f64;
-    (usec_per_call(&mut conn), cpu)
+    let instr = instructions(server, || {
+        server.benchmark(&args, &row.command(hot));
+    });
+    (usec_per_call(&mut conn), instr / calls as f64 / 1000.0)
 }
 
 /// Sums `MEMORY USAGE` of every key of identifier `hot` after `requests` checks (the
@@ -528,25 +544,26 @@ fn ratio(x: f64, base: f64) -> String {
 
 fn cpu_section(server: &Server, groups: &[Group], o: &Options) {
     println!(
-        "## Redis per check, µs: usec_per_call (usec) and main-thread CPU time (cpu) per call, \
-         best of {} runs of {} calls\n",
+        "## Redis per check: usec_per_call (µs) and server instructions per call (thousands, \
+         with `perf stat`), best of {} runs of {} calls\n",
         o.rounds, o.calls
     );
     let rows: Vec<&Row> = groups.iter().flat_map(|g| &g.rows).collect();
-    // (admitted usec, admitted cpu, denied usec, denied cpu)
+    // (admitted usec, admitted instructions, denied usec, denied instructions)
     let mut best = vec![[f64::INFINITY; 4]; rows.len()];
     for _ in 0..o.rounds {
         for (i, row) in rows.iter().enumerate() {
             let (a, b) = cost(server, row, false, o.calls);
             let (c, d) = cost(server, row, true, o.calls);
             for (slot, v) in best[i].iter_mut().zip([a, b, c, d]) {
-                *slot = slot.min(v);
+                // NaN (no perf) stays NaN
+                *slot = if v.is_nan() { v } else { slot.min(v) };
             }
         }
     }
     println!(
         "{:<38} {:>15} {:>15} {:>15} {:>15}",
-        "", "admitted usec", "admitted cpu", "denied usec", "denied cpu"
+        "", "admitted usec", "admitted kinstr", "denied usec", "denied kinstr"
     );
     let mut i = 0;
     for g in groups {
@@ -555,11 +572,8 @@ fn cpu_section(server: &Server, groups: &[Group], o: &Options) {
         for row in &g.rows {
             let cells: Vec<String> = (0..4)
                 .map(|k| {
-                    format!(
-                        "{:>7.2} {:>6}",
-                        best[i][k],
-                        format!("{:.2}x", best[i][k] / base[k])
-                    )
+                    let ratio = format!("{:.2}x", best[i][k] / base[k]);
+                    format!("{:>7.2} {ratio:>7}", best[i][k])
                 })
                 .collect();
             println!("  {:<36} {}", row.name, cells.join(" "));

@@ -66,7 +66,7 @@ fn limit_tag(out: &mut String, limit: &Limit) {
         (1000, "s"),
     ]
     .into_iter()
-    .find(|(u, _)| ms % u == 0)
+    .find(|(u, _)| ms.is_multiple_of(*u))
     .map_or((ms, "ms"), |(u, name)| (ms / u, name));
     let _ = write!(out, "{letter}{}/{n}{unit}", limit.count());
     if let Some(b) = burst {
