@@ -13,8 +13,8 @@
 --
 -- KEYS: per identifier, identifier-major: the packed key (when the policy has window or GCRA
 --       limits), then one sorted set per log or concurrency limit, in policy order.
--- ARGV: now (µs; empty to read the server clock), cost, lease id (for a concurrency limit;
---       may be empty).
+-- ARGV: cost, then now (µs; left out or empty to read the server clock), then the lease id
+--       of a concurrency limit (left out when the policy has none).
 -- Returns one string (a table costs Redis more to convert): "1" (allowed) or "0", the time as
 --       "SECONDS,MICROSECONDS", ";", then per identifier: its packed state as read (as many
 --       zero bytes when none), from which the client derives the packed limits' figures with
@@ -26,11 +26,13 @@
 -- the latest moment one of its limits' state matters (`expires`), rounded up to whole
 -- milliseconds, plus 1 ms because Redis takes the expiry's base time when the script starts,
 -- a little before TIME was read; when the key's TTL already covers that moment, it is kept.
+-- With a caller's clock (tests, replays) the TTL is at least a minute: Redis' clock, on which
+-- it runs, does not follow the caller's.
 -- Phase 1 only reads. Only when every pair admits does phase 2 write: a denied request
 -- charges nothing anywhere and leaves every key, TTLs included, as it was.
 
 --@ head
-local cost = tonumber(ARGV[2])
+local cost = tonumber(ARGV[1])
 local ok = true
 -- the TTL last formatted, for the life it was formatted for
 local lastlife, lastttl = -1, ''
@@ -81,14 +83,21 @@ do
       put$j = struct.pack('$format', T, $fields)
 
 --@ ttl
-      if got$j and life <= old then
+      if got$j and realtime and life <= old then
         -- the key's TTL covers the stored state's life, so the new state's too: keep it
+        -- (with a caller's clock, TTLs and states run on different clocks: set it anew)
         ttl$j = false
       elseif life == lastlife then
         ttl$j = lastttl
       else
         local ms = life - now + 999
-        lastlife, lastttl = life, string.format('%d', (ms - ms % 1000) / 1000 + 1)
+        ms = (ms - ms % 1000) / 1000 + 1
+        if not realtime and ms < 60000 then
+          -- Redis' clock, on which the TTL runs, does not follow a caller's clock: a state
+          -- must not vanish while that clock stands still
+          ms = 60000
+        end
+        lastlife, lastttl = life, string.format('%d', ms)
         ttl$j = lastttl
       end
 

@@ -16,16 +16,18 @@
 -- exact.
 
 --@ clock
--- The time in µs: ARGV[1] when the caller gives one (tests and replays), else Redis' own
+-- The time in µs: ARGV[2] when the caller gives one (tests and replays), else Redis' own
 -- clock. Redis is the clock: the application servers' clocks drift, Redis' is one for all.
 -- `sec` and `usec` give the same time as text for the reply ("SECONDS,MICROSECONDS"):
--- formatting a number costs more than passing on the strings TIME returns.
-local now, sec, usec
-if ARGV[1] == '' then
+-- formatting a number costs more than passing on the strings TIME returns. (Every argument
+-- costs Redis too: the caller leaves out the ones it does not need.)
+-- `realtime` says the state's time is Redis' own, the clock TTLs run on.
+local now, sec, usec, realtime = ARGV[2], nil, nil, true
+if not now or now == '' then
   local t = redis.call('TIME')
   sec, usec = t[1], t[2]
   now = sec * 1000000 + usec
 else
-  now = tonumber(ARGV[1])
-  sec, usec = '0', ARGV[1]
+  sec, usec, realtime = '0', now, false
+  now = tonumber(now)
 end

@@ -9,7 +9,7 @@
 //! | `lua/gcra.lua`             | `gcra.rs`                           |
 //! | `lua/concurrency.lua`      | `concurrency.rs`                    |
 //! | `lua/renew.lua`            | `concurrency::renew`                |
-//! | `lua/prelude.lua`          | none: Lua-only helpers (floor division) |
+//! | `lua/prelude.lua`          | none: the script's clock            |
 //!
 //! The Redis check script is generated per policy from those files (`src/store/script.rs`):
 //! each algorithm file holds the fragments of one limit, in the order they run — `evaluate`
@@ -17,11 +17,12 @@
 //! is packed, `expires` (when the state stops mattering). The Rust files have the same
 //! functions in the same order: `evaluate` (which also says when a denied cost would fit),
 //! `commit`, `report` (remaining quota, time until the state is empty), `expires_at`. The
-//! packed algorithms also have `load`, which reads the fields the script stores. The
-//! arithmetic is the same: integer microseconds, and where a double is used, the same
-//! expression in the same order, so that both stores reach the same decision for the same
-//! `(time, identifiers, cost)` sequence. The conformance, model and differential tests hold
-//! the two to that.
+//! packed algorithms also have `FIELDS` and `load`, the twins of their `fields` (what the
+//! script stores); their `fresh` fragment, what `evaluate` and `commit` make of a missing
+//! state, is a shortcut of the script's with no twin of its own. The arithmetic is the same:
+//! integer microseconds, and where a double is used, the same expression in the same order,
+//! so that both stores reach the same decision for the same `(time, identifiers, cost)`
+//! sequence. The conformance, model and differential tests hold the two to that.
 //!
 //! # Keys
 //!

@@ -210,8 +210,8 @@ impl RedisStore {
         times.dedup();
         for lease_us in times {
             let mut call = self.renew_script.prepare_invoke();
-            call.arg(script::now_arg(self.clock.manual_now()))
-                .arg(lease_us);
+            call.arg(lease_us)
+                .arg(script::now_arg(self.clock.manual_now()));
             for lease in leases.iter().filter(|l| l.lease_us == lease_us) {
                 for key in &lease.keys {
                     call.key(key).arg(&lease.id);

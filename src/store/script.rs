@@ -356,7 +356,9 @@ pub(crate) fn now_arg(now: Option<u64>) -> String {
 }
 
 /// Fills in the KEYS and ARGV of one check: per identifier, its packed key (when the policy
-/// has packed limits), then one key per sorted-set limit; ARGV: now, cost, lease id.
+/// has packed limits), then one key per sorted-set limit; ARGV: cost, now (only with a manual
+/// clock, or before a lease id), lease id (only with a concurrency limit). Every argument
+/// costs Redis a little, so none is sent in vain.
 pub(crate) fn check_args(
     call: &mut ScriptInvocation<'_>,
     compiled: &CheckScript,
@@ -373,7 +375,13 @@ pub(crate) fn check_args(
             call.key(keyspace::key(prefix, id, limit));
         }
     }
-    call.arg(now_arg(now)).arg(plan.cost).arg(plan.lease);
+    call.arg(plan.cost);
+    if now.is_some() || !plan.lease.is_empty() {
+        call.arg(now_arg(now));
+    }
+    if !plan.lease.is_empty() {
+        call.arg(plan.lease);
+    }
 }
 
 fn unexpected(what: impl Into<String>) -> StoreError {

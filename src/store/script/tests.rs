@@ -180,7 +180,7 @@ fn the_reference_policy_makes_a_straight_script() {
     assert_eq!(text.matches("redis.call(").count(), 6);
     assert_eq!(text.matches("redis.call('SET', KEYS[2], put2, ").count(), 2);
     for absent in [
-        "ARGV[3]", "ARGV[4]", "cjson", "function", "HSET", "EXPIRE", "for j", "while ",
+        "ARGV[3]", "ARGV[4]", "cjson", "function", "HSET", "EXPIRE", "for j", "while m",
     ] {
         assert!(!text.contains(absent), "{absent}");
     }
@@ -251,9 +251,9 @@ fn scripts_are_cached_per_policy() {
 fn wire_layout_matches_the_driver() {
     let head = section(DRIVER, "head");
     let clock = section(PRELUDE, "clock");
-    assert!(clock.contains("if ARGV[1] == '' then"));
-    assert!(clock.contains("now = tonumber(ARGV[1])"));
-    assert!(head.contains("local cost = tonumber(ARGV[2])"));
+    assert!(clock.contains("local now, sec, usec, realtime = ARGV[2], nil, nil, true"));
+    assert!(clock.contains("if not now or now == '' then"));
+    assert!(head.contains("local cost = tonumber(ARGV[1])"));
     assert!(section(CONCURRENCY, "commit").contains("ARGV[3]"));
     assert_eq!(now_arg(None), "");
     assert_eq!(now_arg(Some(7)), "7");
@@ -265,7 +265,7 @@ fn wire_layout_matches_the_driver() {
     assert!(section(DRIVER, "reply_only")
         .contains("return (ok and '1' or '0') .. sec .. ',' .. usec .. ';' .. $replies"));
     assert!(clock.contains("sec, usec = t[1], t[2]"));
-    assert!(clock.contains("sec, usec = '0', ARGV[1]"));
+    assert!(clock.contains("sec, usec, realtime = '0', now, false"));
     assert!(section(DRIVER, "reply_packed").contains("head = head .. (got$j or '$zero')"));
     let entry = format!(
         "head = head .. struct.pack('<{}', ",
@@ -276,7 +276,7 @@ fn wire_layout_matches_the_driver() {
     }
     // the packed state is T, then the fields; T is the time of the last charge
     assert!(section(DRIVER, "stored").contains("local T, $fields = 0, $zeros"));
-    assert!(section(RENEW_LUA, "renew").contains("ARGV[2]"));
+    assert!(section(RENEW_LUA, "renew").contains("local lease = tonumber(ARGV[1])"));
     assert!(section(DRIVER, "pack_close").contains("struct.pack('$format', T, $fields)"));
 }
 
@@ -371,24 +371,4 @@ fn the_renew_script_is_the_prelude_and_renew_lua() {
     assert!(RENEW.ends_with(RENEW_LUA));
     // the renew script reads the clock the same way
     assert!(RENEW.contains(section(PRELUDE, "clock")));
-}
-
-#[test]
-fn zz_print() {
-    let (text, ..) = generate(&limits("10/s, 120/min, 240/h"), 2);
-    std::fs::write("/tmp/proto/gen_ref.lua", text).unwrap();
-    for p in [
-        "10/s fixed",
-        "10/s",
-        "10/s log",
-        "100/s gcra burst=500",
-        "10 concurrent",
-    ] {
-        let (text, ..) = generate(&limits(p), 1);
-        std::fs::write(
-            format!("/tmp/proto/gen_{}.lua", p.replace(['/', ' ', '='], "_")),
-            text,
-        )
-        .unwrap();
-    }
 }
