@@ -21,11 +21,12 @@
 --       the Rust twin; then per sorted-set limit four little-endian doubles: admitted,
 --       remaining, reset_after, retry_after (µs from now).
 --
--- The packed key is one string, written once with SET: T (the time of the identifier's last
--- charge; every window limit's index is T / w), then each limit's fields. Its TTL (PX) runs to
--- the latest moment one of its limits' state matters (`expires`), rounded up to whole
--- milliseconds, plus 1 ms because Redis takes the expiry's base time when the script starts,
--- a little before TIME was read; when the key's TTL already covers that moment, it is kept.
+-- The packed key is one string, written once (PSETEX, or SET KEEPTTL): T (the time of the
+-- identifier's last charge; every window limit's index is T / w), then each limit's fields.
+-- Its TTL runs to the latest moment one of its limits' state matters (`expires`), rounded up
+-- to whole milliseconds, plus 1 ms because Redis takes the expiry's base time when the script
+-- starts, a little before TIME was read; when the key's TTL already covers that moment, it is
+-- kept.
 -- With a caller's clock (tests, replays) the TTL is at least a minute: Redis' clock, on which
 -- it runs, does not follow the caller's.
 -- Phase 1 only reads. Only when every pair admits does phase 2 write: a denied request
@@ -113,7 +114,7 @@ if ok then
 
 --@ write
   if ttl$j then
-    redis.call('SET', KEYS[$first], put$j, 'PX', ttl$j)
+    redis.call('PSETEX', KEYS[$first], ttl$j, put$j)
   else
     redis.call('SET', KEYS[$first], put$j, 'KEEPTTL')
   end
