@@ -21,6 +21,21 @@ pub struct Decision {
     pub(crate) cost: u64,
     pub(crate) statuses: Vec<LimitStatus>,
     pub(crate) guard: Option<ConcurrencyGuard>,
+    pub(crate) origin: Origin,
+}
+
+/// Who decided: the store, or — when the store could not — the limiter's
+/// [`OnStoreError`](crate::OnStoreError) policy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Origin {
+    /// The store (Redis, or the memory store).
+    Store,
+    /// Nobody: the store failed and the limiter fails open. The decision is allowed and has
+    /// no limit figures.
+    FailOpen,
+    /// The limiter's in-process fallback, while the store failed.
+    Fallback,
 }
 
 impl Clone for Decision {
@@ -30,6 +45,7 @@ impl Clone for Decision {
             cost: self.cost,
             statuses: self.statuses.clone(),
             guard: None,
+            origin: self.origin,
         }
     }
 }
@@ -65,6 +81,22 @@ pub struct LimitStatus {
 }
 
 impl Decision {
+    /// An allowed decision that nobody checked (the store failed; the limiter fails open).
+    pub(crate) fn unchecked(cost: u64) -> Decision {
+        Decision {
+            allowed: true,
+            cost,
+            statuses: Vec::new(),
+            guard: None,
+            origin: Origin::FailOpen,
+        }
+    }
+
+    /// Who decided: the store, or the limiter's failure policy when the store failed.
+    pub fn origin(&self) -> Origin {
+        self.origin
+    }
+
     /// Whether the request was allowed (by every limit, for every identifier).
     pub fn is_allowed(&self) -> bool {
         self.allowed

@@ -63,16 +63,17 @@ pub mod key;
 pub mod layer;
 mod limiter;
 mod macros;
+mod observe;
 pub mod policy;
 pub mod service;
 pub mod shed;
 pub mod store;
 
 pub use clock::{Clock, ManualClock};
-pub use decision::{Decision, LimitStatus};
+pub use decision::{Decision, LimitStatus, Origin};
 pub use guard::ConcurrencyGuard;
 pub use layer::RateLimitLayer;
-pub use limiter::{Error, Limiter, OnStoreError, MAX_IDENTIFIERS};
+pub use limiter::{Error, Fallback, Limiter, LimiterBuilder, OnStoreError, MAX_IDENTIFIERS};
 pub use policy::{Algorithm, Limit, Policy, PolicyError};
 pub use service::{KeyedRateLimitLayer, RateLimited};
 #[cfg(feature = "redis")]

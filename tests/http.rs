@@ -14,8 +14,10 @@ use http_body_util::{BodyExt, Empty};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use tollgate::key::{ClientIp, Header, IpCidr, PeerIp};
-use tollgate::layer::{MissingKey, OnStoreError};
-use tollgate::{Clock, Limiter, ManualClock, MemoryStore, RateLimitLayer, RedisStore, Store};
+use tollgate::layer::MissingKey;
+use tollgate::{
+    Clock, Limiter, ManualClock, MemoryStore, OnStoreError, RateLimitLayer, RedisStore, Store,
+};
 
 /// Serves `app` on a free loopback port (with the peer address available to extractors).
 async fn serve(app: Router) -> SocketAddr {
@@ -351,13 +353,17 @@ async fn redis_backed_layer_and_its_failure_policy() {
         .timeout(Duration::from_millis(200))
         .build_lazy()
         .unwrap();
-    let limiter = Limiter::new(dead, "2/min".parse().unwrap());
-    let open = RateLimitLayer::new(limiter.clone()).key(Header::named("x-api-key").unwrap());
-    let addr = serve(app(open.clone())).await;
+    let limiter = Limiter::new(dead.clone(), "2/min".parse().unwrap());
+    let open = RateLimitLayer::new(limiter).key(Header::named("x-api-key").unwrap());
+    let addr = serve(app(open)).await;
     let r = get_with(addr, "/", &key).await;
     assert_eq!(r.status, StatusCode::OK, "fails open by default");
     assert!(r.headers.get("ratelimit").is_none());
-    let addr = serve(app(open.on_store_error(OnStoreError::Deny))).await;
+    let closed = Limiter::builder(dead, "2/min".parse().unwrap())
+        .on_store_error(OnStoreError::Closed)
+        .build();
+    let closed = RateLimitLayer::new(closed).key(Header::named("x-api-key").unwrap());
+    let addr = serve(app(closed)).await;
     let r = get_with(addr, "/", &key).await;
     assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(r.headers["retry-after"], "1");

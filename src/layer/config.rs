@@ -7,7 +7,6 @@ use http::StatusCode;
 
 use crate::http::headers::HeaderStyle;
 use crate::key::{AnyExtractor, RequestView};
-use crate::limiter::OnStoreError;
 use crate::{Decision, Limiter};
 
 /// Whether a rule applies to a request.
@@ -39,7 +38,6 @@ pub(crate) struct Config {
     /// The key extractors (none: the peer IP).
     pub(crate) keys: Vec<AnyExtractor>,
     pub(crate) missing: MissingKey,
-    pub(crate) on_error: OnStoreError,
     /// The cost of a request (none: 1).
     pub(crate) cost: Option<CostFn>,
     pub(crate) headers: HeaderStyle,
@@ -57,7 +55,6 @@ impl Config {
             rules: Vec::new(),
             keys: Vec::new(),
             missing: MissingKey::Reject(StatusCode::INTERNAL_SERVER_ERROR),
-            on_error: OnStoreError::Allow,
             cost: None,
             headers: HeaderStyle {
                 ietf: true,

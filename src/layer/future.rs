@@ -17,7 +17,7 @@ use crate::http::headers::add_headers;
 use crate::http::response::{limited_message, own_response};
 use crate::http::ResponseBody;
 use crate::key::RequestView;
-use crate::limiter::{CheckFuture, OnStoreError};
+use crate::limiter::CheckFuture;
 use crate::{Decision, Error};
 
 pin_project! {
@@ -133,7 +133,6 @@ where
                     let (outcome, req) = ready!(check.as_mut().poll(cx));
                     let decision = match outcome {
                         Ok(decision) if decision.is_allowed() => Some(decision),
-                        Err(Error::Store(_)) if this.config.on_error == OnStoreError::Allow => None,
                         refused => {
                             let res = refusal(this.config, &req, refused, *this.grpc);
                             this.state.set(State::Answered { res });

@@ -9,7 +9,6 @@ use http::StatusCode;
 use super::config::{Config, MissingKey};
 use super::RateLimit;
 use crate::key::{AnyExtractor, KeyExtractor, RequestView};
-use crate::limiter::OnStoreError;
 use crate::{Decision, Limiter};
 
 /// Rate limiting for HTTP services. See the [`layer`](super) module documentation.
@@ -38,7 +37,6 @@ impl fmt::Debug for RateLimitLayer {
             .field("rules", &c.rules.len())
             .field("keys", &c.keys.len())
             .field("missing", &c.missing)
-            .field("on_error", &c.on_error)
             .finish_non_exhaustive()
     }
 }
@@ -86,11 +84,6 @@ impl RateLimitLayer {
     /// misconfigured deployment is loud rather than silently unlimited).
     pub fn on_missing_key(self, missing: MissingKey) -> Self {
         self.edit(|c| c.missing = missing)
-    }
-
-    /// What to do when the store fails (default: [`OnStoreError::Allow`]).
-    pub fn on_store_error(self, on_error: OnStoreError) -> Self {
-        self.edit(|c| c.on_error = on_error)
     }
 
     /// The cost (weight) of a request, default 1. A cost no limit could ever admit is

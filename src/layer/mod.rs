@@ -23,4 +23,3 @@ pub use self::future::ResponseFuture;
 pub use self::layer::RateLimitLayer;
 pub use self::service::RateLimit;
 pub use crate::http::ResponseBody;
-pub use crate::limiter::OnStoreError;

@@ -172,6 +172,22 @@ impl Limit {
         Ok(limit)
     }
 
+    /// This limit with its count (and burst) multiplied by `share`, rounded down, never below
+    /// 1; the limit itself if the scaled one would not be valid.
+    pub(crate) fn scaled(&self, share: f64) -> Limit {
+        let scale = |n: u64| ((n as f64 * share).floor() as u64).clamp(1, n);
+        let algorithm = match self.algorithm {
+            Algorithm::TokenBucket { capacity } => Algorithm::TokenBucket {
+                capacity: scale(capacity),
+            },
+            Algorithm::Gcra { burst } => Algorithm::Gcra {
+                burst: scale(burst),
+            },
+            other => other,
+        };
+        Limit::new(scale(self.count), self.window, algorithm).unwrap_or(*self)
+    }
+
     /// `count` per second with the default algorithm.
     ///
     /// # Errors

@@ -120,6 +120,19 @@ impl Policy {
     pub fn concurrency(&self) -> Option<&Limit> {
         self.limits.iter().find(|l| l.is_concurrency())
     }
+
+    /// This policy for one process's `share` (in `(0, 1]`) of the fleet: every count (and
+    /// burst) multiplied by `share`, rounded down, never below 1. Limits that become equal
+    /// count once. The fallback limiter of a process runs this while Redis is down.
+    pub(crate) fn scaled(&self, share: f64) -> Policy {
+        let mut limits: Vec<Limit> = Vec::with_capacity(self.limits.len());
+        for limit in self.limits.iter().map(|l| l.scaled(share)) {
+            if !limits.contains(&limit) {
+                limits.push(limit);
+            }
+        }
+        Policy { limits }
+    }
 }
 
 impl From<Limit> for Policy {

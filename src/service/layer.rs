@@ -5,7 +5,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::KeyedRateLimit;
-use crate::limiter::OnStoreError;
 use crate::Limiter;
 
 /// What a [`KeyedRateLimitLayer`] checks a request for: the identifiers (all-or-nothing, as
@@ -95,7 +94,6 @@ impl From<(Vec<String>, u64)> for Identifiers {
 pub struct KeyedRateLimitLayer<F> {
     pub(super) limiter: Limiter,
     pub(super) identify: Arc<F>,
-    pub(super) on_error: OnStoreError,
     pub(super) max_wait: Duration,
 }
 
@@ -104,7 +102,6 @@ impl<F> Clone for KeyedRateLimitLayer<F> {
         KeyedRateLimitLayer {
             limiter: self.limiter.clone(),
             identify: self.identify.clone(),
-            on_error: self.on_error,
             max_wait: self.max_wait,
         }
     }
@@ -114,7 +111,6 @@ impl<F> fmt::Debug for KeyedRateLimitLayer<F> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("KeyedRateLimitLayer")
             .field("limiter", &self.limiter)
-            .field("on_error", &self.on_error)
             .field("max_wait", &self.max_wait)
             .finish_non_exhaustive()
     }
@@ -129,16 +125,8 @@ impl<F> KeyedRateLimitLayer<F> {
         KeyedRateLimitLayer {
             limiter,
             identify: Arc::new(identify),
-            on_error: OnStoreError::Allow,
             max_wait: Duration::ZERO,
         }
-    }
-
-    /// What to do when the store fails: let the request through (default) or fail it with
-    /// the store's error.
-    pub fn on_store_error(mut self, on_error: OnStoreError) -> Self {
-        self.on_error = on_error;
-        self
     }
 
     /// Instead of failing at once, wait for the limit to admit the request when that takes

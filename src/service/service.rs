@@ -21,8 +21,8 @@ type BoxError = Box<dyn std::error::Error + Send + Sync>;
 /// * [`RateLimited`](crate::RateLimited) when the limit refuses the call (after waiting up to
 ///   [`wait_up_to`](KeyedRateLimitLayer::wait_up_to), if set);
 /// * the limiter's [`Error`](crate::Error) when the check cannot be made: an impossible
-///   cost, no identifiers, or a failed store under
-///   [`OnStoreError::Deny`](super::OnStoreError::Deny);
+///   cost, no identifiers, or a failed store when the limiter fails closed
+///   ([`OnStoreError::Closed`](crate::OnStoreError::Closed));
 /// * otherwise the inner service's own error, unchanged.
 pub struct KeyedRateLimit<S, F> {
     inner: S,
@@ -81,14 +81,14 @@ where
         let clone = self.inner.clone();
         let ready = std::mem::replace(&mut self.inner, clone);
         if max_wait.is_zero() {
-            KeyedResponseFuture::checking(ready, check, self.layer.on_error)
+            KeyedResponseFuture::checking(ready, check)
         } else {
             // A call that may wait must not sit on the inner service's readiness (a `Buffer`
             // slot, a concurrency permit) meanwhile: give it back and get ready again after
             // the wait.
             drop(ready);
             let unready = self.inner.clone();
-            KeyedResponseFuture::checking_unready(unready, check, self.layer.on_error)
+            KeyedResponseFuture::checking_unready(unready, check)
         }
     }
 }

@@ -7,6 +7,8 @@
 
 use crate::policy::Limit;
 
+#[cfg(feature = "redis")]
+mod breaker;
 mod error;
 pub(crate) mod keyspace;
 pub(crate) mod lease;

@@ -8,12 +8,15 @@
 //! a retry would charge twice.
 
 use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::Script;
 
+use super::breaker::Breaker;
 use super::error::{redact_url, ConfigError, ConfigErrorKind};
 use super::keyspace;
 use super::lease::{KeeperSlot, Lease};
@@ -34,6 +37,7 @@ pub struct RedisStore {
     script: Arc<Script>,
     renew_script: Arc<Script>,
     keeper: Arc<KeeperSlot>,
+    breaker: Arc<Breaker>,
     prefix: Arc<str>,
     clock: Clock,
     timeout: Duration,
@@ -109,12 +113,14 @@ impl RedisStoreBuilder {
     }
 
     fn finish(self, conn: ConnectionManager) -> RedisStore {
+        let prefix: Arc<str> = self.prefix.into();
         RedisStore {
+            breaker: Arc::new(Breaker::new(prefix.clone())),
             conn,
             script: Arc::new(Script::new(script::CHECK)),
             renew_script: Arc::new(Script::new(script::RENEW)),
             keeper: Arc::default(),
-            prefix: self.prefix.into(),
+            prefix,
             clock: self.clock,
             timeout: self.timeout,
         }
@@ -179,11 +185,32 @@ impl RedisStore {
         &self.prefix
     }
 
+    /// One check, through the breaker: while Redis is known to be down it fails at once.
     pub(crate) async fn check(&self, plan: &Plan<'_>) -> Result<Outcome, StoreError> {
-        let mut call = self.script.prepare_invoke();
-        script::check_args(&mut call, &self.prefix, self.clock.manual_now(), plan);
-        let reply: Vec<i64> = self.run(call.invoke_async(&mut self.conn.clone())).await?;
-        script::parse_reply(&reply, plan.ids.len() * plan.limits.len())
+        let call = async {
+            let mut call = self.script.prepare_invoke();
+            script::check_args(&mut call, &self.prefix, self.clock.manual_now(), plan);
+            let reply: Vec<i64> = self.run(call.invoke_async(&mut self.conn.clone())).await?;
+            script::parse_reply(&reply, plan.ids.len() * plan.limits.len())
+        };
+        self.breaker.call(call, || self.prober()).await
+    }
+
+    /// What the breaker runs to learn whether Redis is back: a `PING` under the timeout, on
+    /// a handle that does not keep the store's keeper or breaker alive.
+    fn prober(&self) -> impl Fn() -> Pin<Box<dyn Future<Output = Result<(), StoreError>> + Send>> {
+        let (conn, timeout) = (self.conn.clone(), self.timeout);
+        move || {
+            let mut conn = conn.clone();
+            Box::pin(async move {
+                let ping = redis::cmd("PING");
+                match tokio::time::timeout(timeout, ping.query_async::<()>(&mut conn)).await {
+                    Ok(Ok(())) => Ok(()),
+                    Ok(Err(e)) => Err(backend(e)),
+                    Err(_) => Err(StoreError::Timeout(timeout)),
+                }
+            })
+        }
     }
 
     /// Runs one call under the store's timeout.

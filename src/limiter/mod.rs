@@ -6,27 +6,19 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::decision::{Decision, LimitStatus};
+use crate::decision::{Decision, LimitStatus, Origin};
 use crate::guard::ConcurrencyGuard;
+use crate::observe::{self, Action};
 use crate::policy::{Limit, Policy};
 use crate::store::keyspace;
 use crate::store::lease::{lease_id, Lease};
-use crate::store::{Outcome, Plan, Store, StoreError};
+use crate::store::{MemoryStore, Outcome, Plan, Store, StoreError};
 
-/// What to do when the store fails (Redis down, slow, or answering nonsense). Both
-/// [`RateLimitLayer`](crate::RateLimitLayer) and
-/// [`KeyedRateLimitLayer`](crate::KeyedRateLimitLayer) take one.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum OnStoreError {
-    /// Let the request through, without rate-limit headers (fail open; the default, as a
-    /// rate limiter should not take a site down with it).
-    Allow,
-    /// Refuse the request: the HTTP layer answers `503 Service Unavailable` (gRPC
-    /// `UNAVAILABLE`) with `Retry-After: 1`; the generic layer fails the call with the
-    /// store's error.
-    Deny,
-}
+mod error;
+mod failure;
+
+pub use error::Error;
+pub use failure::{Fallback, OnStoreError};
 
 /// The most distinct identifiers one check may name.
 pub const MAX_IDENTIFIERS: usize = 16;
@@ -54,26 +46,89 @@ pub struct Limiter {
 struct Inner {
     store: Store,
     policy: Policy,
+    on_error: OnStoreError,
+    /// The limiter answering while the store fails, under [`OnStoreError::Fallback`].
+    fallback: Option<Limiter>,
+    /// The limiter's name in logs and metrics.
+    name: Arc<str>,
 }
 
 impl fmt::Debug for Limiter {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Limiter")
+            .field("name", &self.inner.name)
             .field("store", &self.inner.store)
             .field("policy", &self.inner.policy.to_string())
+            .field("on_store_error", &self.inner.on_error)
             .finish()
     }
 }
 
-impl Limiter {
-    /// A limiter applying `policy`, keeping its state in `store`.
-    pub fn new(store: impl Into<Store>, policy: Policy) -> Limiter {
+/// Configures a [`Limiter`]: [`Limiter::builder`].
+#[derive(Debug, Clone)]
+pub struct LimiterBuilder {
+    store: Store,
+    policy: Policy,
+    on_error: OnStoreError,
+    name: Option<String>,
+}
+
+impl LimiterBuilder {
+    /// What to do with a check the store could not decide (default: [`OnStoreError::Open`]).
+    pub fn on_store_error(mut self, on_error: OnStoreError) -> Self {
+        self.on_error = on_error;
+        self
+    }
+
+    /// The limiter's name in logs and metric labels (default: the policy's text). Keep the
+    /// set of names small: it is a label value.
+    pub fn name(mut self, name: impl Into<String>) -> Self {
+        self.name = Some(name.into());
+        self
+    }
+
+    /// Builds the limiter.
+    pub fn build(self) -> Limiter {
+        let fallback = match self.on_error {
+            OnStoreError::Fallback(f) => Some(Limiter::new(
+                MemoryStore::new(),
+                self.policy.scaled(f.share_of_fleet()),
+            )),
+            _ => None,
+        };
+        let name = self.name.unwrap_or_else(|| self.policy.to_string());
         Limiter {
             inner: Arc::new(Inner {
-                store: store.into(),
-                policy,
+                store: self.store,
+                policy: self.policy,
+                on_error: self.on_error,
+                fallback,
+                name: name.into(),
             }),
         }
+    }
+}
+
+impl Limiter {
+    /// A limiter applying `policy`, keeping its state in `store`, failing open when the store
+    /// fails ([`OnStoreError::Open`]). [`Limiter::builder`] configures the rest.
+    pub fn new(store: impl Into<Store>, policy: Policy) -> Limiter {
+        Limiter::builder(store, policy).build()
+    }
+
+    /// Configures a limiter applying `policy`, keeping its state in `store`.
+    pub fn builder(store: impl Into<Store>, policy: Policy) -> LimiterBuilder {
+        LimiterBuilder {
+            store: store.into(),
+            policy,
+            on_error: OnStoreError::default(),
+            name: None,
+        }
+    }
+
+    /// What the limiter does with a check the store could not decide.
+    pub fn on_store_error(&self) -> OnStoreError {
+        self.inner.on_error
     }
 
     /// The policy.
@@ -102,17 +157,57 @@ impl Limiter {
     /// Identifiers are free text (`"ip:203.0.113.9"`, `"user:42"`); any bytes are safe, long
     /// ones are hashed. Giving the same identifier twice counts it once.
     ///
+    /// When the store cannot decide (Redis down, slow, misconfigured), the limiter's
+    /// [`OnStoreError`] answers: an allowed decision ([`Origin::FailOpen`]), the error, or the
+    /// fallback limiter's decision ([`Origin::Fallback`]). A check whose answer was lost (a
+    /// timeout) is never retried: it may have been charged already.
+    ///
     /// # Errors
     ///
     /// [`Error::Cost`] when `cost` is 0 or more than some limit could ever admit
     /// (a request that can never fit is an error, not an eternal denial),
     /// [`Error::NoIdentifiers`] / [`Error::TooManyIdentifiers`], and [`Error::Store`] when
-    /// the store could not decide.
+    /// the store could not decide and the limiter fails closed ([`OnStoreError::Closed`]).
     pub async fn check_n<I: AsRef<str>>(
         &self,
         identifiers: &[I],
         cost: u64,
     ) -> Result<Decision, Error> {
+        let name = &*self.inner.name;
+        let error = match self.decide(identifiers, cost).await {
+            Err(Error::Store(e)) => e,
+            Ok(decision) => {
+                observe::decision(name, &decision);
+                return Ok(decision);
+            }
+            Err(e) => return Err(e),
+        };
+        match (self.inner.on_error, &self.inner.fallback) {
+            (OnStoreError::Fallback(_), Some(fallback)) => {
+                observe::failure_answered(name, Action::Fallback, &error);
+                match fallback.decide(identifiers, cost).await {
+                    Ok(mut decision) => {
+                        decision.origin = Origin::Fallback;
+                        observe::decision(name, &decision);
+                        Ok(decision)
+                    }
+                    // The scaled policy cannot hold this cost: the store's failure stands.
+                    Err(_) => Err(Error::Store(error)),
+                }
+            }
+            (OnStoreError::Closed, _) => {
+                observe::failure_answered(name, Action::Closed, &error);
+                Err(Error::Store(error))
+            }
+            _ => {
+                observe::failure_answered(name, Action::Open, &error);
+                Ok(Decision::unchecked(cost))
+            }
+        }
+    }
+
+    /// The check itself, without the failure policy.
+    async fn decide<I: AsRef<str>>(&self, identifiers: &[I], cost: u64) -> Result<Decision, Error> {
         let policy = &self.inner.policy;
         let max = policy.max_cost();
         if cost == 0 || cost > max {
@@ -188,6 +283,7 @@ impl Limiter {
             cost,
             statuses,
             guard,
+            origin: Origin::Store,
         })
     }
 }
@@ -228,52 +324,3 @@ async fn take_slot(
 /// A limiter's check of one request. It owns the request while it runs and hands it back
 /// with the outcome, so that the request can then be passed on (or answered).
 pub(crate) type CheckFuture<R> = Pin<Box<dyn Future<Output = (Result<Decision, Error>, R)> + Send>>;
-
-/// A check that could not be decided.
-///
-/// Being limited is not an error: that is a [`Decision`] that is not allowed. These are the
-/// two other outcomes — a request that is impossible as asked, and a store that failed.
-#[derive(Debug)]
-#[non_exhaustive]
-pub enum Error {
-    /// The cost is 0, or more than the policy could ever admit at once.
-    Cost {
-        /// The cost asked for.
-        cost: u64,
-        /// The largest cost the policy admits ([`Policy::max_cost`]).
-        max: u64,
-    },
-    /// No identifier was given.
-    NoIdentifiers,
-    /// More than [`MAX_IDENTIFIERS`] distinct identifiers were given.
-    TooManyIdentifiers(usize),
-    /// The store could not decide.
-    Store(StoreError),
-}
-
-impl fmt::Display for Error {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Error::Cost { cost, max } => write!(
-                f,
-                "a request of cost {cost} can never be admitted (costs must be between 1 and {max})"
-            ),
-            Error::NoIdentifiers => f.write_str("no identifier to rate-limit"),
-            Error::TooManyIdentifiers(n) => write!(
-                f,
-                "{n} identifiers in one check (at most {MAX_IDENTIFIERS})"
-            ),
-            Error::Store(e) => fmt::Display::fmt(e, f),
-        }
-    }
-}
-
-/// A store failure is shown as itself: its message here, its cause as the source.
-impl std::error::Error for Error {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match self {
-            Error::Store(e) => e.source(),
-            _ => None,
-        }
-    }
-}
