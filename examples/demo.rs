@@ -3,6 +3,7 @@
 //! ```text
 //! cargo run --release --example demo -- [--serve] [--listen ADDR] [--redis URL]
 //!     [--policy TEXT] [--key ip|header:NAME] [--concurrency N] [--seconds N] [--rate N]
+//!     [--on-store-error open|closed|fallback[:SHARE]] [--store-timeout MS]
 //! ```
 //!
 //! Without `--serve`: starts the server on an ephemeral port (in-memory store, or Redis with
@@ -12,6 +13,10 @@
 //! With `--serve`: serves on `--listen` (default 127.0.0.1:3000) until killed. `GET /` answers
 //! `ok`; `GET /slow?ms=N` answers after N ms. Try `curl -i localhost:3000/` a few times in a
 //! row, or `--concurrency 2` and three `curl localhost:3000/slow?ms=5000 &` at once.
+//!
+//! With `--redis`, stop Redis while the demo runs: the store's warnings go to stderr, and
+//! `--on-store-error` decides what requests get meanwhile (`open`: allowed, `closed`: 503,
+//! `fallback:0.5`: half the policy, counted in this process).
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
@@ -26,10 +31,13 @@ use http_body_util::{BodyExt, Empty};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use tollgate::key::{Header, PeerIp};
-use tollgate::{Limit, Limiter, MemoryStore, Policy, RateLimitLayer, RedisStore, Store};
+use tollgate::{
+    Limit, Limiter, MemoryStore, OnStoreError, Policy, RateLimitLayer, RedisStore, Store,
+};
 
 const USAGE: &str = "usage: demo [--serve] [--listen ADDR] [--redis URL] [--policy TEXT] \
-[--key ip|header:NAME] [--concurrency N] [--seconds N] [--rate PER_SECOND]";
+[--key ip|header:NAME] [--concurrency N] [--seconds N] [--rate PER_SECOND] \
+[--on-store-error open|closed|fallback[:SHARE]] [--store-timeout MS]";
 
 struct Args {
     serve: bool,
@@ -39,6 +47,8 @@ struct Args {
     key: Key,
     seconds: u64,
     rate: u32,
+    on_error: OnStoreError,
+    store_timeout: Option<Duration>,
 }
 
 enum Key {
@@ -55,6 +65,8 @@ fn parse_args() -> Result<Args, String> {
         key: Key::Ip,
         seconds: 4,
         rate: 40,
+        on_error: OnStoreError::Open,
+        store_timeout: None,
     };
     let mut concurrency = None;
     let mut it = std::env::args().skip(1);
@@ -89,6 +101,30 @@ fn parse_args() -> Result<Args, String> {
                 args.seconds = value()?.parse().map_err(|e| format!("--seconds: {e}"))?
             }
             "--rate" => args.rate = value()?.parse().map_err(|e| format!("--rate: {e}"))?,
+            "--on-store-error" => {
+                let v = value()?;
+                args.on_error = match v.split_once(':') {
+                    None if v == "open" => OnStoreError::Open,
+                    None if v == "closed" => OnStoreError::Closed,
+                    None if v == "fallback" => OnStoreError::fallback(1.0).ok_or("share")?,
+                    Some(("fallback", share)) => share
+                        .parse()
+                        .ok()
+                        .and_then(OnStoreError::fallback)
+                        .ok_or_else(|| format!("--on-store-error {v}: a share in (0, 1]"))?,
+                    _ => {
+                        return Err(format!(
+                            "--on-store-error {v}: expected open, closed or fallback[:SHARE]"
+                        ))
+                    }
+                };
+            }
+            "--store-timeout" => {
+                let ms: u64 = value()?
+                    .parse()
+                    .map_err(|e| format!("--store-timeout: {e}"))?;
+                args.store_timeout = Some(Duration::from_millis(ms));
+            }
             "-h" | "--help" => return Err(String::new()),
             other => return Err(format!("unknown argument {other:?}")),
         }
@@ -136,9 +172,14 @@ async fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    // The store's warnings (failing, recovering) on stderr.
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_max_level(tracing::Level::WARN)
+        .init();
     let store: Store = match &args.redis {
         None => MemoryStore::new().into(),
-        Some(url) => match RedisStore::connect(url.clone()).await {
+        Some(url) => match redis_store(url, args.store_timeout).await {
             Ok(s) => s.into(),
             Err(e) => {
                 eprintln!("cannot use Redis at {url}: {e}");
@@ -151,7 +192,9 @@ async fn main() -> ExitCode {
     } else {
         "memory"
     };
-    let limiter = Limiter::new(store, args.policy.clone());
+    let limiter = Limiter::builder(store, args.policy.clone())
+        .on_store_error(args.on_error)
+        .build();
     let listen = if args.serve {
         args.listen
     } else {
@@ -189,6 +232,17 @@ async fn main() -> ExitCode {
     drive(addr, &args).await
 }
 
+async fn redis_store(
+    url: &str,
+    timeout: Option<Duration>,
+) -> Result<RedisStore, tollgate::StoreError> {
+    let builder = RedisStore::builder(url);
+    match timeout {
+        Some(t) => builder.timeout(t).build().await,
+        None => builder.build().await,
+    }
+}
+
 /// Sends `rate` requests per second for `seconds` seconds and prints what happened.
 async fn drive(addr: SocketAddr, args: &Args) -> ExitCode {
     println!(
@@ -196,15 +250,15 @@ async fn drive(addr: SocketAddr, args: &Args) -> ExitCode {
         args.rate, args.seconds
     );
     println!(
-        "{:>4}  {:>8}  {:>7}  limited by",
-        "sec", "admitted", "limited"
+        "{:>4}  {:>8}  {:>7}  {:>11}  limited by",
+        "sec", "admitted", "limited", "unavailable"
     );
     let client = Client::builder(TokioExecutor::new()).build_http::<Empty<Bytes>>();
     let mut ticker = tokio::time::interval(Duration::from_secs(1) / args.rate);
     let start = Instant::now();
-    let (mut total_ok, mut total_limited) = (0, 0);
+    let (mut total_ok, mut total_limited, mut total_unavailable) = (0, 0, 0);
     for second in 1..=args.seconds {
-        let (mut ok, mut limited) = (0, 0);
+        let (mut ok, mut limited, mut unavailable) = (0, 0, 0);
         let mut by: BTreeMap<String, u32> = BTreeMap::new();
         while start.elapsed() < Duration::from_secs(second) {
             ticker.tick().await;
@@ -232,6 +286,9 @@ async fn drive(addr: SocketAddr, args: &Args) -> ExitCode {
                 .unwrap_or_default();
             if status.is_success() {
                 ok += 1;
+            } else if status == http::StatusCode::SERVICE_UNAVAILABLE {
+                // the store failed and the limiter fails closed
+                unavailable += 1;
             } else {
                 limited += 1;
                 // "rate limit exceeded: 10/s (retry in 1 s)"
@@ -245,9 +302,15 @@ async fn drive(addr: SocketAddr, args: &Args) -> ExitCode {
         }
         total_ok += ok;
         total_limited += limited;
+        total_unavailable += unavailable;
         let by: Vec<String> = by.iter().map(|(l, n)| format!("{l} ×{n}")).collect();
-        println!("{second:>4}  {ok:>8}  {limited:>7}  {}", by.join(", "));
+        println!(
+            "{second:>4}  {ok:>8}  {limited:>7}  {unavailable:>11}  {}",
+            by.join(", ")
+        );
     }
-    println!("\ntotal: {total_ok} admitted, {total_limited} limited");
+    println!(
+        "\ntotal: {total_ok} admitted, {total_limited} limited, {total_unavailable} unavailable"
+    );
     ExitCode::SUCCESS
 }

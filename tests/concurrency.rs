@@ -134,6 +134,7 @@ fn child_holds_slots_until_killed() {
     rt.block_on(async {
         let store = RedisStore::builder(url)
             .prefix(prefix)
+            .timeout(Duration::from_secs(5))
             .build()
             .await
             .unwrap();
