@@ -36,6 +36,10 @@ pub enum Origin {
     FailOpen,
     /// The limiter's in-process fallback, while the store failed.
     Fallback,
+    /// The limiter, in process: the store denied one of the identifiers a moment ago, for at
+    /// least this cost, until a time that has not come yet (see
+    /// [`LimiterBuilder::deny_cache`](crate::LimiterBuilder::deny_cache)).
+    DenyCache,
 }
 
 impl Clone for Decision {

@@ -8,6 +8,7 @@
 //! | metric | kind | labels |
 //! |---|---|---|
 //! | `tollgate_decisions_total` | counter | `limiter`, `outcome` (`allowed`, `denied`), `limit` (the denying limit, or empty) |
+//! | `tollgate_deny_cache_hits_total` | counter | `limiter` |
 //! | `tollgate_failure_policy_total` | counter | `limiter`, `action` (`open`, `closed`, `fallback`) |
 //! | `tollgate_store_errors_total` | counter | `store`, `kind` ([`StoreError::kind_label`]) |
 //! | `tollgate_store_breaker_open` | gauge (0 or 1) | `store` |
@@ -114,6 +115,14 @@ pub(crate) fn failure_answered(limiter: &str, action: Action, e: &StoreError) {
     #[cfg(feature = "tracing")]
     tracing::trace!(target: "tollgate", limiter, action = ?action, kind = e.kind_label(), "check answered by the failure policy");
     let _ = (limiter, action, e);
+}
+
+/// A denial answered by the deny cache, without the store.
+pub(crate) fn deny_cache_hit(limiter: &str) {
+    #[cfg(feature = "metrics")]
+    metrics::counter!("tollgate_deny_cache_hits_total", "limiter" => limiter.to_string())
+        .increment(1);
+    let _ = limiter;
 }
 
 /// A decision (from the store or the fallback).

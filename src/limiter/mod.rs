@@ -14,8 +14,11 @@ use crate::store::keyspace;
 use crate::store::lease::{lease_id, Lease};
 use crate::store::{MemoryStore, Outcome, Plan, Store, StoreError};
 
+mod deny_cache;
 mod error;
 mod failure;
+
+use deny_cache::DenyCache;
 
 pub use error::Error;
 pub use failure::{Fallback, OnStoreError};
@@ -51,6 +54,8 @@ struct Inner {
     fallback: Option<Limiter>,
     /// The limiter's name in logs and metrics.
     name: Arc<str>,
+    /// Identifiers the store denied a moment ago (remote stores on the real clock only).
+    deny_cache: Option<DenyCache>,
 }
 
 impl fmt::Debug for Limiter {
@@ -71,9 +76,24 @@ pub struct LimiterBuilder {
     policy: Policy,
     on_error: OnStoreError,
     name: Option<String>,
+    deny_cache: usize,
 }
 
 impl LimiterBuilder {
+    /// How many identifiers the deny cache holds at most (default 10,000; 0 turns it off).
+    ///
+    /// With a Redis store, when Redis denies an identifier by a rate limit until some time,
+    /// the limiter answers that identifier's requests (of at least the same cost) in process
+    /// until then, without a round trip: a client flooding the fleet is answered without
+    /// touching Redis. It never denies a request Redis would allow (others' requests only
+    /// use quota; concurrency limits are never cached); what it gives up is that resetting
+    /// the identifier in Redis is seen here only when the entry expires. The memory store and
+    /// a manual clock never use it.
+    pub fn deny_cache(mut self, max_identifiers: usize) -> Self {
+        self.deny_cache = max_identifiers;
+        self
+    }
+
     /// What to do with a check the store could not decide (default: [`OnStoreError::Open`]).
     pub fn on_store_error(mut self, on_error: OnStoreError) -> Self {
         self.on_error = on_error;
@@ -97,6 +117,8 @@ impl LimiterBuilder {
             _ => None,
         };
         let name = self.name.unwrap_or_else(|| self.policy.to_string());
+        let deny_cache = (self.deny_cache > 0 && self.store.is_remote_on_real_clock())
+            .then(|| DenyCache::new(self.deny_cache));
         Limiter {
             inner: Arc::new(Inner {
                 store: self.store,
@@ -104,6 +126,7 @@ impl LimiterBuilder {
                 on_error: self.on_error,
                 fallback,
                 name: name.into(),
+                deny_cache,
             }),
         }
     }
@@ -123,6 +146,7 @@ impl Limiter {
             policy,
             on_error: OnStoreError::default(),
             name: None,
+            deny_cache: deny_cache::DEFAULT_CAPACITY,
         }
     }
 
@@ -234,6 +258,13 @@ impl Limiter {
             .map(|&i| keyspace::escape_identifier(identifiers[i].as_ref()))
             .collect();
         let limits = policy.limits();
+        if let Some(cache) = &self.inner.deny_cache {
+            if let Some(decision) = cache.lookup(&ids, &firsts, cost) {
+                observe::deny_cache_hit(&self.inner.name);
+                return Ok(decision);
+            }
+        }
+        let sent = std::time::Instant::now();
         let store = self.inner.store.clone();
         let (outcome, guard) = match policy.concurrency() {
             None => {
@@ -264,6 +295,9 @@ impl Limiter {
                 }
             }
         };
+        if let (Some(cache), false) = (&self.inner.deny_cache, outcome.allowed) {
+            cache.record(&ids, limits, &outcome, cost, sent);
+        }
         let statuses = outcome
             .entries
             .iter()

@@ -79,6 +79,16 @@ impl Store {
         }
     }
 
+    /// Whether the store is shared by other processes and reads the real clock: the case
+    /// where caching its denials saves round trips and is exact.
+    pub(crate) fn is_remote_on_real_clock(&self) -> bool {
+        match self {
+            Store::Memory(_) => false,
+            #[cfg(feature = "redis")]
+            Store::Redis(r) => r.clock().manual_now().is_none(),
+        }
+    }
+
     /// The store's key for an (escaped identifier, limit) pair.
     pub(crate) fn key(&self, escaped_id: &str, limit: &Limit) -> String {
         match self {

@@ -190,6 +190,10 @@ impl RedisStore {
         &self.prefix
     }
 
+    pub(crate) fn clock(&self) -> &Clock {
+        &self.clock
+    }
+
     /// One check, through the breaker: while Redis is known to be down it fails at once.
     pub(crate) async fn check(&self, plan: &Plan<'_>) -> Result<Outcome, StoreError> {
         let call = async {
