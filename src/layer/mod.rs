@@ -18,9 +18,10 @@ pub(crate) mod future;
 mod layer;
 mod service;
 
-pub use self::config::MissingKey;
+pub use self::config::{LayerSettings, MissingKey};
 pub use self::future::ResponseFuture;
 pub use self::layer::RateLimitLayer;
 pub use self::service::RateLimit;
+pub use crate::http::headers::HeaderStyle;
 pub use crate::http::ResponseBody;
 pub use crate::limiter::OnStoreError;
