@@ -1,50 +1,6 @@
-//! The rate-limit headers of responses.
-//!
-//! By default responses carry the fields of draft-ietf-httpapi-ratelimit-headers-11,
-//! serialized as structured fields (RFC 9651), one list item per limit, named by the limit's
-//! text:
-//!
-//! ```text
-//! RateLimit-Policy: "10/s";q=10;w=1, "120/min";q=120;w=60, "5 concurrent";q=5;qu="concurrent-requests"
-//! RateLimit: "10/s";r=0;t=1, "120/min";r=104;t=60, "5 concurrent";r=4
-//! Retry-After: 1
-//! ```
-//!
-//! What each parameter says, and how it is computed:
-//!
-//! * **`q` and `w`** (`RateLimit-Policy`): the quota and its window, in whole seconds (the
-//!   draft has no sub-second windows). `w` is the limit's window rounded up to whole seconds,
-//!   and `q` its count scaled to that window, rounded down: the same rate or a little less,
-//!   never more. `5/500ms` is `q=10;w=1` (exact); `3/700ms` is `q=4;w=1` (less than the 4.29
-//!   per second enforced). A token bucket or GCRA advertises its burst over the time it takes
-//!   to refill it: `100/s bucket capacity=500` is `q=500;w=5`, so `r` never exceeds `q`.
-//! * **`qu="concurrent-requests"`** marks a concurrency limit (`5 concurrent` is
-//!   `q=5;qu="concurrent-requests"`, without `w`: it has no time window).
-//! * **`r`** (`RateLimit`): the quota available now for the most constrained identifier,
-//!   after this request; never more than `q`. For a concurrency limit, the free slots.
-//! * **`t`** (`RateLimit`): the effective window, "the number of seconds within which the client
-//!   can use no more than the available quota" (draft §4.1.2), rounded up:
-//!   * for a limit that denied the request, the time until it would admit it;
-//!   * otherwise the time until the limit's quota is whole again (the end of the current
-//!     fixed window; the expiry of the newest entry of a sliding log; the refill of a bucket),
-//!     at most `w`, and `w` when nothing is used.
-//!
-//!   A concurrency limit has no `t`: slots come back when requests end, not after a time.
-//! * **`Retry-After`** on a denial: the decision's
-//!   [`retry_after`](crate::Decision::retry_after) in whole seconds, rounded up, at least 1. A
-//!   response with a `Retry-After` never carries a `t` beyond it (draft §6: "the Retry-After
-//!   field value SHOULD NOT reference a point in time earlier than the end of the effective
-//!   window"), so `t` is capped at it.
-//!
-//! Several layers on one request (stacked layers, or a route that adds its limiter to the
-//! default one) each add their items to the lists; a limit text that is already listed is
-//! listed once, with the state of the tighter of the two (the lower `r`, then the longer
-//! `t`). Items set by the application are kept.
-//!
-//! The legacy style (`X-RateLimit-Limit`, `-Remaining`, `-Reset`) describes one limit, the one
-//! closest to exhaustion (the lowest `r`, then the longest reset): its `q` and `r`, and the
-//! seconds until its whole quota is back (which, for the sliding-window counter, may be up to
-//! two windows). Of two layers, the one with the lower remaining quota is shown.
+//! The rate-limit headers of responses: the fields of draft-ietf-httpapi-ratelimit-headers-11
+//! (or the legacy `X-RateLimit-*` ones), merged with those already in the response. The rules
+//! are described in the [`layer`](crate::layer#headers) module documentation.
 
 use std::cmp::Reverse;
 use std::time::Duration;
