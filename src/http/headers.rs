@@ -195,12 +195,7 @@ pub(crate) fn add_headers(headers: &mut HeaderMap, decision: &Decision, style: H
         .get(RETRY_AFTER)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.trim().parse::<u64>().ok());
-    let mut ours = adverts(decision);
-    if let Some(cap) = retry_after {
-        for a in &mut ours {
-            a.t = a.t.map(|t| t.min(cap));
-        }
-    }
+    let ours = adverts(decision);
     if style.ietf() {
         merge_ietf(headers, &ours, retry_after);
     }
