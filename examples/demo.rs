@@ -142,7 +142,7 @@ fn parse_args() -> Result<Args, String> {
 }
 
 fn app(limiter: Limiter, key: &Key) -> Router {
-    let layer = RateLimitLayer::new(limiter).legacy_headers(false);
+    let layer = RateLimitLayer::new(limiter);
     let layer = match key {
         Key::Ip => layer.key(PeerIp::default()),
         Key::Header(h, _) => layer.key(h.clone()),

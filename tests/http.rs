@@ -14,7 +14,7 @@ use http_body_util::{BodyExt, Empty};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use tollgate::key::{ClientIp, Header, IpCidr, PeerIp};
-use tollgate::layer::MissingKey;
+use tollgate::layer::{HeaderStyle, MissingKey};
 use tollgate::{
     Clock, Limiter, ManualClock, MemoryStore, OnStoreError, RateLimitLayer, RedisStore, Store,
 };
@@ -199,7 +199,7 @@ async fn routes_have_their_own_policies_and_health_checks_bypass() {
     let layer = RateLimitLayer::new(Limiter::new(store, "100/min".parse().unwrap()))
         .key(Header::named("x-api-key").unwrap())
         .bypass(|req| req.uri.path() == "/health")
-        .route(|req| req.uri.path() == "/login", strict);
+        .route_replacing(|req| req.uri.path() == "/login", strict);
     let addr = serve(app(layer)).await;
     let key = [("x-api-key", "k")];
     assert_eq!(get_with(addr, "/login", &key).await.status, StatusCode::OK);
@@ -243,7 +243,7 @@ async fn a_custom_rejection_and_the_legacy_headers() {
     let limiter = Limiter::new(memory(&clock), "1/min".parse().unwrap());
     let layer = RateLimitLayer::new(limiter)
         .key(Header::named("x-api-key").unwrap())
-        .legacy_headers(true)
+        .headers(HeaderStyle::Both)
         .on_limited(|_req, decision| {
             let body = format!(
                 "{{\"error\":\"slow down\",\"retry_ms\":{}}}",

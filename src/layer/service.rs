@@ -7,11 +7,12 @@ use std::task::{Context, Poll};
 use http::{Request, Response};
 use tower_service::Service;
 
-use super::config::{Config, MissingKey};
+use super::config::{Action, Config, MissingKey};
 use super::future::ResponseFuture;
 use crate::http::response::own_response;
 use crate::http::ResponseBody;
 use crate::key::{KeyExtractor, PeerIp, RequestView};
+use crate::{Decision, Error, Limiter};
 
 /// An HTTP service wrapped by [`RateLimitLayer`](super::RateLimitLayer).
 pub struct RateLimit<S> {
@@ -71,10 +72,13 @@ where
         let config = self.config.clone();
         let view = RequestView::of(&req);
         let grpc = view.is_grpc();
-        let limiter = match config.rules.iter().find(|(matches, _)| matches(&view)) {
-            Some((_, Some(limiter))) => limiter.clone(),
-            Some((_, None)) => return ResponseFuture::called(self.take_ready(), req, config),
-            None => config.default.clone(),
+        let (limiter, also) = match config.rules.iter().find(|r| (r.matches)(&view)) {
+            Some(rule) => match &rule.action {
+                Action::Bypass => return ResponseFuture::called(self.take_ready(), req, config),
+                Action::Replace(limiter) => (limiter.clone(), None),
+                Action::Add(limiter) => (limiter.clone(), Some(config.default.clone())),
+            },
+            None => (config.default.clone(), None),
         };
         let ids: Vec<String> = if config.keys.is_empty() {
             PeerIp::default().extract(&view).into_iter().collect()
@@ -95,7 +99,44 @@ where
             };
         }
         let cost = config.cost.as_ref().map_or(1, |f| f(&view));
-        let check = Box::pin(async move { (limiter.check_n(&ids, cost).await, req) });
+        let check = Box::pin(async move { (check_both(&limiter, also, &ids, cost).await, req) });
         ResponseFuture::checking(self.take_ready(), check, config, grpc)
     }
+}
+
+/// Checks `ids` against `first`, then — if it allowed — against `then`: one decision listing
+/// the limits of both, allowed if both allowed, holding the concurrency slots of both.
+async fn check_both(
+    first: &Limiter,
+    then: Option<Limiter>,
+    ids: &[String],
+    cost: u64,
+) -> Result<Decision, Error> {
+    let mut decision = first.check_n(ids, cost).await?;
+    let Some(then) = then else {
+        return Ok(decision);
+    };
+    if !decision.is_allowed() {
+        return Ok(decision);
+    }
+    // An error or a denial here drops the first decision, and with it any slot it took.
+    let mut second = then.check_n(ids, cost).await?;
+    let offset = decision
+        .statuses
+        .iter()
+        .map(|s| s.limit_index + 1)
+        .max()
+        .unwrap_or(0);
+    decision.statuses.extend(second.statuses.iter().map(|s| {
+        let mut s = *s;
+        s.limit_index += offset;
+        s
+    }));
+    decision.allowed = second.is_allowed();
+    decision.guard = match (decision.guard.take(), second.take_guard()) {
+        _ if !decision.allowed => None,
+        (Some(a), Some(b)) => Some(a.join(b)),
+        (a, b) => a.or(b),
+    };
+    Ok(decision)
 }

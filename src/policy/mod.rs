@@ -26,7 +26,7 @@
 //! `10/s log` (exact rolling window), `1000/d fixed` (a daily quota aligned to UTC midnight).
 //!
 //! [`Policy`] and [`Limit`] implement `Display` in this syntax, and parsing what they display
-//! gives back an equal value.
+//! gives back an equal value. With the `serde` feature they serialize as this text too.
 
 use std::fmt;
 use std::str::FromStr;
@@ -35,6 +35,8 @@ use std::time::Duration;
 mod error;
 mod limit;
 mod parse;
+#[cfg(feature = "serde")]
+mod serde_text;
 #[cfg(test)]
 mod tests;
 
