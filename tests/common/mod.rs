@@ -122,3 +122,111 @@ pub fn unique_prefix() -> String {
 pub fn manual_clock() -> ManualClock {
     ManualClock::new(1_767_225_600_000_000)
 }
+
+/// The keys of the concurrency slot sets under `prefix` (for identifiers without `:c`).
+pub fn slot_keys(conn: &mut redis::Connection, prefix: &str) -> Vec<String> {
+    redis::cmd("KEYS")
+        .arg(format!("{prefix}:*:c*"))
+        .query(conn)
+        .unwrap()
+}
+
+/// The entries of the slot sets `keys` (live and expired alike, until a check removes them).
+pub fn slot_entries(conn: &mut redis::Connection, keys: &[String]) -> usize {
+    if keys.is_empty() {
+        return 0;
+    }
+    let mut pipe = redis::pipe();
+    for k in keys {
+        pipe.zcard(k);
+    }
+    let cards: Vec<usize> = pipe.query(conn).unwrap();
+    cards.iter().sum()
+}
+
+/// Keeps a Redis store's keys from expiring in real time while a test runs it on a manual
+/// clock, and tells when one expired before it could be kept.
+///
+/// The scripts set each key's TTL from the manual clock, but Redis counts it down in real time:
+/// where the manual clock moves slower than real time, a key would vanish while its state is
+/// still alive on the manual clock, and the store would start that key afresh. After every
+/// check, [`KeyWatch::settle`] removes the TTL of every key under the store's prefix (a key
+/// kept past its state's lifetime decides like a missing one, so this changes no decision; the
+/// comparisons hold the stores to that) and counts them: every identifier admitted so far must
+/// have one key per rate limit. A key missing expired between its script and `settle` ([`KeyWatch::lost`]): from
+/// then on, the store may differ from a store on the same clock, and such a run proves
+/// nothing. Concurrency slot sets are not counted (giving back the last slot deletes one).
+/// The keys are deleted when the watch is dropped.
+pub struct KeyWatch {
+    conn: redis::Connection,
+    prefix: String,
+    rate_limits: usize,
+    admitted: std::collections::HashSet<String>,
+    lost: bool,
+}
+
+impl KeyWatch {
+    pub fn new(server: &RedisServer, prefix: &str, policy: &tollgate::Policy) -> KeyWatch {
+        KeyWatch {
+            conn: server.conn(),
+            prefix: prefix.to_string(),
+            rate_limits: policy
+                .limits()
+                .iter()
+                .filter(|l| !l.is_concurrency())
+                .count(),
+            admitted: Default::default(),
+            lost: false,
+        }
+    }
+
+    /// Right after a check of `ids` on the store: keeps every key, and notes whether one that
+    /// should be there is not. Panics on a key that should not be there.
+    pub fn settle(&mut self, ids: &[&str], allowed: bool) {
+        if allowed {
+            self.admitted.extend(ids.iter().map(|id| id.to_string()));
+        }
+        let keys: Vec<String> = redis::cmd("KEYS")
+            .arg(format!("{}:*", self.prefix))
+            .query(&mut self.conn)
+            .unwrap();
+        // (a key listed may expire before its PERSIST: count those still there after it)
+        let mut pipe = redis::pipe();
+        for k in &keys {
+            pipe.persist(k).ignore().exists(k);
+        }
+        let there: Vec<bool> = if keys.is_empty() {
+            Vec::new()
+        } else {
+            pipe.query(&mut self.conn).unwrap()
+        };
+        let rate_keys = keys
+            .iter()
+            .zip(&there)
+            .filter(|(k, &there)| there && !k.rsplit(':').next().unwrap().starts_with('c'))
+            .count();
+        let expected = self.admitted.len() * self.rate_limits;
+        assert!(
+            rate_keys <= expected,
+            "{rate_keys} keys, {expected} expected: {keys:?}"
+        );
+        self.lost |= rate_keys < expected;
+    }
+
+    /// Whether a key expired in real time since the watch began.
+    pub fn lost(&self) -> bool {
+        self.lost
+    }
+}
+
+impl Drop for KeyWatch {
+    fn drop(&mut self) {
+        let keys: Vec<String> = redis::cmd("KEYS")
+            .arg(format!("{}:*", self.prefix))
+            .query(&mut self.conn)
+            .unwrap_or_default();
+        if !keys.is_empty() {
+            let _: redis::RedisResult<()> = redis::cmd("UNLINK").arg(&keys).query(&mut self.conn);
+        }
+    }
+}
