@@ -69,6 +69,8 @@ struct Shared {
     /// How long a call may take: the longest a caller waits for a connection attempt.
     timeout: Duration,
     behind_sentinel: bool,
+    /// The key prefix, for the message of an ACL key pattern that misses it.
+    prefix: Arc<str>,
     /// The passwords of the URL, scrubbed from any error text kept.
     secrets: Vec<String>,
 }
@@ -213,7 +215,12 @@ impl Shared {
                         Cause::Failed(self.keep(e))
                     }
                     Some(kind) => {
-                        let m = Misconfiguration::new(kind, "").with_source(Kept(self.keep(e)));
+                        let context = match kind {
+                            MisconfigurationKind::KeyDenied => &*self.prefix,
+                            _ => "",
+                        };
+                        let m =
+                            Misconfiguration::new(kind, context).with_source(Kept(self.keep(e)));
                         Cause::Misconfigured(m)
                     }
                     None => Cause::Failed(self.keep(e)),
@@ -284,6 +291,7 @@ impl Link {
             epoch: Instant::now(),
             timeout: connector.call_timeout,
             behind_sentinel: matches!(connector.target, Target::Sentinel(_)),
+            prefix: connector.prefix.clone(),
             secrets: connector.target.secrets(),
         });
         Link {

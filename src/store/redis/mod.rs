@@ -179,7 +179,7 @@ impl RedisStoreBuilder {
     }
 
     /// Connects and checks that the server can serve the store, with one real round of the
-    /// store's commands on reserved keys (`PREFIX:{tollgate-probe}:…`, deleted at the end).
+    /// store's commands on reserved keys (`PREFIX:{tollgate-probe-…}:…`, deleted at the end).
     /// Must be called within a Tokio runtime, which then runs the task that keeps
     /// the connection.
     ///

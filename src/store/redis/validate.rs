@@ -4,7 +4,7 @@
 //! A connection is used only once the server has shown that it can serve the store: `INFO`
 //! says it is a standalone master (not a replica, a Sentinel or a Cluster node) of Redis 7.0 or
 //! later, and a probe runs every command the store will send, as the store sends it, on
-//! reserved keys under the store's prefix (`PREFIX:{tollgate-probe}:…`): `SCRIPT LOAD` of both
+//! reserved keys under the store's prefix (`PREFIX:{tollgate-probe-RANDOM}:…`): `SCRIPT LOAD` of both
 //! scripts, the check script once admitted (every algorithm's writes) and once denied (every
 //! algorithm's reads), a lease renewal and a release; then the keys are deleted (they would
 //! expire within seconds anyway). An ACL user missing a command or a key pattern is refused
@@ -13,7 +13,7 @@
 use std::time::Duration;
 
 use redis::aio::MultiplexedConnection;
-use redis::{ErrorKind, RedisError, Script};
+use redis::{ErrorKind, RedisError, RedisResult, Script};
 
 use super::super::error::{Misconfiguration, MisconfigurationKind};
 use super::super::keyspace;
@@ -28,7 +28,7 @@ use crate::policy::{Algorithm, Limit};
 /// `PEXPIRE … GT` (new in 7.0).
 pub(crate) const MIN_VERSION: (u32, u32) = (7, 0);
 
-/// The identifier of the probe's keys.
+/// The start of the identifier of the probe's keys (a random part follows).
 pub(crate) const PROBE_ID: &str = "tollgate-probe";
 
 /// Why a connection did not pass.
@@ -199,23 +199,49 @@ fn probe_limits() -> Vec<Limit> {
     .collect()
 }
 
-/// Runs every command the store sends, as it sends them, on the probe's keys (see the module
-/// documentation). The time is always Redis `TIME`, whatever the store's clock: the ACL user
-/// must be allowed to read it.
+/// Runs every command the store sends, as it sends them, on keys of the probe's own (see the
+/// module documentation), and deletes them, even when the probe fails. The time is always
+/// Redis `TIME`, whatever the store's clock: the ACL user must be allowed to read it.
 pub(crate) async fn probe(conn: &mut MultiplexedConnection, prefix: &str) -> Result<(), Failure> {
+    // An identifier of its own for each probe, so that probes of processes starting together
+    // (or a probe that failed half-way) never deny each other: the first call always admits.
+    let id = lease_id();
+    let probe_id = format!("{PROBE_ID}-{}", &id[..16]);
+    let limits = probe_limits();
+    let result = run_probe(conn, prefix, &probe_id, &id, &limits).await;
+    // Leave nothing behind: a TTL of 0 deletes a key (and needs no command the scripts do
+    // not already need). Should this fail, the keys expire within seconds.
+    let mut clean = redis::pipe();
+    for limit in &limits {
+        clean
+            .cmd("PEXPIRE")
+            .arg(keyspace::key(prefix, &probe_id, limit))
+            .arg(0)
+            .ignore();
+    }
+    let cleaned: RedisResult<()> = clean.query_async(conn).await;
+    result?;
+    Ok(cleaned?)
+}
+
+async fn run_probe(
+    conn: &mut MultiplexedConnection,
+    prefix: &str,
+    probe_id: &str,
+    lease_id: &str,
+    limits: &[Limit],
+) -> Result<(), Failure> {
     let mut load = redis::pipe();
     load.cmd("SCRIPT").arg("LOAD").arg(script::CHECK);
     load.cmd("SCRIPT").arg("LOAD").arg(script::RENEW);
     let _: (String, String) = load.query_async(conn).await?;
 
-    let limits = probe_limits();
-    let ids = [PROBE_ID.to_string()];
-    let id = lease_id();
+    let ids = [probe_id.to_string()];
     let plan = Plan {
         ids: &ids,
-        limits: &limits,
+        limits,
         cost: 1,
-        lease: &id,
+        lease: lease_id,
     };
     let check = Script::new(script::CHECK);
     // The first call admits (every algorithm writes), the second is denied (every algorithm
@@ -230,9 +256,9 @@ pub(crate) async fn probe(conn: &mut MultiplexedConnection, prefix: &str) -> Res
         keys: limits
             .iter()
             .filter(|l| l.is_concurrency())
-            .map(|l| keyspace::key(prefix, PROBE_ID, l))
+            .map(|l| keyspace::key(prefix, probe_id, l))
             .collect(),
-        id,
+        id: lease_id.to_string(),
         lease_us: 1_000_000,
     };
     let renew = Script::new(script::RENEW);
@@ -242,17 +268,6 @@ pub(crate) async fn probe(conn: &mut MultiplexedConnection, prefix: &str) -> Res
     let () = release_pipe(std::slice::from_ref(&lease))
         .query_async(conn)
         .await?;
-    // Leave nothing behind: a TTL of 0 deletes a key (and needs no command the scripts do
-    // not already need).
-    let mut clean = redis::pipe();
-    for limit in &limits {
-        clean
-            .cmd("PEXPIRE")
-            .arg(keyspace::key(prefix, PROBE_ID, limit))
-            .arg(0)
-            .ignore();
-    }
-    let () = clean.query_async(conn).await?;
     Ok(())
 }
 
