@@ -31,12 +31,13 @@ use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
 use redis::aio::MultiplexedConnection;
-use redis::{AsyncConnectionConfig, Client, PushInfo, PushKind, RedisError};
+use redis::{AsyncConnectionConfig, Client, ConnectionInfo, PushInfo, PushKind, RedisError};
 use tokio::sync::{watch, Notify};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use super::url::{tcp_info, SentinelTarget, Target};
+use super::sentinel::{Lookup, Sentinels, RECHECK};
+use super::url::{tcp_info, Target};
 use super::validate::{self, Failure};
 use crate::store::error::{Misconfiguration, MisconfigurationKind};
 use crate::store::StoreError;
@@ -229,6 +230,19 @@ impl Shared {
         }
     }
 
+    fn lookup_cause(&self, lookup: Lookup, service: &str) -> Cause {
+        let kind = match lookup {
+            Lookup::Failed(e) => return Cause::Failed(self.keep(e)),
+            Lookup::Misconfigured(kind) => kind,
+        };
+        let context = match kind {
+            MisconfigurationKind::UnknownService => service,
+            MisconfigurationKind::Authentication => "sentinel",
+            _ => "",
+        };
+        Cause::Misconfigured(Misconfiguration::new(kind, context))
+    }
+
     /// Condemns the connection of `generation`, if it is still the current one.
     fn broken(&self, generation: u64) {
         let condemned = self.state.send_if_modified(|state| match state {
@@ -290,9 +304,9 @@ impl Link {
             last_reply_ms: AtomicU64::new(0),
             epoch: Instant::now(),
             timeout: connector.call_timeout,
-            behind_sentinel: matches!(connector.target, Target::Sentinel(_)),
+            behind_sentinel: matches!(connector.source, Source::Sentinels(_)),
             prefix: connector.prefix.clone(),
-            secrets: connector.target.secrets(),
+            secrets: connector.secrets.clone(),
         });
         Link {
             shared,
@@ -304,7 +318,10 @@ impl Link {
     }
 
     fn start(&self, connector: Connector) {
-        let connected = matches!(*self.shared.state.borrow(), State::Up { .. });
+        let connected = match &*self.shared.state.borrow() {
+            State::Up { generation, .. } => Some(*generation),
+            _ => None,
+        };
         let handle = tokio::spawn(run(self.shared.clone(), connector, connected));
         *self
             .task
@@ -403,12 +420,17 @@ struct Attempted {
 
 /// Makes connections: where to (asking the sentinels), with what timeouts, checked how.
 pub(crate) struct Connector {
-    pub(crate) target: Target,
-    pub(crate) prefix: Arc<str>,
-    pub(crate) connect_timeout: Duration,
-    pub(crate) call_timeout: Duration,
-    /// The sentinel that answered last, asked first next time.
-    preferred: usize,
+    source: Source,
+    secrets: Vec<String>,
+    prefix: Arc<str>,
+    connect_timeout: Duration,
+    call_timeout: Duration,
+}
+
+/// Where the server is.
+enum Source {
+    Fixed(ConnectionInfo),
+    Sentinels(Sentinels),
 }
 
 impl Connector {
@@ -418,12 +440,17 @@ impl Connector {
         connect_timeout: Duration,
         call_timeout: Duration,
     ) -> Connector {
+        let secrets = target.secrets();
+        let source = match target {
+            Target::Standalone(info) => Source::Fixed(info),
+            Target::Sentinel(s) => Source::Sentinels(Sentinels::new(s, connect_timeout)),
+        };
         Connector {
-            target,
+            source,
+            secrets,
             prefix,
             connect_timeout,
             call_timeout,
-            preferred: 0,
         }
     }
 
@@ -431,14 +458,17 @@ impl Connector {
     async fn attempt(&mut self, shared: &Shared, notify: Weak<Shared>) -> Result<Attempted, Cause> {
         let generation = shared.next_generation.fetch_add(1, Ordering::Relaxed);
         let limit = self.connect_timeout;
-        let info = match &self.target {
-            Target::Standalone(info) => info.clone(),
-            Target::Sentinel(s) => {
-                let s = s.clone();
-                match tokio::time::timeout(limit, self.resolve(shared, &s)).await {
-                    Ok(found) => found?,
-                    Err(_) => return Err(Cause::Timeout(limit)),
-                }
+        let info = match &mut self.source {
+            Source::Fixed(info) => info.clone(),
+            Source::Sentinels(sentinels) => {
+                let (host, port) = sentinels
+                    .master()
+                    .await
+                    .map_err(|e| shared.lookup_cause(e, &sentinels.target().service))?;
+                let info = tcp_info(&host, port, &sentinels.target().master)
+                    .map_err(|e| shared.cause(e.into()))?;
+                sentinels.current = Some((host, port));
+                info
             }
         };
         let on_push = move |push: PushInfo| {
@@ -469,97 +499,38 @@ impl Connector {
         }
     }
 
-    /// Asks the sentinels, in turn, where the master of the service is (`SENTINEL
-    /// GET-MASTER-ADDR-BY-NAME`), starting with the one that answered last.
-    async fn resolve(
-        &mut self,
-        shared: &Shared,
-        target: &SentinelTarget,
-    ) -> Result<redis::ConnectionInfo, Cause> {
-        let n = target.sentinels.len();
-        let (mut unknown, mut not_sentinel, mut refused) = (0, 0, 0);
-        let mut last = None;
-        for i in 0..n {
-            let index = (self.preferred + i) % n;
-            let (host, port) = &target.sentinels[index];
-            match self.ask(host, *port, target).await {
-                Ok(Some((master, master_port))) => {
-                    self.preferred = index;
-                    return tcp_info(&master, master_port, &target.master)
-                        .map_err(|e| shared.cause(e.into()));
-                }
-                Ok(None) => unknown += 1,
-                Err(e) => {
-                    let verdict = validate::classify(&e);
-                    match verdict.misconfigured {
-                        Some(MisconfigurationKind::Authentication) => refused += 1,
-                        Some(MisconfigurationKind::CommandDenied) => not_sentinel += 1,
-                        _ => {}
+    /// Waits until the connection in use is condemned; behind Sentinel, condemns it when the
+    /// sentinels name another master.
+    async fn watch(&mut self, shared: &Shared, generation: u64) {
+        let Source::Sentinels(sentinels) = &mut self.source else {
+            return shared.wake.notified().await;
+        };
+        loop {
+            tokio::select! {
+                () = shared.wake.notified() => return,
+                () = tokio::time::sleep(RECHECK) => {
+                    if sentinels.moved().await {
+                        shared.broken(generation);
                     }
-                    last = Some(e);
                 }
             }
         }
-        let all = |count| count == n;
-        let kind = if all(unknown) {
-            Some(MisconfigurationKind::UnknownService)
-        } else if all(not_sentinel) {
-            Some(MisconfigurationKind::NotSentinel)
-        } else if all(refused) {
-            Some(MisconfigurationKind::Authentication)
-        } else {
-            None
-        };
-        match (kind, last) {
-            (Some(MisconfigurationKind::UnknownService), _) => Err(Cause::Misconfigured(
-                Misconfiguration::new(MisconfigurationKind::UnknownService, &target.service),
-            )),
-            (Some(MisconfigurationKind::Authentication), _) => Err(Cause::Misconfigured(
-                Misconfiguration::new(MisconfigurationKind::Authentication, "sentinel"),
-            )),
-            (Some(kind), _) => Err(Cause::Misconfigured(Misconfiguration::new(kind, ""))),
-            (None, Some(e)) => Err(Cause::Failed(shared.keep(e))),
-            (None, None) => Err(Cause::Failed(Arc::new(Reason("no sentinel answered")))),
-        }
-    }
-
-    /// One sentinel's answer: the master's address, or `None` when it knows no such service.
-    async fn ask(
-        &self,
-        host: &str,
-        port: u16,
-        target: &SentinelTarget,
-    ) -> redis::RedisResult<Option<(String, u16)>> {
-        let client = Client::open(tcp_info(host, port, &target.auth)?)?;
-        let config = AsyncConnectionConfig::new()
-            .set_connection_timeout(Some(self.connect_timeout))
-            .set_response_timeout(Some(self.connect_timeout));
-        let mut conn = client
-            .get_multiplexed_async_connection_with_config(&config)
-            .await?;
-        let reply: Option<(String, String)> = redis::cmd("SENTINEL")
-            .arg("GET-MASTER-ADDR-BY-NAME")
-            .arg(&target.service)
-            .query_async(&mut conn)
-            .await?;
-        Ok(reply.and_then(|(host, port)| Some((host, port.parse().ok()?))))
     }
 }
 
 /// The task: keeps a connection, replacing it when it is reported broken; retries failed
 /// attempts with a growing, jittered backoff up to [`MAX_BACKOFF`].
-async fn run(shared: Arc<Shared>, mut connector: Connector, mut connected: bool) {
+async fn run(shared: Arc<Shared>, mut connector: Connector, mut connected: Option<u64>) {
     let mut backoff = MIN_BACKOFF;
     loop {
-        if connected {
-            shared.wake.notified().await;
-            connected = false;
+        if let Some(generation) = connected.take() {
+            connector.watch(&shared, generation).await;
             backoff = MIN_BACKOFF;
         }
         match connector.attempt(&shared, Arc::downgrade(&shared)).await {
             Ok(Attempted { conn, generation }) => {
                 shared.state.send_replace(State::Up { conn, generation });
-                connected = true;
+                connected = Some(generation);
             }
             Err(cause) => {
                 shared.state.send_replace(State::Down(cause));

@@ -25,6 +25,7 @@ use super::{Outcome, Plan, StoreError};
 use crate::clock::Clock;
 
 mod connection;
+mod sentinel;
 mod url;
 mod validate;
 
