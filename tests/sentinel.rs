@@ -84,15 +84,6 @@ fn info(server: &RedisServer, section: &str) -> String {
         .unwrap_or_default()
 }
 
-fn role(server: &RedisServer) -> String {
-    info(server, "replication")
-        .lines()
-        .find_map(|l| l.strip_prefix("role:"))
-        .unwrap_or("")
-        .trim()
-        .to_string()
-}
-
 async fn allowed(l: &Limiter, id: &str) -> Result<(), String> {
     match l.check(&[id]).await {
         Ok(d) if d.is_allowed() => Ok(()),
