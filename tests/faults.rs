@@ -248,3 +248,87 @@ async fn an_empty_script_cache_and_a_restart_are_survived() {
     let (_, took) = eventually(RECOVERY, || allowed(&l, "a")).await;
     eprintln!("checks back {took:?} after the restart");
 }
+
+/// Takes slots of `l` for `id` until one is denied (at most `limit + 1` tries, each retried
+/// while the store fails); returns the decisions that hold a slot.
+async fn take_all(l: &Limiter, id: &str, limit: usize) -> Vec<tollgate::Decision> {
+    let mut held = Vec::new();
+    for _ in 0..=limit {
+        let (d, _) = eventually(RECOVERY, || async move { l.check(&[id]).await }).await;
+        if !d.is_allowed() {
+            return held;
+        }
+        held.push(d);
+    }
+    panic!("more than {limit} slots taken at once");
+}
+
+/// What a stall longer than the lease does to a concurrency limit: the held leases expire
+/// in Redis (their renewals cannot reach it), so once Redis answers again up to `limit` more
+/// requests are let in while the old ones still run — at most twice the limit in flight, and
+/// only until the old requests end.
+#[tokio::test]
+async fn a_stall_longer_than_the_lease_lets_in_at_most_the_limit_again() {
+    let server = RedisServer::start_with(&["--enable-debug-command", "yes"]);
+    let l = limiter(
+        server.url(),
+        "3 concurrent lease=1s",
+        Duration::from_millis(200),
+    )
+    .await;
+    let old = take_all(&l, "k", 3).await;
+    assert_eq!(old.len(), 3);
+    let mut admin = server.conn();
+    let stall = std::thread::spawn(move || {
+        let _: () = redis::cmd("DEBUG")
+            .arg("SLEEP")
+            .arg("2.5")
+            .query(&mut admin)
+            .unwrap();
+    });
+    tokio::task::spawn_blocking(move || stall.join().unwrap())
+        .await
+        .unwrap();
+    let new = take_all(&l, "k", 3).await;
+    eprintln!(
+        "{} in flight at once after a stall longer than the lease",
+        old.len() + new.len()
+    );
+    assert_eq!(new.len(), 3, "the old leases expired during the stall");
+    // once the old requests end, the limit holds as before
+    drop(old);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!l.check(&["k"]).await.unwrap().is_allowed());
+    drop(new);
+}
+
+/// What a restart without persistence does to a concurrency limit: the slots are gone with
+/// the data, so up to `limit` more requests are let in while the old ones still run (their
+/// renewals do not bring the leases back).
+#[tokio::test]
+async fn a_restart_without_persistence_lets_in_at_most_the_limit_again() {
+    let server = RedisServer::start();
+    let port = server.port;
+    let l = limiter(
+        server.url(),
+        "3 concurrent lease=1s",
+        Duration::from_millis(250),
+    )
+    .await;
+    let old = take_all(&l, "k", 3).await;
+    assert_eq!(old.len(), 3);
+    drop(server);
+    let _again = RedisServer::start_on(port);
+    let new = take_all(&l, "k", 3).await;
+    eprintln!(
+        "{} in flight at once after a restart without persistence",
+        old.len() + new.len()
+    );
+    assert_eq!(new.len(), 3, "the old slots were lost with the data");
+    // the old leases' renewals do not bring them back
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert!(!l.check(&["k"]).await.unwrap().is_allowed());
+    drop(old);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!l.check(&["k"]).await.unwrap().is_allowed());
+}
