@@ -157,3 +157,29 @@ async fn the_probe_leaves_nothing_behind() {
         .unwrap();
     assert_eq!(keys, Vec::<String>::new());
 }
+
+/// Settings that cannot work are refused before connecting, with the password redacted.
+#[tokio::test]
+async fn unusable_settings_are_refused_before_connecting() {
+    use tollgate::store::ConfigErrorKind;
+    let config = |e: StoreError| match e {
+        StoreError::Config(c) => c,
+        other => panic!("expected a configuration error, got {other:?}"),
+    };
+    let err = RedisStore::builder("redis://:s3cret@127.0.0.1:1/")
+        .sentinel_password("x")
+        .build_lazy()
+        .unwrap_err();
+    let err = config(err);
+    assert_eq!(err.kind(), ConfigErrorKind::SentinelCredentials);
+    assert!(!err.to_string().contains("s3cret"), "{err}");
+    for url in [
+        "redis+sentinel://:s3cret@127.0.0.1:1",
+        "redis+sentinel://:s3cret@127.0.0.1:x/svc",
+        "http://:s3cret@127.0.0.1:1/",
+    ] {
+        let err = config(RedisStore::builder(url).build_lazy().unwrap_err());
+        assert_eq!(err.kind(), ConfigErrorKind::Url, "{url}");
+        assert!(!format!("{err} {err:?}").contains("s3cret"), "{err:?}");
+    }
+}

@@ -95,6 +95,8 @@ pub enum ConfigErrorKind {
     Timeout,
     /// The URL is not a Redis URL the store can use.
     Url,
+    /// Sentinel credentials were given for a URL without sentinels.
+    SentinelCredentials,
 }
 
 /// The Redis commands the store sends, as an ACL rule: its own calls (`EVALSHA`,
@@ -259,6 +261,11 @@ impl fmt::Display for ConfigError {
                 "key prefix {part:?} must be non-empty and contain no braces"
             ),
             ConfigErrorKind::Timeout => write!(f, "{part} must be longer than 0"),
+            ConfigErrorKind::SentinelCredentials => write!(
+                f,
+                "a Sentinel user or password was given, but {part:?} is not a \
+                 redis+sentinel:// URL: give the server's own credentials in the URL"
+            ),
             ConfigErrorKind::Url => write!(
                 f,
                 "{part:?} is not a usable Redis URL (redis://[[user]:password@]host[:port][/db], \

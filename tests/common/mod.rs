@@ -14,8 +14,9 @@ pub struct RedisServer {
     pub port: u16,
     /// The `requirepass` it was started with, for [`RedisServer::conn`].
     password: Option<String>,
-    /// A directory of its own (a Cluster node's config file), removed on drop.
-    dir: Option<std::path::PathBuf>,
+    /// Its working directory, of its own (a replica writes the master's data there, a
+    /// Cluster node its config file), removed on drop.
+    dir: std::path::PathBuf,
 }
 
 impl RedisServer {
@@ -58,19 +59,13 @@ impl RedisServer {
             .position(|a| *a == "--requirepass")
             .and_then(|i| args.get(i + 1))
             .map(|p| p.to_string());
-        let dir = args
-            .contains(&"--cluster-enabled")
-            .then(|| temp_dir(&format!("node-{port}")));
+        let dir = temp_dir(&format!("server-{port}"));
         let mut command = Command::new("redis-server");
         command
             .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
-            .args(["--loglevel", "warning"])
+            .args(["--loglevel", "warning", "--dir", dir.to_str().unwrap()])
             .args(args);
-        if let Some(dir) = &dir {
-            let conf = dir.join("nodes.conf");
-            command.args(["--cluster-config-file", conf.to_str().unwrap()]);
-        }
         let child = command
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -131,9 +126,7 @@ impl Drop for RedisServer {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
-        if let Some(dir) = &self.dir {
-            let _ = std::fs::remove_dir_all(dir);
-        }
+        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 
@@ -202,7 +195,10 @@ impl SentinelServer {
             let conf = dir.join("sentinel.conf");
             std::fs::write(
                 &conf,
-                format!("port {port}\nbind 127.0.0.1\nloglevel warning\n{config}\n"),
+                format!(
+                    "port {port}\nbind 127.0.0.1\nloglevel warning\ndir {}\n{config}\n",
+                    dir.display()
+                ),
             )
             .unwrap();
             let mut child = Command::new("redis-server")

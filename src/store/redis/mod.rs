@@ -156,7 +156,8 @@ impl RedisStoreBuilder {
                 self.sentinel_password.as_deref(),
             )
         {
-            return Err(ConfigError::new(ConfigErrorKind::Url, redact_url(&self.url)).into());
+            let kind = ConfigErrorKind::SentinelCredentials;
+            return Err(ConfigError::new(kind, redact_url(&self.url)).into());
         }
         Ok(Connector::new(
             target,
