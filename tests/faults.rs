@@ -332,3 +332,37 @@ async fn a_restart_without_persistence_lets_in_at_most_the_limit_again() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(!l.check(&["k"]).await.unwrap().is_allowed());
 }
+
+/// The server goes silent without closing the connection (a dead network path, through a
+/// proxy that stops forwarding): once calls have kept timing out for a second the store
+/// gives up the connection, answers at once while it cannot make a new one, and uses Redis
+/// again as soon as the path is back.
+#[tokio::test]
+async fn a_silent_connection_is_given_up() {
+    let server = RedisServer::start();
+    let proxy = common::Proxy::start(server.port).await;
+    let timeout = Duration::from_millis(200);
+    let store = RedisStore::builder(proxy.url())
+        .prefix(unique_prefix())
+        .timeout(timeout)
+        .connect_timeout(Duration::from_millis(500))
+        .build()
+        .await
+        .unwrap();
+    let l = Limiter::new(store, "1000/min".parse().unwrap());
+    allowed(&l, "a").await.unwrap();
+    proxy.freeze(true);
+    let (took, _) = eventually(RECOVERY, || async {
+        let started = std::time::Instant::now();
+        match l.check(&["a"]).await {
+            Ok(d) => panic!("checked without Redis: {d:?}"),
+            Err(Error::Store(StoreError::Unavailable)) => Ok(started.elapsed()),
+            Err(e) => Err(e.to_string()),
+        }
+    })
+    .await;
+    assert!(took < timeout, "answered at once while down: {took:?}");
+    proxy.freeze(false);
+    let (_, took) = eventually(RECOVERY, || allowed(&l, "a")).await;
+    eprintln!("checks back {took:?} after the path came back");
+}

@@ -26,7 +26,7 @@ use std::collections::hash_map::RandomState;
 use std::error::Error as StdError;
 use std::fmt;
 use std::hash::BuildHasher;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
@@ -46,10 +46,12 @@ use crate::store::StoreError;
 pub(crate) const MAX_BACKOFF: Duration = Duration::from_millis(500);
 /// The first wait after a failed attempt.
 const MIN_BACKOFF: Duration = Duration::from_millis(25);
-/// Without any reply for this long (or twice the call timeout, if longer), a call that times
-/// out condemns the connection: a peer that vanished without closing it would otherwise hold
-/// every call until TCP gives up, minutes later.
+/// When calls have kept timing out without any reply for this long (or twice the call
+/// timeout, if longer), the next one to time out condemns the connection: a peer that vanished
+/// without closing it would otherwise hold every call until TCP gives up, minutes later.
 const SILENCE: Duration = Duration::from_secs(1);
+/// No time recorded.
+const NONE: u64 = u64::MAX;
 
 /// The store's handle on its connection. Clones share it; the background task ends when the
 /// last clone is gone.
@@ -64,8 +66,9 @@ struct Shared {
     /// Wakes the task when its connection was reported broken.
     wake: Notify,
     next_generation: AtomicU64,
-    /// When a reply last came, in ms since `epoch`.
-    last_reply_ms: AtomicU64,
+    /// When the first call timed out since the last reply, in ms since `epoch`
+    /// ([`NONE`] when a reply came after the last timeout).
+    first_miss_ms: AtomicU64,
     epoch: Instant,
     /// How long a call may take: the longest a caller waits for a connection attempt.
     timeout: Duration,
@@ -170,6 +173,8 @@ struct Task {
     /// What the task needs to start, until it has (a lazily built store outside a runtime
     /// starts it on first use).
     pending: Mutex<Option<Connector>>,
+    /// Whether `pending` holds it, read without the lock on every call.
+    has_pending: AtomicBool,
 }
 
 impl Drop for Task {
@@ -292,6 +297,7 @@ impl Link {
                 .pending
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner) = Some(connector);
+            link.task.has_pending.store(true, Ordering::Release);
         }
         link
     }
@@ -301,7 +307,7 @@ impl Link {
             state: watch::Sender::new(state),
             wake: Notify::new(),
             next_generation: AtomicU64::new(0),
-            last_reply_ms: AtomicU64::new(0),
+            first_miss_ms: AtomicU64::new(NONE),
             epoch: Instant::now(),
             timeout: connector.call_timeout,
             behind_sentinel: matches!(connector.source, Source::Sentinels(_)),
@@ -313,6 +319,7 @@ impl Link {
             task: Arc::new(Task {
                 handle: Mutex::new(None),
                 pending: Mutex::new(None),
+                has_pending: AtomicBool::new(false),
             }),
         }
     }
@@ -336,14 +343,17 @@ impl Link {
         &self,
         deadline: Instant,
     ) -> Result<(MultiplexedConnection, u64), StoreError> {
-        let pending = self
-            .task
-            .pending
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take();
-        if let Some(connector) = pending {
-            self.start(connector);
+        if self.task.has_pending.load(Ordering::Acquire) {
+            let pending = self
+                .task
+                .pending
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .take();
+            if let Some(connector) = pending {
+                self.task.has_pending.store(false, Ordering::Release);
+                self.start(connector);
+            }
         }
         let mut rx = self.shared.state.subscribe();
         let waited = matches!(*rx.borrow_and_update(), State::Connecting);
@@ -363,20 +373,25 @@ impl Link {
         }
     }
 
-    /// A call on the connection of `generation` got its reply.
+    /// A call got its reply.
     pub(crate) fn replied(&self) {
-        self.shared
-            .last_reply_ms
-            .store(self.shared.now_ms(), Ordering::Relaxed);
+        let missed = &self.shared.first_miss_ms;
+        if missed.load(Ordering::Relaxed) != NONE {
+            missed.store(NONE, Ordering::Relaxed);
+        }
     }
 
     /// A call on the connection of `generation` got no reply in time: the connection is
-    /// condemned once nothing has come back on it for a while.
+    /// condemned once calls have kept timing out, without any reply, for a while.
     pub(crate) fn timed_out(&self, generation: u64) {
         let silence = SILENCE.max(self.shared.timeout * 2);
-        let last = self.shared.last_reply_ms.load(Ordering::Relaxed);
-        let silent_ms = self.shared.now_ms().saturating_sub(last);
-        if u128::from(silent_ms) >= silence.as_millis() {
+        let now = self.shared.now_ms();
+        let missed = &self.shared.first_miss_ms;
+        let first = match missed.compare_exchange(NONE, now, Ordering::Relaxed, Ordering::Relaxed) {
+            Ok(_) => now,
+            Err(first) => first,
+        };
+        if u128::from(now.saturating_sub(first)) >= silence.as_millis() {
             self.broken(generation);
         }
     }
