@@ -120,9 +120,9 @@ impl Cause {
 
     fn label(&self) -> &'static str {
         match self {
-            Cause::Misconfigured(_) => "misconfigured",
-            Cause::Failed(_) => "failed",
-            Cause::Timeout(_) => "timeout",
+            Cause::Misconfigured(_) => "down: misconfigured",
+            Cause::Failed(_) => "down",
+            Cause::Timeout(_) => "down: timed out",
         }
     }
 }
