@@ -182,7 +182,14 @@ async fn main() -> ExitCode {
         Some(url) => match redis_store(url, args.store_timeout).await {
             Ok(s) => s.into(),
             Err(e) => {
-                eprintln!("cannot use Redis at {url}: {e}");
+                // The error names the cause and the fix, with any password redacted; the URL
+                // itself is not printed, since it may hold one.
+                eprintln!("cannot use Redis: {e}");
+                let mut source = std::error::Error::source(&e);
+                while let Some(cause) = source {
+                    eprintln!("  caused by: {cause}");
+                    source = cause.source();
+                }
                 return ExitCode::FAILURE;
             }
         },

@@ -250,7 +250,7 @@ impl Limit {
         self.algorithm
     }
 
-    /// At most `count` requests in flight, with the default lease of 60 s.
+    /// At most `count` requests in flight, with the [default lease](DEFAULT_LEASE) of 15 s.
     ///
     /// # Errors
     ///

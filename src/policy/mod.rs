@@ -18,7 +18,7 @@
 //!   once; defaults to `COUNT`.
 //!
 //! A concurrency limit is written `N concurrent [lease=DURATION]`: at most N requests in flight
-//! per identifier ([`Algorithm::Concurrency`]); the lease (default 60 s) bounds how long a
+//! per identifier ([`Algorithm::Concurrency`]); the lease (default 15 s) bounds how long a
 //! slot outlives a process that died holding it.
 //!
 //! Examples: `10/s, 120/min, 240/h` (seed-style multi-limit, default algorithm),
@@ -59,8 +59,10 @@ pub const MAX_LOG_COUNT: u64 = 100_000;
 /// shorter one could lapse under a request that is still running.
 pub const MIN_LEASE: Duration = Duration::from_secs(1);
 
-/// The lease of a concurrency limit when the text gives none.
-pub const DEFAULT_LEASE: Duration = Duration::from_secs(60);
+/// The lease of a concurrency limit when the text gives none: a process that dies holding a
+/// slot locks it for at most this long. Held slots are renewed every third of it, so a store
+/// outage shorter than two thirds of it loses no slot.
+pub const DEFAULT_LEASE: Duration = Duration::from_secs(15);
 
 /// The most limits one policy may hold.
 pub const MAX_LIMITS: usize = 16;

@@ -94,7 +94,7 @@ impl FleetShedder {
         self
     }
 
-    /// How long a slot outlives a process that died holding it (default 60 s).
+    /// How long a slot outlives a process that died holding it (default 15 s).
     pub fn lease(mut self, lease: Duration) -> Self {
         self.lease = lease;
         self

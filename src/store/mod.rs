@@ -19,7 +19,7 @@ pub(crate) mod redis;
 mod script;
 
 pub(crate) use crate::algorithm::Outcome;
-pub use error::{ConfigError, ConfigErrorKind, StoreError};
+pub use error::{ConfigError, ConfigErrorKind, Misconfiguration, MisconfigurationKind, StoreError};
 use lease::{Backend, Keeper, Lease};
 pub use memory::{MemoryStore, MemoryStoreBuilder};
 #[cfg(feature = "redis")]

@@ -12,14 +12,25 @@ use tollgate::{Clock, ManualClock, RedisStore};
 pub struct RedisServer {
     child: Child,
     pub port: u16,
+    /// The `requirepass` it was started with, for [`RedisServer::conn`].
+    password: Option<String>,
+    /// Its working directory, of its own (a replica writes the master's data there, a
+    /// Cluster node its config file), removed on drop.
+    dir: std::path::PathBuf,
 }
 
 impl RedisServer {
     /// Starts a server on a free loopback port. Panics (failing the test, never skipping it)
     /// when `redis-server` is not installed: `scripts/test.sh` installs it.
     pub fn start() -> RedisServer {
+        RedisServer::start_with(&[])
+    }
+
+    /// Starts a server with extra `redis-server` arguments (`--requirepass`, `--replicaof`,
+    /// `--cluster-enabled`…) on a free port.
+    pub fn start_with(args: &[&str]) -> RedisServer {
         for _ in 0..5 {
-            if let Some(server) = RedisServer::try_start(free_port()) {
+            if let Some(server) = RedisServer::try_start(free_port(), args) {
                 return server;
             }
         }
@@ -28,8 +39,13 @@ impl RedisServer {
 
     /// Starts a server on `port` (after a restart, say), retrying while the port is busy.
     pub fn start_on(port: u16) -> RedisServer {
+        RedisServer::start_on_with(port, &[])
+    }
+
+    /// [`RedisServer::start_on`] with extra arguments.
+    pub fn start_on_with(port: u16, args: &[&str]) -> RedisServer {
         for _ in 0..50 {
-            if let Some(server) = RedisServer::try_start(port) {
+            if let Some(server) = RedisServer::try_start(port, args) {
                 return server;
             }
             std::thread::sleep(Duration::from_millis(100));
@@ -37,50 +53,58 @@ impl RedisServer {
         panic!("could not start redis-server on port {port}");
     }
 
-    fn try_start(port: u16) -> Option<RedisServer> {
-        {
-            let child = Command::new("redis-server")
-                .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-                .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
-                .args(["--loglevel", "warning"])
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .expect("redis-server is required for the tests: run scripts/test.sh, which installs it");
-            let mut server = RedisServer { child, port };
-            if server.wait_ready() {
-                return Some(server);
-            }
-            None
+    fn try_start(port: u16, args: &[&str]) -> Option<RedisServer> {
+        let password = args
+            .iter()
+            .position(|a| *a == "--requirepass")
+            .and_then(|i| args.get(i + 1))
+            .map(|p| p.to_string());
+        let dir = temp_dir(&format!("server-{port}"));
+        let mut command = Command::new("redis-server");
+        command
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
+            .args(["--loglevel", "warning", "--dir", dir.to_str().unwrap()])
+            .args(args);
+        let child = command
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect(
+                "redis-server is required for the tests: run scripts/test.sh, which installs it",
+            );
+        let mut server = RedisServer {
+            child,
+            port,
+            password,
+            dir,
+        };
+        if server.wait_ready() {
+            return Some(server);
         }
+        None
     }
 
     fn wait_ready(&mut self) -> bool {
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return false; // exited: port taken meanwhile
-            }
-            if TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
-                if let Ok(mut c) = redis::Client::open(self.url()).and_then(|c| c.get_connection())
-                {
-                    if redis::cmd("PING").query::<String>(&mut c).is_ok() {
-                        return true;
-                    }
-                }
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        false
+        let url = self.admin_url();
+        wait_ready(&mut self.child, self.port, &url)
     }
 
     pub fn url(&self) -> String {
         format!("redis://127.0.0.1:{}/", self.port)
     }
 
+    /// The URL with the server's own password, if it has one.
+    pub fn admin_url(&self) -> String {
+        match &self.password {
+            Some(pw) => format!("redis://:{}@127.0.0.1:{}/", encode(pw), self.port),
+            None => self.url(),
+        }
+    }
+
     /// A plain synchronous connection, to look at what the scripts wrote.
     pub fn conn(&self) -> redis::Connection {
-        redis::Client::open(self.url())
+        redis::Client::open(self.admin_url())
             .unwrap()
             .get_connection()
             .unwrap()
@@ -102,6 +126,134 @@ impl Drop for RedisServer {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Waits until the process answers `PING` (an error reply such as `NOAUTH` counts: the server
+/// is up). `false` if it exited (its port was taken) or never answered.
+fn wait_ready(child: &mut Child, port: u16, url: &str) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while Instant::now() < deadline {
+        if let Ok(Some(_)) = child.try_wait() {
+            return false; // exited: port taken meanwhile
+        }
+        if TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            if let Ok(mut c) = redis::Client::open(url).and_then(|c| c.get_connection()) {
+                match redis::cmd("PING").query::<String>(&mut c) {
+                    Ok(_) => return true,
+                    Err(e) if e.code().is_some() => return true,
+                    Err(_) => {}
+                }
+            }
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    false
+}
+
+/// Percent-encodes everything but letters and digits, for a password in a test URL.
+pub fn encode(text: &str) -> String {
+    text.bytes()
+        .map(|b| {
+            if b.is_ascii_alphanumeric() {
+                (b as char).to_string()
+            } else {
+                format!("%{b:02X}")
+            }
+        })
+        .collect()
+}
+
+/// A fresh directory under the system's temporary directory.
+pub fn temp_dir(name: &str) -> std::path::PathBuf {
+    static N: AtomicU64 = AtomicU64::new(0);
+    let dir = std::env::temp_dir().join(format!(
+        "tollgate-{}-{}-{name}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// A `redis-server --sentinel` of the test's own, with its config file in a directory of its
+/// own; stopped and removed on drop.
+pub struct SentinelServer {
+    child: Child,
+    pub port: u16,
+    dir: std::path::PathBuf,
+}
+
+impl SentinelServer {
+    /// Starts a sentinel whose config file holds `config` (lines such as
+    /// `sentinel monitor mymaster 127.0.0.1 6379 2`) after its port.
+    pub fn start(config: &str) -> SentinelServer {
+        for _ in 0..5 {
+            let port = free_port();
+            let dir = temp_dir(&format!("sentinel-{port}"));
+            let conf = dir.join("sentinel.conf");
+            std::fs::write(
+                &conf,
+                format!(
+                    "port {port}\nbind 127.0.0.1\nloglevel warning\ndir {}\n{config}\n",
+                    dir.display()
+                ),
+            )
+            .unwrap();
+            let mut child = Command::new("redis-server")
+                .arg(&conf)
+                .arg("--sentinel")
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("redis-server is required for the tests");
+            let url = format!("redis://127.0.0.1:{port}/");
+            let password = config
+                .lines()
+                .find_map(|l| l.strip_prefix("requirepass "))
+                .map(|p| format!("redis://:{}@127.0.0.1:{port}/", encode(p)));
+            if wait_ready(&mut child, port, password.as_deref().unwrap_or(&url)) {
+                return SentinelServer { child, port, dir };
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+        panic!("could not start a sentinel");
+    }
+}
+
+impl Drop for SentinelServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Runs `check` until it succeeds, for at most `within`; returns how long that took, or
+/// panics with the last error.
+pub async fn eventually<T, E: std::fmt::Display, F, Fut>(
+    within: Duration,
+    mut check: F,
+) -> (T, Duration)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, E>>,
+{
+    let started = Instant::now();
+    loop {
+        match check().await {
+            Ok(v) => return (v, started.elapsed()),
+            Err(e) => {
+                assert!(
+                    started.elapsed() < within,
+                    "still failing after {within:?}: {e}"
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
     }
 }
 
@@ -121,6 +273,82 @@ pub fn unique_prefix() -> String {
 /// A manual clock at a round, realistic time: 2026-01-01T00:00:00Z (aligned to days).
 pub fn manual_clock() -> ManualClock {
     ManualClock::new(1_767_225_600_000_000)
+}
+
+/// A TCP proxy in front of a server that can stop forwarding (both ways, connections left
+/// open): a server that went silent, as a peer behind a dead network path looks.
+pub struct Proxy {
+    pub port: u16,
+    frozen: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Proxy {
+    pub async fn start(upstream: u16) -> Proxy {
+        use std::sync::atomic::AtomicBool;
+        use std::sync::Arc;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let frozen = Arc::new(AtomicBool::new(false));
+        let flag = frozen.clone();
+        let task = tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let Ok(server) = tokio::net::TcpStream::connect(("127.0.0.1", upstream)).await
+                else {
+                    continue;
+                };
+                let (client_read, client_write) = client.into_split();
+                let (server_read, server_write) = server.into_split();
+                tokio::spawn(pump(client_read, server_write, flag.clone()));
+                tokio::spawn(pump(server_read, client_write, flag.clone()));
+            }
+        });
+        Proxy { port, frozen, task }
+    }
+
+    /// Stops (`true`) or resumes forwarding.
+    pub fn freeze(&self, frozen: bool) {
+        self.frozen.store(frozen, Ordering::SeqCst);
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn pump(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    frozen: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut buf = vec![0; 16 * 1024];
+    loop {
+        if frozen.load(Ordering::SeqCst) {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            continue;
+        }
+        // reading is cancellation-safe: nothing read is lost when the wait ends
+        match tokio::time::timeout(Duration::from_millis(20), from.read(&mut buf)).await {
+            Err(_) => continue,
+            Ok(Ok(0)) | Ok(Err(_)) => return,
+            Ok(Ok(n)) => {
+                // what arrives as the proxy freezes waits until it thaws
+                while frozen.load(Ordering::SeqCst) {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+                if to.write_all(&buf[..n]).await.is_err() {
+                    return;
+                }
+            }
+        }
+    }
 }
 
 /// The keys of the concurrency slot sets under `prefix` (for identifiers without `:c`).
