@@ -28,7 +28,7 @@ async fn limiter_with_prefix(url: String, policy: &str, timeout: Duration) -> (L
         .build()
         .await
         .unwrap();
-    (Limiter::new(store, policy.parse().unwrap()), prefix)
+    (closed(store, policy.parse().unwrap()), prefix)
 }
 
 /// A check that went through Redis and was allowed.
@@ -349,7 +349,7 @@ async fn a_silent_connection_is_given_up() {
         .build()
         .await
         .unwrap();
-    let l = Limiter::new(store, "1000/min".parse().unwrap());
+    let l = closed(store, "1000/min".parse().unwrap());
     allowed(&l, "a").await.unwrap();
     proxy.freeze(true);
     let (took, _) = eventually(RECOVERY, || async {
@@ -365,4 +365,12 @@ async fn a_silent_connection_is_given_up() {
     proxy.freeze(false);
     let (_, took) = eventually(RECOVERY, || allowed(&l, "a")).await;
     eprintln!("checks back {took:?} after the path came back");
+}
+
+/// A limiter that fails closed, so that a store failure shows as the error it is rather
+/// than as an allowed decision.
+fn closed(store: impl Into<tollgate::Store>, policy: tollgate::Policy) -> Limiter {
+    Limiter::builder(store, policy)
+        .on_store_error(tollgate::OnStoreError::Closed)
+        .build()
 }

@@ -148,7 +148,7 @@ async fn failovers_are_followed() {
         .unwrap();
     let debug = format!("{store:?}");
     assert!(!debug.contains(MASTER_PASSWORD) && !debug.contains(SENTINEL_PASSWORD));
-    let l = Limiter::new(store, "100000/min".parse().unwrap());
+    let l = closed(store, "100000/min".parse().unwrap());
     checks_run_on(&l, &servers[2]).await.unwrap();
 
     // 1. A forced failover. The old master stays up and writable until the sentinels next
@@ -250,6 +250,14 @@ async fn sentinel_misconfigurations_are_refused() {
         .build()
         .await
         .unwrap();
-    let l = Limiter::new(store, "10/s".parse().unwrap());
+    let l = closed(store, "10/s".parse().unwrap());
     assert!(l.check(&["a"]).await.unwrap().is_allowed());
+}
+
+/// A limiter that fails closed, so that a store failure shows as the error it is rather
+/// than as an allowed decision.
+fn closed(store: impl Into<tollgate::Store>, policy: tollgate::Policy) -> Limiter {
+    Limiter::builder(store, policy)
+        .on_store_error(tollgate::OnStoreError::Closed)
+        .build()
 }

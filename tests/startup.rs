@@ -20,7 +20,7 @@ async fn refused(builder: impl Fn() -> RedisStoreBuilder, kind: Misconfiguration
         StoreError::Misconfigured(m) => assert_eq!(m.kind(), kind, "{err}"),
         other => panic!("expected {kind:?}, got {other:?}"),
     }
-    let l = Limiter::new(builder().build_lazy().unwrap(), "10/s".parse().unwrap());
+    let l = closed(builder().build_lazy().unwrap(), "10/s".parse().unwrap());
     for _ in 0..3 {
         match l.check(&["a"]).await {
             Err(Error::Store(StoreError::Misconfigured(m))) => assert_eq!(m.kind(), kind),
@@ -57,7 +57,7 @@ async fn a_missing_or_wrong_password_is_refused() {
     // encoded the usual way, too
     let encoded = format!("redis://:{}@127.0.0.1:{port}/", encode(password));
     RedisStore::connect(encoded).await.unwrap();
-    let l = Limiter::new(store, "10/s".parse().unwrap());
+    let l = closed(store, "10/s".parse().unwrap());
     assert!(l.check(&["a"]).await.unwrap().is_allowed());
 }
 
@@ -86,7 +86,7 @@ async fn acl_users_missing_a_command_or_key_pattern_are_refused() {
     // the line as the README shows it
     let rules = &line[3..];
     let url = set_user("app", rules);
-    let l = Limiter::new(
+    let l = closed(
         RedisStore::connect(url).await.unwrap(),
         "10/s, 2/s log, 2/s fixed, 2/s gcra, 1 concurrent"
             .parse()
@@ -182,4 +182,12 @@ async fn unusable_settings_are_refused_before_connecting() {
         assert_eq!(err.kind(), ConfigErrorKind::Url, "{url}");
         assert!(!format!("{err} {err:?}").contains("s3cret"), "{err:?}");
     }
+}
+
+/// A limiter that fails closed, so that a store failure shows as the error it is rather
+/// than as an allowed decision.
+fn closed(store: impl Into<tollgate::Store>, policy: tollgate::Policy) -> Limiter {
+    Limiter::builder(store, policy)
+        .on_store_error(tollgate::OnStoreError::Closed)
+        .build()
 }
