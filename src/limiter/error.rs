@@ -16,7 +16,7 @@ pub enum Error {
     Cost {
         /// The cost asked for.
         cost: u64,
-        /// The largest cost the policy admits ([`Policy::max_cost`]).
+        /// The largest cost the policy admits ([`Policy::max_cost`](crate::Policy::max_cost)).
         max: u64,
     },
     /// No identifier was given.
