@@ -7,17 +7,23 @@
 //!
 //! | metric | kind | labels |
 //! |---|---|---|
-//! | `tollgate_decisions_total` | counter | `limiter`, `outcome` (`allowed`, `denied`), `limit` (the denying limit, or empty) |
+//! | `tollgate_decisions_total` | counter | `limiter`, `outcome` (`allowed`, `denied`, `shadow_denied`), `limit` (the denying limit, or empty) |
 //! | `tollgate_deny_cache_hits_total` | counter | `limiter` |
 //! | `tollgate_failure_policy_total` | counter | `limiter`, `action` (`open`, `closed`, `fallback`) |
 //! | `tollgate_store_errors_total` | counter | `store`, `kind` ([`StoreError::kind_label`]) |
 //! | `tollgate_store_breaker_open` | gauge (0 or 1) | `store` |
 //! | `tollgate_store_call_seconds` | histogram | `store` |
 
-use std::time::Duration;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use crate::decision::Decision;
+use crate::policy::{Limit, Policy};
 use crate::store::StoreError;
+
+/// How often at most a limiter in shadow mode logs the requests it let through.
+pub(crate) const SHADOW_LOG_EVERY: Duration = Duration::from_secs(10);
 
 /// The error and its sources, `: `-separated (store errors carry no secrets).
 #[cfg_attr(not(all(feature = "tracing", feature = "redis")), allow(dead_code))]
@@ -125,13 +131,17 @@ pub(crate) fn deny_cache_hit(limiter: &str) {
     let _ = limiter;
 }
 
-/// A decision (from the store or the fallback).
+/// A decision (from the store or the fallback, enforced or in shadow mode).
 pub(crate) fn decision(limiter: &str, decision: &Decision) {
     #[cfg(feature = "metrics")]
     {
-        let (outcome, limit) = match decision.denied_by() {
-            None => ("allowed", String::new()),
-            Some(s) => ("denied", s.limit.to_string()),
+        let limit = decision
+            .would_deny_by()
+            .map_or_else(String::new, |s| s.limit.to_string());
+        let outcome = match (decision.would_deny(), decision.is_shadow()) {
+            (false, _) => "allowed",
+            (true, false) => "denied",
+            (true, true) => "shadow_denied",
         };
         metrics::counter!(
             "tollgate_decisions_total",
@@ -142,4 +152,78 @@ pub(crate) fn decision(limiter: &str, decision: &Decision) {
         .increment(1);
     }
     let _ = (limiter, decision);
+}
+
+/// A limiter's policy changed.
+pub(crate) fn policy_changed(limiter: &str, old: &Policy, new: &Policy) {
+    #[cfg(feature = "tracing")]
+    tracing::info!(target: "tollgate", limiter, old = %old, new = %new, "rate-limit policy changed");
+    let _ = (limiter, old, new);
+}
+
+/// The would-be denials of a limiter in shadow mode, logged at a bounded rate: the first at
+/// once, then at most one line every [`SHADOW_LOG_EVERY`], with the number let through since
+/// the previous line. The exact figures are in the metrics.
+#[derive(Debug, Default)]
+pub(crate) struct ShadowLog {
+    /// Would-be denials not logged yet.
+    pending: AtomicU64,
+    /// When the last line was written.
+    last: Mutex<Option<Instant>>,
+}
+
+impl ShadowLog {
+    /// A request `limiter` let through that the policy would have denied (by `limit`, when
+    /// a limit decided).
+    pub(crate) fn would_deny(&self, limiter: &str, limit: Option<&Limit>) {
+        #[cfg(feature = "tracing")]
+        if let Some((count, since)) = self.count(Instant::now()) {
+            let limit = limit.map(ToString::to_string).unwrap_or_default();
+            tracing::info!(
+                target: "tollgate",
+                limiter,
+                would_deny = count,
+                since_s = since.map(|d| d.as_secs()),
+                limit,
+                "rate limit in shadow mode let through requests its policy denies"
+            );
+        }
+        let _ = (limiter, limit);
+    }
+
+    /// Counts a would-be denial at `now`; when a line is due, the number to log and the
+    /// time since the previous line (none for the first).
+    #[cfg_attr(not(feature = "tracing"), allow(dead_code))]
+    fn count(&self, now: Instant) -> Option<(u64, Option<Duration>)> {
+        self.pending.fetch_add(1, Ordering::Relaxed);
+        // Whoever holds the lock is writing the line: this denial is in its count or the
+        // next one's.
+        let mut last = self.last.try_lock().ok()?;
+        let since = last.map(|t| now.saturating_duration_since(t));
+        if since.is_some_and(|d| d < SHADOW_LOG_EVERY) {
+            return None;
+        }
+        *last = Some(now);
+        Some((self.pending.swap(0, Ordering::Relaxed), since))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shadow_lines_are_bounded_and_lose_no_count() {
+        let log = ShadowLog::default();
+        let t0 = Instant::now();
+        assert_eq!(log.count(t0), Some((1, None)), "the first at once");
+        for k in 1..500 {
+            assert_eq!(log.count(t0 + Duration::from_millis(k)), None);
+        }
+        let t1 = t0 + SHADOW_LOG_EVERY;
+        assert_eq!(log.count(t1), Some((500, Some(SHADOW_LOG_EVERY))));
+        assert_eq!(log.count(t1 + Duration::from_secs(1)), None);
+        let t2 = t1 + Duration::from_secs(60);
+        assert_eq!(log.count(t2), Some((2, Some(Duration::from_secs(60)))));
+    }
 }

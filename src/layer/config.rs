@@ -5,6 +5,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use http::StatusCode;
 
+use super::check::ChargeFn;
 use crate::http::headers::HeaderStyle;
 use crate::http::response::problem_response;
 use crate::key::{AnyExtractor, RequestView};
@@ -50,6 +51,7 @@ impl Default for MissingKey {
 /// limited_status = 429
 /// missing_key = 500          # or "allow"
 /// problem_details = false
+/// shadow = false             # true: record what the limits decide, refuse nothing
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[cfg_attr(
@@ -69,6 +71,9 @@ pub struct LayerSettings {
     /// Whether limited HTTP requests get an RFC 9457 `application/problem+json` body (default:
     /// no, a line of text).
     pub problem_details: bool,
+    /// Shadow mode: every request is let through and what the limits decide is recorded
+    /// (default: no). See [`RateLimitLayer::shadow`](super::RateLimitLayer::shadow).
+    pub shadow: bool,
 }
 
 impl Default for LayerSettings {
@@ -78,6 +83,7 @@ impl Default for LayerSettings {
             limited_status: StatusCode::TOO_MANY_REQUESTS,
             missing_key: MissingKey::default(),
             problem_details: false,
+            shadow: false,
         }
     }
 }
@@ -120,6 +126,11 @@ pub(crate) struct Config {
     /// The application's handler of limited requests.
     pub(crate) custom_limited: Option<LimitedFn>,
     pub(crate) problem_details: bool,
+    /// Every check of the layer in shadow mode.
+    pub(crate) shadow: bool,
+    /// Charged by response: a peek before the handler, the charge after it for the responses
+    /// this selects.
+    pub(crate) charge_if: Option<ChargeFn>,
 }
 
 impl Config {
@@ -138,6 +149,8 @@ impl Config {
             limited_status: settings.limited_status,
             custom_limited: None,
             problem_details: settings.problem_details,
+            shadow: settings.shadow,
+            charge_if: None,
         }
     }
 
@@ -148,6 +161,7 @@ impl Config {
             limited_status: self.limited_status,
             missing_key: self.missing,
             problem_details: self.problem_details,
+            shadow: self.shadow,
         }
     }
 
@@ -157,6 +171,7 @@ impl Config {
         self.limited_status = settings.limited_status;
         self.missing = settings.missing_key;
         self.problem_details = settings.problem_details;
+        self.shadow = settings.shadow;
     }
 
     /// Settles which handler answers limited requests, after a change.

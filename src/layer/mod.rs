@@ -62,6 +62,7 @@
 //! of the limit closest to exhaustion) and `X-RateLimit-Reset` (the seconds until its whole
 //! quota is back) instead.
 
+mod check;
 mod config;
 pub(crate) mod future;
 #[allow(clippy::module_inception)]

@@ -7,12 +7,13 @@ use std::task::{Context, Poll};
 use http::{Request, Response};
 use tower_service::Service;
 
+use super::check::{check_both, Pending};
 use super::config::{Action, Config, MissingKey};
 use super::future::ResponseFuture;
 use crate::http::response::own_response;
 use crate::http::ResponseBody;
 use crate::key::{KeyExtractor, PeerIp, RequestView};
-use crate::{Decision, Error, Limiter};
+use crate::limiter::Mode;
 
 /// An HTTP service wrapped by [`RateLimitLayer`](super::RateLimitLayer).
 pub struct RateLimit<S> {
@@ -99,44 +100,32 @@ where
             };
         }
         let cost = config.cost.as_ref().map_or(1, |f| f(&view));
-        let check = Box::pin(async move { (check_both(&limiter, also, &ids, cost).await, req) });
-        ResponseFuture::checking(self.take_ready(), check, config, grpc)
+        let shadow = config.shadow;
+        if config.charge_if.is_none() {
+            let mode = Mode::CHECK.shadowed(shadow);
+            let check = Box::pin(async move {
+                let decision = check_both(&limiter, also.as_ref(), &ids, cost, mode).await;
+                (decision, req)
+            });
+            return ResponseFuture::checking(self.take_ready(), check, config, grpc, None);
+        }
+        // Charged by response: a peek now (counted as the request's decision), the charge
+        // once the response says whether it is charged.
+        let pending = Pending {
+            first: limiter.clone(),
+            then: also.clone(),
+            ids: ids.clone(),
+            cost,
+            shadow,
+        };
+        let mode = Mode {
+            charge: false,
+            ..Mode::CHECK.shadowed(shadow)
+        };
+        let check = Box::pin(async move {
+            let decision = check_both(&limiter, also.as_ref(), &ids, cost, mode).await;
+            (decision, req)
+        });
+        ResponseFuture::checking(self.take_ready(), check, config, grpc, Some(pending))
     }
-}
-
-/// Checks `ids` against `first`, then — if it allowed — against `then`: one decision listing
-/// the limits of both, allowed if both allowed, holding the concurrency slots of both.
-async fn check_both(
-    first: &Limiter,
-    then: Option<Limiter>,
-    ids: &[String],
-    cost: u64,
-) -> Result<Decision, Error> {
-    let mut decision = first.check_n(ids, cost).await?;
-    let Some(then) = then else {
-        return Ok(decision);
-    };
-    if !decision.is_allowed() {
-        return Ok(decision);
-    }
-    // An error or a denial here drops the first decision, and with it any slot it took.
-    let mut second = then.check_n(ids, cost).await?;
-    let offset = decision
-        .statuses
-        .iter()
-        .map(|s| s.limit_index + 1)
-        .max()
-        .unwrap_or(0);
-    decision.statuses.extend(second.statuses.iter().map(|s| {
-        let mut s = *s;
-        s.limit_index += offset;
-        s
-    }));
-    decision.allowed = second.is_allowed();
-    decision.guard = match (decision.guard.take(), second.take_guard()) {
-        _ if !decision.allowed => None,
-        (Some(a), Some(b)) => Some(a.join(b)),
-        (a, b) => a.or(b),
-    };
-    Ok(decision)
 }

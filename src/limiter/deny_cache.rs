@@ -34,8 +34,15 @@ pub(crate) const DEFAULT_CAPACITY: usize = 10_000;
 
 #[derive(Debug)]
 pub(crate) struct DenyCache {
-    entries: Mutex<HashMap<String, Entry>>,
+    entries: Mutex<Entries>,
     capacity: usize,
+}
+
+#[derive(Debug, Default)]
+struct Entries {
+    map: HashMap<String, Entry>,
+    /// The version of the limiter's policy the entries were denied by.
+    generation: u64,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -63,6 +70,7 @@ impl DenyCache {
     pub(crate) fn lookup(&self, ids: &[String], firsts: &[usize], cost: u64) -> Option<Decision> {
         let now = Instant::now();
         let mut entries = self.entries.lock().unwrap_or_else(PoisonError::into_inner);
+        let entries = &mut entries.map;
         let mut statuses = Vec::new();
         for (k, id) in ids.iter().enumerate() {
             let Some(e) = entries.get(id).copied() else {
@@ -86,6 +94,7 @@ impl DenyCache {
         }
         (!statuses.is_empty()).then(|| Decision {
             allowed: false,
+            shadow: false,
             cost,
             statuses,
             guard: None,
@@ -94,7 +103,8 @@ impl DenyCache {
     }
 
     /// Remembers the rate limits that denied `ids` in `outcome`, for a check of `cost` sent at
-    /// `sent`.
+    /// `sent` with the version `generation` of the policy (ignored if that is not the
+    /// current one: the policy changed while the check ran).
     pub(crate) fn record(
         &self,
         ids: &[String],
@@ -102,8 +112,13 @@ impl DenyCache {
         outcome: &Outcome,
         cost: u64,
         sent: Instant,
+        generation: u64,
     ) {
         let mut entries = self.entries.lock().unwrap_or_else(PoisonError::into_inner);
+        if entries.generation != generation {
+            return;
+        }
+        let entries = &mut entries.map;
         for (id, pairs) in ids.iter().zip(outcome.entries.chunks(limits.len())) {
             // The denying rate limit that holds this identifier back longest.
             let Some((limit_index, e)) = pairs
@@ -134,9 +149,16 @@ impl DenyCache {
         }
     }
 
+    /// Forgets every entry: the policy is now its version `generation`.
+    pub(crate) fn reset(&self, generation: u64) {
+        let mut entries = self.entries.lock().unwrap_or_else(PoisonError::into_inner);
+        entries.map.clear();
+        entries.generation = generation;
+    }
+
     #[cfg(test)]
     fn len(&self) -> usize {
-        self.entries.lock().unwrap().len()
+        self.entries.lock().unwrap().map.len()
     }
 }
 
@@ -176,7 +198,7 @@ mod tests {
             allowed: false,
             entries: vec![denied(1_000_000), allowed(), allowed(), denied(1_000_000)],
         };
-        cache.record(&ids, &limits, &outcome, 2, Instant::now());
+        cache.record(&ids, &limits, &outcome, 2, Instant::now(), 0);
         assert_eq!(cache.len(), 1);
         let d = cache
             .lookup(&ids[..1], &[0], 2)
@@ -212,7 +234,7 @@ mod tests {
             entries: vec![denied(1)],
         };
         for id in ["a", "b", "c"] {
-            cache.record(&[id.to_string()], &limits, &outcome, 1, Instant::now());
+            cache.record(&[id.to_string()], &limits, &outcome, 1, Instant::now(), 0);
         }
         assert!(cache.len() <= 2);
         std::thread::sleep(Duration::from_millis(2));
@@ -224,10 +246,30 @@ mod tests {
             allowed: false,
             entries: vec![denied(10_000_000)],
         };
-        cache.record(&["d".to_string()], &limits, &long, 1, Instant::now());
+        cache.record(&["d".to_string()], &limits, &long, 1, Instant::now(), 0);
         assert!(
             cache.lookup(&["d".to_string()], &[0], 1).is_some(),
             "room was swept"
         );
+    }
+
+    #[test]
+    fn a_policy_change_empties_it_and_keeps_no_older_denial() {
+        let cache = DenyCache::new(10);
+        let limits = ["10/s".parse::<Limit>().unwrap()];
+        let outcome = Outcome {
+            allowed: false,
+            entries: vec![denied(10_000_000)],
+        };
+        let ids = ["a".to_string()];
+        cache.record(&ids, &limits, &outcome, 1, Instant::now(), 0);
+        assert!(cache.lookup(&ids, &[0], 1).is_some());
+        cache.reset(1);
+        assert!(cache.lookup(&ids, &[0], 1).is_none(), "emptied");
+        // a check that ran on the old policy finishes after the change
+        cache.record(&ids, &limits, &outcome, 1, Instant::now(), 0);
+        assert!(cache.lookup(&ids, &[0], 1).is_none(), "not kept");
+        cache.record(&ids, &limits, &outcome, 1, Instant::now(), 1);
+        assert!(cache.lookup(&ids, &[0], 1).is_some());
     }
 }

@@ -3,23 +3,25 @@
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 
-use crate::decision::{Decision, LimitStatus, Origin};
-use crate::guard::ConcurrencyGuard;
-use crate::observe::{self, Action};
-use crate::policy::{Limit, Policy};
-use crate::store::keyspace;
-use crate::store::lease::{lease_id, Lease};
-use crate::store::{MemoryStore, Outcome, Plan, Store, StoreError};
+use arc_swap::ArcSwap;
 
+use crate::decision::Decision;
+use crate::observe::{self, ShadowLog};
+use crate::policy::Policy;
+use crate::store::{MemoryStore, Store};
+
+mod check;
 mod deny_cache;
 mod error;
 mod failure;
+mod peek;
 
 use deny_cache::DenyCache;
 
+pub(crate) use check::Mode;
 pub use error::Error;
 pub use failure::{Fallback, OnStoreError};
 
@@ -48,23 +50,67 @@ pub struct Limiter {
 
 struct Inner {
     store: Store,
-    policy: Policy,
     on_error: OnStoreError,
-    /// The limiter answering while the store fails, under [`OnStoreError::Fallback`].
-    fallback: Option<Limiter>,
-    /// The limiter's name in logs and metrics.
-    name: Arc<str>,
+    /// The name given to the builder; without one, each version is named by its policy.
+    given_name: Option<Arc<str>>,
     /// Identifiers the store denied a moment ago (remote stores on the real clock only).
     deny_cache: Option<DenyCache>,
+    /// The in-process store of the fallback, under [`OnStoreError::Fallback`]: it keeps its
+    /// counts across policy changes, as the main store does.
+    fallback_store: Option<Store>,
+    /// Whether checks let every request through, recording what the policy decided.
+    shadow: AtomicBool,
+    shadow_log: ShadowLog,
+    /// The policy in force, swapped whole by [`Limiter::set_policy`]: a check loads it once
+    /// and runs on that version to the end.
+    version: ArcSwap<Version>,
+    /// Serializes policy changes, so that versions are numbered in the order they apply.
+    changing: Mutex<()>,
+}
+
+/// One version of a limiter's policy, with what follows from it.
+struct Version {
+    policy: Policy,
+    /// The limiter's name in logs and metrics.
+    name: Arc<str>,
+    /// The fallback's policy: this one scaled to the process's share.
+    fallback: Option<Policy>,
+    /// Counts the versions, so that the deny cache keeps no denial of an older one.
+    generation: u64,
+}
+
+impl Version {
+    fn new(
+        policy: Policy,
+        given_name: Option<&Arc<str>>,
+        on_error: OnStoreError,
+        generation: u64,
+    ) -> Version {
+        let name = given_name
+            .cloned()
+            .unwrap_or_else(|| policy.to_string().into());
+        let fallback = match on_error {
+            OnStoreError::Fallback(f) => Some(policy.scaled(f.share_of_fleet())),
+            _ => None,
+        };
+        Version {
+            policy,
+            name,
+            fallback,
+            generation,
+        }
+    }
 }
 
 impl fmt::Debug for Limiter {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let version = self.inner.version.load();
         f.debug_struct("Limiter")
-            .field("name", &self.inner.name)
+            .field("name", &version.name)
             .field("store", &self.inner.store)
-            .field("policy", &self.inner.policy.to_string())
+            .field("policy", &version.policy.to_string())
             .field("on_store_error", &self.inner.on_error)
+            .field("shadow", &self.is_shadow())
             .finish()
     }
 }
@@ -77,6 +123,7 @@ pub struct LimiterBuilder {
     on_error: OnStoreError,
     name: Option<String>,
     deny_cache: usize,
+    shadow: bool,
 }
 
 impl LimiterBuilder {
@@ -100,33 +147,51 @@ impl LimiterBuilder {
         self
     }
 
-    /// The limiter's name in logs and metric labels (default: the policy's text). Keep the
-    /// set of names small: it is a label value.
+    /// The limiter's name in logs and metric labels (default: the policy's text, which
+    /// follows [policy changes](Limiter::set_policy)). Keep the set of names small: it is a
+    /// label value.
     pub fn name(mut self, name: impl Into<String>) -> Self {
         self.name = Some(name.into());
         self
     }
 
+    /// Shadow mode (default: off): every request is let through, and what the policy
+    /// decided is recorded — to try a policy on real traffic before enforcing it.
+    ///
+    /// Every check is made and charged exactly as when enforcing: a request the policy
+    /// allows is charged, one it would deny is let through *uncharged*, as a denied request
+    /// is. The counts are therefore those the enforced policy would have, and turning
+    /// enforcement on ([`Limiter::set_shadow`]) changes nothing but the answers. Decisions
+    /// are allowed, with [`Decision::would_deny`] and the statuses telling what enforcing
+    /// would have done; would-be denials are counted as `outcome="shadow_denied"` in
+    /// `tollgate_decisions_total` (the `metrics` feature) and logged at most once every
+    /// 10 seconds per limiter, with their number (the `tracing` feature). A check that
+    /// could not be made is let through too (a failed store under
+    /// [`OnStoreError::Closed`], a cost the policy can never admit), as a would-be denial.
+    pub fn shadow(mut self, shadow: bool) -> Self {
+        self.shadow = shadow;
+        self
+    }
+
     /// Builds the limiter.
     pub fn build(self) -> Limiter {
-        let fallback = match self.on_error {
-            OnStoreError::Fallback(f) => Some(Limiter::new(
-                MemoryStore::new(),
-                self.policy.scaled(f.share_of_fleet()),
-            )),
-            _ => None,
-        };
-        let name = self.name.unwrap_or_else(|| self.policy.to_string());
+        let fallback_store = matches!(self.on_error, OnStoreError::Fallback(_))
+            .then(|| Store::from(MemoryStore::new()));
+        let given_name: Option<Arc<str>> = self.name.map(Into::into);
+        let version = Version::new(self.policy, given_name.as_ref(), self.on_error, 0);
         let deny_cache = (self.deny_cache > 0 && self.store.is_remote_on_real_clock())
             .then(|| DenyCache::new(self.deny_cache));
         Limiter {
             inner: Arc::new(Inner {
                 store: self.store,
-                policy: self.policy,
                 on_error: self.on_error,
-                fallback,
-                name: name.into(),
+                given_name,
                 deny_cache,
+                fallback_store,
+                shadow: AtomicBool::new(self.shadow),
+                shadow_log: ShadowLog::default(),
+                version: ArcSwap::from_pointee(version),
+                changing: Mutex::new(()),
             }),
         }
     }
@@ -147,6 +212,7 @@ impl Limiter {
             on_error: OnStoreError::default(),
             name: None,
             deny_cache: deny_cache::DEFAULT_CAPACITY,
+            shadow: false,
         }
     }
 
@@ -155,14 +221,116 @@ impl Limiter {
         self.inner.on_error
     }
 
-    /// The policy.
-    pub fn policy(&self) -> &Policy {
-        &self.inner.policy
+    /// The policy in force.
+    pub fn policy(&self) -> Policy {
+        self.inner.version.load().policy.clone()
+    }
+
+    /// The limiter's name in logs and metric labels: the name it was built with, or the
+    /// text of the policy in force.
+    pub fn name(&self) -> String {
+        self.inner.version.load().name.to_string()
     }
 
     /// The store.
     pub fn store(&self) -> &Store {
         &self.inner.store
+    }
+
+    /// Replaces the policy, for every clone of this limiter, without a restart.
+    ///
+    /// Checks that have started finish on the policy they started with; every check that
+    /// starts afterwards uses the new one. The fallback ([`OnStoreError::Fallback`]) follows
+    /// it, scaled as before, and so does the limiter's name unless it was given one. The
+    /// deny cache is emptied.
+    ///
+    /// What was counted carries over limit by limit, as long as the store keeps the limit's
+    /// state under the same key:
+    ///
+    /// * a limit whose count alone changes keeps what was counted for it: `10/s` raised to
+    ///   `20/s` with 8 used has 12 left; lowered to `5/s`, it denies until the usage has
+    ///   fallen below 5. This holds for the sliding window, sliding log and fixed window;
+    /// * a concurrency limit keeps its held slots whatever its count or lease;
+    /// * a token bucket or GCRA keeps its usage when its burst (capacity) changes, and starts
+    ///   afresh when its rate (count or window) does: its state is a time measured in steps
+    ///   of that rate;
+    /// * a limit whose window or algorithm changes starts afresh (its old state expires by
+    ///   itself); so does a limit that is new to the policy.
+    ///
+    /// Setting the policy in force again changes nothing.
+    pub fn set_policy(&self, policy: Policy) {
+        let _changing = self
+            .inner
+            .changing
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let old = self.inner.version.load_full();
+        if old.policy == policy {
+            return;
+        }
+        let generation = old.generation + 1;
+        let version = Version::new(
+            policy,
+            self.inner.given_name.as_ref(),
+            self.inner.on_error,
+            generation,
+        );
+        observe::policy_changed(&old.name, &old.policy, &version.policy);
+        self.inner.version.store(Arc::new(version));
+        if let Some(cache) = &self.inner.deny_cache {
+            cache.reset(generation);
+        }
+    }
+
+    /// Follows `policies`: applies its current value, then every value sent to it
+    /// ([`set_policy`](Limiter::set_policy)), until the sender is dropped or every clone of
+    /// the limiter is. Spawn the returned future; the channel's sender is the handle that
+    /// changes the policy (a configuration reloader, an admin endpoint).
+    ///
+    /// ```
+    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    /// use tollgate::{Limiter, MemoryStore, Policy};
+    ///
+    /// let policy: Policy = "10/s".parse()?;
+    /// let (reload, policies) = tokio::sync::watch::channel(policy.clone());
+    /// let limiter = Limiter::new(MemoryStore::new(), policy);
+    /// tokio::spawn(limiter.follow(policies));
+    ///
+    /// reload.send("20/s, 600/h".parse()?)?;
+    /// # tokio::task::yield_now().await;
+    /// # Ok(()) }
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(run()).unwrap();
+    /// ```
+    pub fn follow(
+        &self,
+        mut policies: tokio::sync::watch::Receiver<Policy>,
+    ) -> impl Future<Output = ()> + Send + 'static {
+        // Held weakly: the task must not keep a limiter nobody uses alive.
+        let limiter: Weak<Inner> = Arc::downgrade(&self.inner);
+        async move {
+            loop {
+                let policy = policies.borrow_and_update().clone();
+                match limiter.upgrade() {
+                    Some(inner) => Limiter { inner }.set_policy(policy),
+                    None => return,
+                }
+                if policies.changed().await.is_err() {
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Turns shadow mode on or off for every clone of this limiter, at once (see
+    /// [`LimiterBuilder::shadow`]). Counting is the same in both modes, so switching
+    /// changes only the answers.
+    pub fn set_shadow(&self, shadow: bool) {
+        self.inner.shadow.store(shadow, Ordering::Relaxed);
+    }
+
+    /// Whether the limiter is in shadow mode.
+    pub fn is_shadow(&self) -> bool {
+        self.inner.shadow.load(Ordering::Relaxed)
     }
 
     /// Checks one request of cost 1 for the given identifiers. See [`Limiter::check_n`].
@@ -182,9 +350,13 @@ impl Limiter {
     /// ones are hashed. Giving the same identifier twice counts it once.
     ///
     /// When the store cannot decide (Redis down, slow, misconfigured), the limiter's
-    /// [`OnStoreError`] answers: an allowed decision ([`Origin::FailOpen`]), the error, or the
-    /// fallback limiter's decision ([`Origin::Fallback`]). A check whose answer was lost (a
-    /// timeout) is never retried: it may have been charged already.
+    /// [`OnStoreError`] answers: an allowed decision ([`Origin::FailOpen`](crate::Origin)),
+    /// the error, or the fallback limiter's decision ([`Origin::Fallback`](crate::Origin)).
+    /// A check whose answer was lost (a timeout) is never retried: it may have been charged
+    /// already.
+    ///
+    /// In [shadow mode](LimiterBuilder::shadow) the decision is always allowed; it is
+    /// charged as it would be when enforcing.
     ///
     /// # Errors
     ///
@@ -192,166 +364,47 @@ impl Limiter {
     /// (a request that can never fit is an error, not an eternal denial),
     /// [`Error::NoIdentifiers`] / [`Error::TooManyIdentifiers`], and [`Error::Store`] when
     /// the store could not decide and the limiter fails closed ([`OnStoreError::Closed`]).
+    /// In shadow mode, only the identifier errors.
     pub async fn check_n<I: AsRef<str>>(
         &self,
         identifiers: &[I],
         cost: u64,
     ) -> Result<Decision, Error> {
-        let name = &*self.inner.name;
-        let error = match self.decide(identifiers, cost).await {
-            Err(Error::Store(e)) => e,
-            Ok(decision) => {
-                observe::decision(name, &decision);
-                return Ok(decision);
-            }
-            Err(e) => return Err(e),
-        };
-        match (self.inner.on_error, &self.inner.fallback) {
-            (OnStoreError::Fallback(_), Some(fallback)) => {
-                observe::failure_answered(name, Action::Fallback, &error);
-                match fallback.decide(identifiers, cost).await {
-                    Ok(mut decision) => {
-                        decision.origin = Origin::Fallback;
-                        observe::decision(name, &decision);
-                        Ok(decision)
-                    }
-                    // The scaled policy cannot hold this cost: the store's failure stands.
-                    Err(_) => Err(Error::Store(error)),
-                }
-            }
-            (OnStoreError::Closed, _) => {
-                observe::failure_answered(name, Action::Closed, &error);
-                Err(Error::Store(error))
-            }
-            _ => {
-                observe::failure_answered(name, Action::Open, &error);
-                Ok(Decision::unchecked(cost))
-            }
-        }
+        self.run(identifiers, cost, Mode::CHECK).await
     }
 
-    /// The check itself, without the failure policy.
-    async fn decide<I: AsRef<str>>(&self, identifiers: &[I], cost: u64) -> Result<Decision, Error> {
-        let policy = &self.inner.policy;
-        let max = policy.max_cost();
-        if cost == 0 || cost > max {
-            return Err(Error::Cost { cost, max });
-        }
-        // Distinct identifiers, each with the index of its first occurrence.
-        let mut firsts: Vec<usize> = Vec::with_capacity(identifiers.len());
-        for (i, id) in identifiers.iter().enumerate() {
-            if !firsts
-                .iter()
-                .any(|&f| identifiers[f].as_ref() == id.as_ref())
-            {
-                firsts.push(i);
-            }
-        }
-        if firsts.is_empty() {
-            return Err(Error::NoIdentifiers);
-        }
-        if firsts.len() > MAX_IDENTIFIERS {
-            return Err(Error::TooManyIdentifiers(firsts.len()));
-        }
-        let ids: Vec<String> = firsts
-            .iter()
-            .map(|&i| keyspace::escape_identifier(identifiers[i].as_ref()))
-            .collect();
-        let limits = policy.limits();
-        if let Some(cache) = &self.inner.deny_cache {
-            if let Some(decision) = cache.lookup(&ids, &firsts, cost) {
-                observe::deny_cache_hit(&self.inner.name);
-                return Ok(decision);
-            }
-        }
-        let sent = std::time::Instant::now();
-        let store = self.inner.store.clone();
-        let (outcome, guard) = match policy.concurrency() {
-            None => {
-                let plan = Plan {
-                    ids: &ids,
-                    limits,
-                    cost,
-                    lease: "",
-                };
-                (store.check(&plan).await.map_err(Error::Store)?, None)
-            }
-            Some(&slot) => {
-                // Taking a slot must not be cut short: a caller that gives up (a client
-                // that disconnects) while the script runs would leave a slot taken with no
-                // guard to give it back. The check therefore runs in a task of its own, which
-                // finishes and drops its guard whatever becomes of the caller.
-                let task = take_slot(store, ids.clone(), limits.to_vec(), slot, cost);
-                match tokio::runtime::Handle::try_current() {
-                    Ok(runtime) => match runtime.spawn(task).await {
-                        Ok(result) => result?,
-                        // A panic in the check is a bug, not a store failure for the failure
-                        // policy to paper over: it goes on in the caller.
-                        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
-                        // Cancelled: the runtime is shutting down under the check.
-                        Err(e) => return Err(Error::Store(StoreError::Backend(Box::new(e)))),
-                    },
-                    Err(_) => task.await?,
-                }
-            }
-        };
-        if let (Some(cache), false) = (&self.inner.deny_cache, outcome.allowed) {
-            cache.record(&ids, limits, &outcome, cost, sent);
-        }
-        let statuses = outcome
-            .entries
-            .iter()
-            .enumerate()
-            .map(|(k, e)| LimitStatus {
-                identifier: firsts[k / limits.len()],
-                limit_index: k % limits.len(),
-                limit: limits[k % limits.len()],
-                allowed: e.allowed,
-                remaining: e.remaining,
-                reset_after: Duration::from_micros(e.reset_after_us),
-                retry_after: (!e.allowed).then(|| Duration::from_micros(e.retry_after_us)),
-            })
-            .collect();
-        Ok(Decision {
-            allowed: outcome.allowed,
-            cost,
-            statuses,
-            guard,
-            origin: Origin::Store,
-        })
+    /// What a check of cost 1 would decide now, without charging anything. See
+    /// [`Limiter::peek_n`].
+    ///
+    /// # Errors
+    ///
+    /// As [`Limiter::peek_n`].
+    pub async fn peek<I: AsRef<str>>(&self, identifiers: &[I]) -> Result<Decision, Error> {
+        self.peek_n(identifiers, 1).await
     }
-}
 
-/// Checks a policy with a concurrency limit; when allowed, holds the slot in a guard.
-async fn take_slot(
-    store: Store,
-    ids: Vec<String>,
-    limits: Vec<Limit>,
-    slot: Limit,
-    cost: u64,
-) -> Result<(Outcome, Option<ConcurrencyGuard>), Error> {
-    let id = lease_id();
-    let plan = Plan {
-        ids: &ids,
-        limits: &limits,
-        cost,
-        lease: &id,
-    };
-    let result = store.check(&plan).await;
-    let lease = Lease {
-        keys: ids.iter().map(|i| store.key(i, &slot)).collect(),
-        id,
-        lease_us: slot.window_us(),
-    };
-    match result {
-        Ok(outcome) if outcome.allowed => Ok((outcome, Some(ConcurrencyGuard::new(lease, store)))),
-        Ok(outcome) => Ok((outcome, None)),
-        Err(e) => {
-            // The script may have run and taken the slot before the answer was lost (a
-            // timeout, a dropped connection): give it back, as a guard dropped at once would.
-            drop(ConcurrencyGuard::new(lease, store));
-            Err(Error::Store(e))
-        }
+    /// What a check of cost `cost` would decide now, without charging anything: whether it
+    /// fits, and per (identifier, limit) pair the quota available now and the times of a
+    /// check's decision. The store writes nothing (on Redis, no key, value or TTL changes),
+    /// and no concurrency slot is taken.
+    ///
+    /// It answers as a check does when the store fails (the failure policy, the fallback),
+    /// and in shadow mode. It is not counted in the decision metrics: a caller that peeks
+    /// on behalf of a request (as the HTTP layer's
+    /// [`charge_if`](crate::RateLimitLayer::charge_if) does) counts it there.
+    ///
+    /// The stores need a read-only check for it; until they have one, a peek fails as a
+    /// store error, which the failure policy answers.
+    ///
+    /// # Errors
+    ///
+    /// As [`Limiter::check_n`].
+    pub async fn peek_n<I: AsRef<str>>(
+        &self,
+        identifiers: &[I],
+        cost: u64,
+    ) -> Result<Decision, Error> {
+        self.run(identifiers, cost, Mode::PEEK).await
     }
 }
 

@@ -95,6 +95,7 @@ pub struct KeyedRateLimitLayer<F> {
     pub(super) limiter: Limiter,
     pub(super) identify: Arc<F>,
     pub(super) max_wait: Duration,
+    pub(super) shadow: bool,
 }
 
 impl<F> Clone for KeyedRateLimitLayer<F> {
@@ -103,6 +104,7 @@ impl<F> Clone for KeyedRateLimitLayer<F> {
             limiter: self.limiter.clone(),
             identify: self.identify.clone(),
             max_wait: self.max_wait,
+            shadow: self.shadow,
         }
     }
 }
@@ -112,6 +114,7 @@ impl<F> fmt::Debug for KeyedRateLimitLayer<F> {
         f.debug_struct("KeyedRateLimitLayer")
             .field("limiter", &self.limiter)
             .field("max_wait", &self.max_wait)
+            .field("shadow", &self.shadow)
             .finish_non_exhaustive()
     }
 }
@@ -126,6 +129,7 @@ impl<F> KeyedRateLimitLayer<F> {
             limiter,
             identify: Arc::new(identify),
             max_wait: Duration::ZERO,
+            shadow: false,
         }
     }
 
@@ -137,6 +141,16 @@ impl<F> KeyedRateLimitLayer<F> {
     /// sleeps.
     pub fn wait_up_to(mut self, max_wait: Duration) -> Self {
         self.max_wait = max_wait;
+        self
+    }
+}
+
+impl<F> KeyedRateLimitLayer<F> {
+    /// Shadow mode (default: off): every call goes through, and what the limiter decides is
+    /// recorded, as with [`LimiterBuilder::shadow`](crate::LimiterBuilder::shadow) — to try
+    /// a limit before enforcing it. Calls are charged as when enforcing; none waits.
+    pub fn shadow(mut self, shadow: bool) -> Self {
+        self.shadow = shadow;
         self
     }
 }

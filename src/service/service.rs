@@ -8,6 +8,7 @@ use tower_service::Service;
 
 use super::future::KeyedResponseFuture;
 use super::{Identifiers, KeyedRateLimitLayer};
+use crate::limiter::Mode;
 use crate::{Decision, Error, Limiter};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -74,8 +75,9 @@ where
         let (ids, cost) = (self.layer.identify)(&req).into_parts();
         let limiter = self.layer.limiter.clone();
         let max_wait = self.layer.max_wait;
+        let mode = Mode::CHECK.shadowed(self.layer.shadow);
         let check = Box::pin(async move {
-            let outcome = check_waiting(&limiter, &ids, cost, max_wait).await;
+            let outcome = check_waiting(&limiter, &ids, cost, max_wait, mode).await;
             (outcome, req)
         });
         let clone = self.inner.clone();
@@ -93,8 +95,9 @@ where
     }
 }
 
-/// Checks until the limiter admits the request, as long as the wait ends by `max_wait` from
-/// now; the decision that admits it, or the one that does not within `max_wait`.
+/// Checks (in `mode`) until the limiter admits the request, as long as the wait ends by
+/// `max_wait` from now; the decision that admits it, or the one that does not within
+/// `max_wait`.
 ///
 /// # Errors
 ///
@@ -104,10 +107,11 @@ async fn check_waiting(
     ids: &[String],
     cost: u64,
     max_wait: Duration,
+    mode: Mode,
 ) -> Result<Decision, Error> {
     let deadline = tokio::time::Instant::now() + max_wait;
     loop {
-        let decision = limiter.check_n(ids, cost).await?;
+        let decision = limiter.run(ids, cost, mode).await?;
         match decision.retry_after() {
             Some(wait) if tokio::time::Instant::now() + wait <= deadline => {
                 tokio::time::sleep(wait).await;

@@ -1,0 +1,258 @@
+//! What operators see of shadow mode and of charging by response: the decision counters
+//! through a recording `metrics` recorder, and the bounded log through a capturing `tracing`
+//! subscriber. The process has one recorder and one subscriber, so these tests live in a
+//! binary of their own, and each uses limiters of its own names.
+
+mod common;
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::io::Write;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use common::manual_clock;
+use http::{Request, Response, StatusCode};
+use http_body_util::Full;
+use metrics::{
+    Counter, CounterFn, Gauge, GaugeFn, Histogram, HistogramFn, Key, KeyName, Metadata, Recorder,
+    SharedString, Unit,
+};
+use tollgate::key::Header;
+use tollgate::{Clock, Limiter, MemoryStore, RateLimitLayer};
+use tower::{service_fn, Layer, Service, ServiceExt};
+
+/// Every counter's total, by name and labels.
+#[derive(Clone, Default)]
+struct Recorded(Arc<Mutex<HashMap<Key, f64>>>);
+
+struct Handle {
+    key: Key,
+    values: Recorded,
+}
+
+impl Handle {
+    fn add(&self, value: f64) {
+        *self
+            .values
+            .0
+            .lock()
+            .unwrap()
+            .entry(self.key.clone())
+            .or_insert(0.0) += value;
+    }
+}
+
+impl CounterFn for Handle {
+    fn increment(&self, value: u64) {
+        self.add(value as f64);
+    }
+    fn absolute(&self, _: u64) {}
+}
+
+impl GaugeFn for Handle {
+    fn increment(&self, _: f64) {}
+    fn decrement(&self, _: f64) {}
+    fn set(&self, _: f64) {}
+}
+
+impl HistogramFn for Handle {
+    fn record(&self, _: f64) {}
+}
+
+impl Recorder for Recorded {
+    fn describe_counter(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+    fn describe_gauge(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+    fn describe_histogram(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+    fn register_counter(&self, key: &Key, _: &Metadata<'_>) -> Counter {
+        Counter::from_arc(Arc::new(Handle {
+            key: key.clone(),
+            values: self.clone(),
+        }))
+    }
+    fn register_gauge(&self, key: &Key, _: &Metadata<'_>) -> Gauge {
+        Gauge::from_arc(Arc::new(Handle {
+            key: key.clone(),
+            values: self.clone(),
+        }))
+    }
+    fn register_histogram(&self, key: &Key, _: &Metadata<'_>) -> Histogram {
+        Histogram::from_arc(Arc::new(Handle {
+            key: key.clone(),
+            values: self.clone(),
+        }))
+    }
+}
+
+struct Observed {
+    metrics: Recorded,
+    log: Arc<Mutex<Vec<u8>>>,
+}
+
+#[derive(Clone)]
+struct LogWriter(Arc<Mutex<Vec<u8>>>);
+
+impl Write for LogWriter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+fn observed() -> &'static Observed {
+    static OBSERVED: OnceLock<Observed> = OnceLock::new();
+    OBSERVED.get_or_init(|| {
+        let metrics = Recorded::default();
+        metrics::set_global_recorder(metrics.clone()).unwrap();
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let writer = LogWriter(log.clone());
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .with_ansi(false)
+            .with_max_level(tracing::Level::INFO)
+            .finish();
+        tracing::subscriber::set_global_default(subscriber).unwrap();
+        Observed { metrics, log }
+    })
+}
+
+/// `tollgate_decisions_total` for `limiter` and `outcome`, summed over its other labels, and
+/// by limit.
+fn decisions(limiter: &str, outcome: &str) -> (f64, HashMap<String, f64>) {
+    let values = observed().metrics.0.lock().unwrap();
+    let mut total = 0.0;
+    let mut by_limit = HashMap::new();
+    for (key, value) in values.iter() {
+        let label = |name: &str| {
+            key.labels()
+                .find(|l| l.key() == name)
+                .map(|l| l.value().to_string())
+        };
+        if key.name() == "tollgate_decisions_total"
+            && label("limiter").as_deref() == Some(limiter)
+            && label("outcome").as_deref() == Some(outcome)
+        {
+            total += value;
+            *by_limit
+                .entry(label("limit").unwrap_or_default())
+                .or_insert(0.0) += value;
+        }
+    }
+    (total, by_limit)
+}
+
+/// The captured log lines that mention `needle`.
+fn log_lines(needle: &str) -> Vec<String> {
+    let log = observed().log.lock().unwrap();
+    String::from_utf8_lossy(&log)
+        .lines()
+        .filter(|l| l.contains(needle))
+        .map(str::to_string)
+        .collect()
+}
+
+fn memory_limiter(policy: &str, name: &str, shadow: bool) -> Limiter {
+    let store = MemoryStore::builder()
+        .clock(Clock::Manual(manual_clock()))
+        .build();
+    Limiter::builder(store, policy.parse().unwrap())
+        .name(name)
+        .shadow(shadow)
+        .build()
+}
+
+#[tokio::test]
+async fn would_be_denials_are_counted_exactly_apart_from_denials() {
+    observed();
+    let limiter = memory_limiter("3/min, 10/h", "shadow-exact", true);
+    for _ in 0..50 {
+        assert!(limiter.check(&["user:1"]).await.unwrap().is_allowed());
+    }
+    assert_eq!(decisions("shadow-exact", "allowed").0, 3.0);
+    let (shadow_denied, by_limit) = decisions("shadow-exact", "shadow_denied");
+    assert_eq!(shadow_denied, 47.0);
+    assert_eq!(by_limit.get("3/min"), Some(&47.0), "{by_limit:?}");
+    assert_eq!(decisions("shadow-exact", "denied").0, 0.0);
+
+    // enforcing, the same limiter counts denials as such
+    limiter.set_shadow(false);
+    for _ in 0..5 {
+        assert!(!limiter.check(&["user:1"]).await.unwrap().is_allowed());
+    }
+    assert_eq!(decisions("shadow-exact", "denied").0, 5.0);
+    assert_eq!(decisions("shadow-exact", "shadow_denied").0, 47.0);
+}
+
+#[tokio::test]
+async fn would_be_denials_are_logged_once_per_limiter_per_period() {
+    observed();
+    let a = memory_limiter("1/min", "shadow-log-a", true);
+    let b = memory_limiter("1/min", "shadow-log-b", true);
+    for _ in 0..500 {
+        assert!(a.check(&["user:1"]).await.unwrap().is_allowed());
+        assert!(b.check(&["user:1"]).await.unwrap().is_allowed());
+    }
+    for name in ["shadow-log-a", "shadow-log-b"] {
+        let lines = log_lines(&format!("limiter=\"{name}\""));
+        assert_eq!(lines.len(), 1, "{lines:?}");
+        assert!(lines[0].contains("shadow mode"), "{}", lines[0]);
+        assert!(lines[0].contains("would_deny=1"), "{}", lines[0]);
+    }
+    assert_eq!(decisions("shadow-log-a", "shadow_denied").0, 499.0);
+}
+
+#[tokio::test]
+async fn a_shadow_layer_counts_what_it_lets_through() {
+    observed();
+    let limiter = memory_limiter("2/min", "shadow-layer", false);
+    let mut svc = RateLimitLayer::new(limiter)
+        .key(Header::named("x-user").unwrap())
+        .shadow(true)
+        .layer(service_fn(|_: Request<Full<bytes::Bytes>>| async {
+            Ok::<_, Infallible>(Response::new(Full::<bytes::Bytes>::default()))
+        }));
+    for _ in 0..7 {
+        let req = Request::get("/")
+            .header("x-user", "a")
+            .body(Full::default())
+            .unwrap();
+        let res = svc.ready().await.unwrap().call(req).await.unwrap();
+        assert_eq!(res.status(), StatusCode::OK);
+    }
+    assert_eq!(decisions("shadow-layer", "allowed").0, 2.0);
+    assert_eq!(decisions("shadow-layer", "shadow_denied").0, 5.0);
+}
+
+#[tokio::test]
+async fn charging_by_response_counts_one_decision_per_request() {
+    observed();
+    let limiter = memory_limiter("100/min", "charge-by-response", false);
+    let mut svc = RateLimitLayer::new(limiter.clone())
+        .key(Header::named("x-user").unwrap())
+        .charge_if(|res: &http::response::Parts| res.status == StatusCode::UNAUTHORIZED)
+        .layer(service_fn(|req: Request<Full<bytes::Bytes>>| async move {
+            let status = if req.uri().path() == "/fail" {
+                StatusCode::UNAUTHORIZED
+            } else {
+                StatusCode::OK
+            };
+            let res = Response::builder()
+                .status(status)
+                .body(Full::<bytes::Bytes>::default())
+                .unwrap();
+            Ok::<_, Infallible>(res)
+        }));
+    for path in ["/", "/fail", "/", "/fail", "/fail"] {
+        let req = Request::get(path)
+            .header("x-user", "a")
+            .body(Full::default())
+            .unwrap();
+        svc.ready().await.unwrap().call(req).await.unwrap();
+    }
+    // the check before each handler is the request's decision; the charges are not counted
+    assert_eq!(decisions("charge-by-response", "allowed").0, 5.0);
+    let left = limiter.check_n(&["header:x-user:a"], 97).await.unwrap();
+    assert!(left.is_allowed(), "3 of 100 charged");
+}
