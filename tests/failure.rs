@@ -6,158 +6,24 @@
 //! store's timeout once the breaker is open), not performance figures.
 
 mod common;
+#[path = "common/observed.rs"]
+mod observed;
 
 use std::collections::HashMap;
-use std::io::Write;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::RedisServer;
-use metrics::{
-    Counter, CounterFn, Gauge, GaugeFn, Histogram, HistogramFn, Key, KeyName, Metadata, Recorder,
-    SharedString, Unit,
-};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use common::{Proxy, RedisServer};
+use observed::{log_text, metric, observed};
 use tollgate::{Error, Limiter, OnStoreError, Origin, RedisStore, StoreError};
 
-/// A `metrics` recorder that keeps every counter's total, every gauge's value and every
-/// histogram's sample count, by name and labels.
-#[derive(Clone, Default)]
-struct Recorded(Arc<Mutex<HashMap<Key, f64>>>);
-
-struct Handle {
-    key: Key,
-    values: Recorded,
-}
-
-impl Handle {
-    fn update(&self, f: impl FnOnce(&mut f64)) {
-        f(self
-            .values
-            .0
-            .lock()
-            .unwrap()
-            .entry(self.key.clone())
-            .or_insert(0.0));
-    }
-}
-
-impl CounterFn for Handle {
-    fn increment(&self, value: u64) {
-        self.update(|v| *v += value as f64);
-    }
-    fn absolute(&self, value: u64) {
-        self.update(|v| *v = value as f64);
-    }
-}
-
-impl GaugeFn for Handle {
-    fn increment(&self, value: f64) {
-        self.update(|v| *v += value);
-    }
-    fn decrement(&self, value: f64) {
-        self.update(|v| *v -= value);
-    }
-    fn set(&self, value: f64) {
-        self.update(|v| *v = value);
-    }
-}
-
-impl HistogramFn for Handle {
-    fn record(&self, _: f64) {
-        self.update(|v| *v += 1.0);
-    }
-}
-
-impl Recorded {
-    fn handle(&self, key: &Key) -> Arc<Handle> {
-        Arc::new(Handle {
-            key: key.clone(),
-            values: self.clone(),
-        })
-    }
-}
-
-impl Recorder for Recorded {
-    fn describe_counter(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
-    fn describe_gauge(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
-    fn describe_histogram(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
-    fn register_counter(&self, key: &Key, _: &Metadata<'_>) -> Counter {
-        Counter::from_arc(self.handle(key))
-    }
-    fn register_gauge(&self, key: &Key, _: &Metadata<'_>) -> Gauge {
-        Gauge::from_arc(self.handle(key))
-    }
-    fn register_histogram(&self, key: &Key, _: &Metadata<'_>) -> Histogram {
-        Histogram::from_arc(self.handle(key))
-    }
-}
-
-/// The process's recorder and log, installed once for the whole test binary. Each test uses
-/// its own limiter names and store prefixes, so its figures are its own.
-struct Observed {
-    metrics: Recorded,
-    log: Arc<Mutex<Vec<u8>>>,
-}
-
-#[derive(Clone)]
-struct LogWriter(Arc<Mutex<Vec<u8>>>);
-
-impl Write for LogWriter {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-fn observed() -> &'static Observed {
-    static OBSERVED: OnceLock<Observed> = OnceLock::new();
-    OBSERVED.get_or_init(|| {
-        let metrics = Recorded::default();
-        metrics::set_global_recorder(metrics.clone()).unwrap();
-        let log = Arc::new(Mutex::new(Vec::new()));
-        let writer = LogWriter(log.clone());
-        let subscriber = tracing_subscriber::fmt()
-            .with_writer(move || writer.clone())
-            .with_ansi(false)
-            .with_max_level(tracing::Level::WARN)
-            .finish();
-        tracing::subscriber::set_global_default(subscriber).unwrap();
-        Observed { metrics, log }
-    })
-}
-
-/// The value of the metric `name` summed over the label sets that include every
-/// `(key, value)` of `labels`.
-fn metric(name: &str, labels: &[(&str, &str)]) -> f64 {
-    observed()
-        .metrics
-        .0
-        .lock()
-        .unwrap()
-        .iter()
-        .filter(|(key, _)| {
-            key.name() == name
-                && labels
-                    .iter()
-                    .all(|(k, v)| key.labels().any(|l| l.key() == *k && l.value() == *v))
-        })
-        .map(|(_, value)| value)
-        .sum()
-}
-
-/// How many log lines contain `text` and `store=PREFIX`.
+/// How many log lines contain `text` and name the store `store`.
 fn logged(text: &str, store: &str) -> usize {
-    let log = observed().log.lock().unwrap();
     let tag = format!("store=\"{store}\"");
-    String::from_utf8_lossy(&log)
+    log_text()
         .lines()
-        .filter(|l| l.contains(text) && (l.contains(&tag) || l.contains(&format!("store={store}"))))
+        .filter(|l| l.contains(text) && l.contains(&tag))
         .count()
 }
 
@@ -366,58 +232,6 @@ async fn an_outage_under_load() {
     assert_eq!(logged("rate-limit store answers again", "outage"), 1);
 }
 
-/// A TCP proxy in front of Redis that can stop forwarding (a stalled server or network).
-struct Proxy {
-    port: u16,
-    stalled: Arc<AtomicBool>,
-}
-
-impl Proxy {
-    async fn start(upstream: u16) -> Proxy {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let stalled = Arc::new(AtomicBool::new(false));
-        let flag = stalled.clone();
-        tokio::spawn(async move {
-            while let Ok((client, _)) = listener.accept().await {
-                let Ok(server) = TcpStream::connect(("127.0.0.1", upstream)).await else {
-                    continue;
-                };
-                let (cr, cw) = client.into_split();
-                let (sr, sw) = server.into_split();
-                tokio::spawn(pipe(cr, sw, flag.clone()));
-                tokio::spawn(pipe(sr, cw, flag.clone()));
-            }
-        });
-        Proxy { port, stalled }
-    }
-
-    fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}/", self.port)
-    }
-}
-
-/// Copies bytes, holding them back while `stalled` is set.
-async fn pipe(
-    mut from: tokio::net::tcp::OwnedReadHalf,
-    mut to: tokio::net::tcp::OwnedWriteHalf,
-    stalled: Arc<AtomicBool>,
-) {
-    let mut buf = vec![0u8; 16 * 1024];
-    loop {
-        let n = match from.read(&mut buf).await {
-            Ok(0) | Err(_) => return,
-            Ok(n) => n,
-        };
-        while stalled.load(Ordering::Relaxed) {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-        if to.write_all(&buf[..n]).await.is_err() {
-            return;
-        }
-    }
-}
-
 /// A stall longer than the timeout: the first checks time out (not retried), the breaker
 /// opens after a few, later checks are answered at once; when the stall ends checks go
 /// through Redis again.
@@ -430,7 +244,7 @@ async fn a_stall_opens_the_breaker_and_recovery_closes_it() {
     let limiter = limiter(&store, "1000/s", "stall", OnStoreError::Closed);
     assert_eq!(limiter.check(&["a"]).await.unwrap().origin(), Origin::Store);
 
-    proxy.stalled.store(true, Ordering::Relaxed);
+    proxy.freeze(true);
     let mut kinds: HashMap<&'static str, usize> = HashMap::new();
     let mut fast = 0;
     for _ in 0..50 {
@@ -452,7 +266,7 @@ async fn a_stall_opens_the_breaker_and_recovery_closes_it() {
     assert_eq!(kinds.get("unavailable"), Some(&47), "{kinds:?}");
     assert_eq!(fast, 47);
 
-    proxy.stalled.store(false, Ordering::Relaxed);
+    proxy.freeze(false);
     let resumed = Instant::now();
     loop {
         if limiter.check(&["a"]).await.is_ok() {

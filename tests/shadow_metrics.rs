@@ -4,119 +4,19 @@
 //! binary of their own, and each uses limiters of its own names.
 
 mod common;
+#[path = "common/observed.rs"]
+mod observed;
 
 use std::collections::HashMap;
 use std::convert::Infallible;
-use std::io::Write;
-use std::sync::{Arc, Mutex, OnceLock};
 
 use common::manual_clock;
 use http::{Request, Response, StatusCode};
 use http_body_util::Full;
-use metrics::{
-    Counter, CounterFn, Gauge, GaugeFn, Histogram, HistogramFn, Key, KeyName, Metadata, Recorder,
-    SharedString, Unit,
-};
+use observed::{log_text, observed};
 use tollgate::key::Header;
 use tollgate::{Clock, Limiter, MemoryStore, RateLimitLayer};
 use tower::{service_fn, Layer, Service, ServiceExt};
-
-/// Every counter's total, by name and labels.
-#[derive(Clone, Default)]
-struct Recorded(Arc<Mutex<HashMap<Key, f64>>>);
-
-struct Handle {
-    key: Key,
-    values: Recorded,
-}
-
-impl Handle {
-    fn add(&self, value: f64) {
-        *self
-            .values
-            .0
-            .lock()
-            .unwrap()
-            .entry(self.key.clone())
-            .or_insert(0.0) += value;
-    }
-}
-
-impl CounterFn for Handle {
-    fn increment(&self, value: u64) {
-        self.add(value as f64);
-    }
-    fn absolute(&self, _: u64) {}
-}
-
-impl GaugeFn for Handle {
-    fn increment(&self, _: f64) {}
-    fn decrement(&self, _: f64) {}
-    fn set(&self, _: f64) {}
-}
-
-impl HistogramFn for Handle {
-    fn record(&self, _: f64) {}
-}
-
-impl Recorder for Recorded {
-    fn describe_counter(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
-    fn describe_gauge(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
-    fn describe_histogram(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
-    fn register_counter(&self, key: &Key, _: &Metadata<'_>) -> Counter {
-        Counter::from_arc(Arc::new(Handle {
-            key: key.clone(),
-            values: self.clone(),
-        }))
-    }
-    fn register_gauge(&self, key: &Key, _: &Metadata<'_>) -> Gauge {
-        Gauge::from_arc(Arc::new(Handle {
-            key: key.clone(),
-            values: self.clone(),
-        }))
-    }
-    fn register_histogram(&self, key: &Key, _: &Metadata<'_>) -> Histogram {
-        Histogram::from_arc(Arc::new(Handle {
-            key: key.clone(),
-            values: self.clone(),
-        }))
-    }
-}
-
-struct Observed {
-    metrics: Recorded,
-    log: Arc<Mutex<Vec<u8>>>,
-}
-
-#[derive(Clone)]
-struct LogWriter(Arc<Mutex<Vec<u8>>>);
-
-impl Write for LogWriter {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-fn observed() -> &'static Observed {
-    static OBSERVED: OnceLock<Observed> = OnceLock::new();
-    OBSERVED.get_or_init(|| {
-        let metrics = Recorded::default();
-        metrics::set_global_recorder(metrics.clone()).unwrap();
-        let log = Arc::new(Mutex::new(Vec::new()));
-        let writer = LogWriter(log.clone());
-        let subscriber = tracing_subscriber::fmt()
-            .with_writer(move || writer.clone())
-            .with_ansi(false)
-            .with_max_level(tracing::Level::INFO)
-            .finish();
-        tracing::subscriber::set_global_default(subscriber).unwrap();
-        Observed { metrics, log }
-    })
-}
 
 /// `tollgate_decisions_total` for `limiter` and `outcome`, summed over its other labels, and
 /// by limit.
@@ -145,8 +45,7 @@ fn decisions(limiter: &str, outcome: &str) -> (f64, HashMap<String, f64>) {
 
 /// The captured log lines that mention `needle`.
 fn log_lines(needle: &str) -> Vec<String> {
-    let log = observed().log.lock().unwrap();
-    String::from_utf8_lossy(&log)
+    log_text()
         .lines()
         .filter(|l| l.contains(needle))
         .map(str::to_string)
