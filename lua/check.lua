@@ -1,61 +1,139 @@
 -- tollgate's check: every limit of a policy, for every identifier of a request, decided in
 -- one atomic call, all-or-nothing.
--- Rust twin: src/algorithm/mod.rs (`decide`); wire layout: src/store/script.rs.
+-- Rust twin: src/algorithm/mod.rs (`decide`, `Layout`); assembly and wire layout:
+-- src/store/script.rs.
 --
--- KEYS: one per (identifier, limit), identifier-major: KEYS[(id - 1) * L + l].
--- ARGV: now (µs; empty to read the server clock), cost, L, lease id (for a concurrency
---       limit; may be empty), then per limit: algorithm (1 sliding log, 2 sliding window,
---       3 fixed window, 4 GCRA / token bucket, 5 concurrency), count, window (µs; the lease
---       for concurrency), largest cost (count, or the burst).
--- Returns {allowed, now, then per key: remaining, reset_after, retry_after, admitted}
--- with the times in µs relative to now.
+-- The script is generated per policy and number of identifiers, from prelude.lua, the
+-- sections below (`--@ name`) and each limit's fragments (one file per algorithm), with the
+-- numbers written in: no limit is parsed, nothing dispatched, no loop run at run time. The
+-- sections between `id_open` and `id_close` are repeated for each identifier $j (its keys
+-- start after KEYS[$b], at KEYS[$first]; $p is the identifier before); $x names a limit (its index in the policy); $fields / $zeros / $format are the
+-- packed fields (T, then each packed limit's fields, in policy order), their zeros and their
+-- struct format, $zero a missing state (as many zero bytes).
 --
+-- KEYS: per identifier, identifier-major: the packed key (when the policy has window or GCRA
+--       limits), then one sorted set per log or concurrency limit, in policy order.
+-- ARGV: now (µs; empty to read the server clock), cost, lease id (for a concurrency limit;
+--       may be empty).
+-- Returns one string (a table costs Redis more to convert): "1" (allowed) or "0", the time as
+--       "SECONDS,MICROSECONDS", ";", then per identifier: its packed state as read (as many
+--       zero bytes when none), from which the client derives the packed limits' figures with
+--       the Rust twin; then per sorted-set limit four little-endian doubles: admitted,
+--       remaining, reset_after, retry_after (µs from now).
+--
+-- The packed key is one string, written once with SET: T (the time of the identifier's last
+-- charge; every window limit's index is T / w), then each limit's fields. Its TTL (PX) runs to
+-- the latest moment one of its limits' state matters (`expires`), rounded up to whole
+-- milliseconds, plus 1 ms because Redis takes the expiry's base time when the script starts,
+-- a little before TIME was read; when the key's TTL already covers that moment, it is kept.
 -- Phase 1 only reads. Only when every pair admits does phase 2 write: a denied request
 -- charges nothing anywhere and leaves every key, TTLs included, as it was.
 
-local now = clock(ARGV[1])
+--@ head
 local cost = tonumber(ARGV[2])
-local nlimits = tonumber(ARGV[3])
-LEASE = ARGV[4]
+local ok = true
+-- the TTL last formatted, for the life it was formatted for
+local lastlife, lastttl = -1, ''
 
-local limits = {}
-for l = 1, nlimits do
-  local a = 4 + (l - 1) * 4
-  limits[l] = {
-    alg = ALG[tonumber(ARGV[a + 1])],
-    n = tonumber(ARGV[a + 2]),
-    w = tonumber(ARGV[a + 3]),
-    burst = tonumber(ARGV[a + 4]),
-  }
-end
+--@ read_one
+-- One identifier and only packed limits: a fresh key admits any cost up to the policy's
+-- largest, so the state a charge gives a fresh key is written by the very call that reads an
+-- existing key (SET NX GET writes nothing when the key exists).
+local got1, put1, ttl1
+if cost <= $most then
+  local T, $fields = now, $zeros
+  local life = 0
 
-local states, admitted, retry_at = {}, {}, {}
-local allowed = true
-for k = 1, #KEYS do
-  local lim = limits[(k - 1) % nlimits + 1]
-  states[k] = lim.alg.load(KEYS[k], lim)
-  admitted[k], retry_at[k] = lim.alg.evaluate(states[k], lim, now, cost)
-  allowed = allowed and admitted[k]
-end
-
-if allowed then
-  for k = 1, #KEYS do
-    local lim = limits[(k - 1) % nlimits + 1]
-    lim.alg.commit(states[k], lim, now, cost)
+--@ fresh_close
+  lastlife, lastttl = life, string.format('%d', math.ceil((life - now) / 1000) + 1)
+  got1 = redis.call('SET', KEYS[1], struct.pack('$format', T, $fields), 'NX', 'GET', 'PX', lastttl)
+  if not got1 then
+    return '1' .. sec .. ',' .. usec .. ';$zero'
   end
+else
+  got1 = redis.call('GET', KEYS[1])
 end
 
-local out = { allowed and 1 or 0, now }
-for k = 1, #KEYS do
-  local lim = limits[(k - 1) % nlimits + 1]
-  local remaining, reset = lim.alg.report(states[k], lim, now)
-  local retry = 0
-  if not admitted[k] then
-    retry = retry_at[k] - now
+--@ read_many
+local $states = unpack(redis.call('MGET', $names))
+local $news
+
+--@ id_open
+-- identifier $j
+do
+  local j, base = $j, $b
+
+--@ unpack
+  if not ok then
+    -- denied already: the client derives every figure from the states returned
+  elseif $same then
+    -- the same state as the previous identifier's: the same verdict, the same new state
+    put$j, ttl$j = put$p, ttl$p
+  elseif not got$j and cost <= $most then
+    -- no state: charged once, a fresh state admits any cost up to the policy's largest
+    local T, $fields = now, $zeros
+    local life, old = 0, 0
+
+--@ fresh_pack
+    put$j = struct.pack('$format', T, $fields)
+
+--@ stored
+  else
+    local T, $fields = 0, $zeros
+    if got$j then
+      T, $fields = struct.unpack('$format', got$j)
+    end
+    -- life: when the new state stops mattering; old: at most when the stored one did
+    local life, old = 0, 0
+
+--@ pack_open
+    if ok then
+
+--@ pack_close
+      if T < now then
+        T = now
+      end
+      put$j = struct.pack('$format', T, $fields)
+
+--@ ttl
+      if got$j and life <= old then
+        -- the key's TTL covers the stored state's life, so the new state's too: keep it
+        ttl$j = false
+      elseif life == lastlife then
+        ttl$j = lastttl
+      else
+        lastlife, lastttl = life, string.format('%d', math.ceil((life - now) / 1000) + 1)
+        ttl$j = lastttl
+      end
+
+--@ stored_close
+    end
   end
-  out[#out + 1] = remaining
-  out[#out + 1] = reset
-  out[#out + 1] = retry
-  out[#out + 1] = admitted[k] and 1 or 0
+
+--@ id_close
 end
-return out
+
+--@ phase2
+if ok then
+
+--@ write
+  if ttl$j then
+    redis.call('SET', KEYS[$first], put$j, 'PX', ttl$j)
+  else
+    redis.call('SET', KEYS[$first], put$j, 'KEEPTTL')
+  end
+
+--@ reply
+end
+
+--@ reply_only
+return (ok and '1' or '0') .. sec .. ',' .. usec .. ';' .. $replies
+
+--@ reply_open
+local head = (ok and '1' or '0') .. sec .. ',' .. usec .. ';'
+
+--@ reply_packed
+head = head .. (got$j or '$zero')
+
+--@ tail
+return head

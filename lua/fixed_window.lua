@@ -1,41 +1,51 @@
--- Fixed window (seed 003): one counter per window aligned to the Unix epoch. A hash holds
--- i (window index) and c (its count); the key expires when the window ends. The index is
--- stored rather than put in the key name because the script learns the time from TIME, and
--- may only touch keys it was passed.
+-- Fixed window (seed 003): one counter per window aligned to the Unix epoch.
 -- Rust twin: src/algorithm/fixed_window.rs.
-ALG[3] = {
-  load = function(key, lim)
-    local v = redis.call('HMGET', key, 'i', 'c')
-    return { key = key, i = tonumber(v[1]) or 0, c = tonumber(v[2]) or 0 }
-  end,
+--
+-- Fragments of the generated check script (see check.lua), for the limit $x: $n its count,
+-- $w its window (µs). Its field in the identifier's packed state is c, the count of the
+-- window T falls in (T / w). The retry time and the report are derived by the client from the
+-- state the script returns (the twin's `evaluate` and `report`).
 
-  evaluate = function(st, lim, now, cost)
-    local i = idiv(now, lim.w)
-    local count = 0
-    if st.i >= i then
-      count = st.c
-    end
-    if count + cost <= lim.n then
-      return true, 0
-    end
-    return false, (math.max(i, st.i) + 1) * lim.w
-  end,
+--@ fields
+c:I4
 
-  commit = function(st, lim, now, cost)
-    local i = idiv(now, lim.w)
-    if st.i < i then
-      st.i, st.c = i, 0
-    end
-    st.c = st.c + cost
-    redis.call('HSET', st.key, 'i', int(st.i), 'c', int(st.c))
-    expire(st.key, (st.i + 1) * lim.w, now)
-  end,
+--@ prepare
+local s$x = now - now % $w
+local life$x = s$x + $w
 
-  report = function(st, lim, now)
-    local i = idiv(now, lim.w)
-    if st.i < i or st.c == 0 then
-      return lim.burst, 0
+--@ fresh
+    -- a fresh state charged once (what evaluate and commit give it): the count is the cost
+    -- until the window ends
+    c$x = cost
+    if life$x > life then
+      life = life$x
     end
-    return math.max(lim.n - st.c, 0), (st.i + 1) * lim.w - now
-  end,
-}
+
+--@ evaluate
+    if T < s$x then
+      c$x = 0
+    end
+    if c$x + cost > $n then
+      ok = false
+    end
+
+--@ commit
+      c$x = c$x + cost
+
+--@ expires
+      -- the window ends: the new state's life, and at least the stored one's
+      local l, o = life$x, 0
+      if T >= life$x then
+        l = T - T % $w + $w
+        o = l
+      elseif T >= s$x then
+        o = l
+      elseif T >= s$x - $w then
+        o = l - $w
+      end
+      if l > life then
+        life = l
+      end
+      if o > old then
+        old = o
+      end

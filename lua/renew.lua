@@ -5,10 +5,11 @@
 -- lease id per key. A lease that already expired (and may have been given to someone else) is
 -- not brought back: ZADD XX only updates members that exist. The key's TTL is extended to
 -- cover the new deadline (GT: never shortened).
-local now = clock(ARGV[1])
+
+--@ renew
 local lease = tonumber(ARGV[2])
-local deadline = int(now + lease)
-local ttl = int(math.ceil(lease / 1000) + 1)
+local deadline = string.format('%d', now + lease)
+local ttl = string.format('%d', math.ceil(lease / 1000) + 1)
 local renewed = 0
 for k = 1, #KEYS do
   local score = redis.call('ZSCORE', KEYS[k], ARGV[k + 2])

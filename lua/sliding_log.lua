@@ -3,48 +3,80 @@
 -- exactly now - w has left it. Members are "<time>-<k>", k counting the entries already at
 -- that time, so two requests in the same microsecond are two entries.
 -- Rust twin: src/algorithm/sliding_log.rs.
-ALG[1] = {
-  load = function(key, lim)
-    return { key = key }
-  end,
+--
+-- Fragments of the generated check script (see check.lua), for the limit $x: $n its count,
+-- $w its window (µs), $key its sorted set, $ttl the key's TTL in ms after a charge (the
+-- window, rounded up, plus 1 ms: see `expires` in check.lua's header). The key outlives its
+-- newest entry by the window: a charge sets the TTL to the window, never shortening it (GT)
+-- when the key already holds live entries.
 
-  evaluate = function(st, lim, now, cost)
-    local floor = '(' .. int(now - lim.w)
-    local used = redis.call('ZCOUNT', st.key, floor, '+inf')
-    if used + cost <= lim.n then
-      return true, 0
+--@ prepare
+-- entries after now - w are live; now as a score
+local live$x = string.format('(%d', now - $w)
+local at$x = string.format('%d', now)
+-- per identifier j: live entries, the newest one's time, when a denied cost fits
+local L$x = {}
+
+--@ evaluate
+  do
+    local used = redis.call('ZCOUNT', $key, live$x, '+inf')
+    local newest, retry = 0, 0
+    if used > 0 then
+      -- the newest entry's time, read from its member (fetching scores costs more)
+      newest = tonumber(string.match(redis.call('ZRANGE', $key, '-1', '-1')[1], '^%d+'))
     end
-    -- The (used + cost - n)-th oldest live entry must leave the window first.
-    local k = used + cost - lim.n
-    local e = redis.call('ZRANGEBYSCORE', st.key, floor, '+inf', 'WITHSCORES', 'LIMIT', k - 1, 1)
-    return false, tonumber(e[2]) + lim.w
-  end,
+    if used + cost > $n then
+      ok = false
+      -- the (used + cost - n)-th oldest live entry must leave the window first
+      local k = string.format('%d', used + cost - $n - 1)
+      local e = redis.call('ZRANGEBYSCORE', $key, live$x, '+inf', 'LIMIT', k, '1')
+      retry = tonumber(string.match(e[1], '^%d+')) + $w
+    end
+    L$x[3 * j - 2], L$x[3 * j - 1], L$x[3 * j] = used, newest, retry
+  end
 
-  commit = function(st, lim, now, cost)
-    redis.call('ZREMRANGEBYSCORE', st.key, '-inf', int(now - lim.w))
-    local t = int(now)
-    local k = redis.call('ZCOUNT', st.key, t, t)
-    -- ZADD in batches: unpack() of a large cost would overflow Lua's C stack.
-    local j = 1
-    while j <= cost do
-      local args = {}
-      for m = j, math.min(j + 499, cost) do
-        args[#args + 1] = t
-        args[#args + 1] = t .. '-' .. (k + m)
+--@ commit
+    do
+      redis.call('ZREMRANGEBYSCORE', $key, '-inf', string.sub(live$x, 2))
+      local k = 0
+      if L$x[3 * j - 1] >= now then
+        k = redis.call('ZCOUNT', $key, at$x, at$x)
       end
-      redis.call('ZADD', st.key, unpack(args))
-      j = j + 500
+      if cost == 1 then
+        redis.call('ZADD', $key, at$x, at$x .. '-' .. (k + 1))
+      else
+        -- in batches: unpack() of a large cost would overflow Lua's C stack
+        local m = 1
+        while m <= cost do
+          local args = {}
+          for u = m, math.min(m + 499, cost) do
+            args[#args + 1] = at$x
+            args[#args + 1] = at$x .. '-' .. (k + u)
+          end
+          redis.call('ZADD', $key, unpack(args))
+          m = m + 500
+        end
+      end
+      if L$x[3 * j - 2] > 0 then
+        redis.call('PEXPIRE', $key, '$ttl', 'GT')
+      else
+        redis.call('PEXPIRE', $key, '$ttl')
+      end
     end
-    local newest = redis.call('ZRANGE', st.key, -1, -1, 'WITHSCORES')
-    expire(st.key, tonumber(newest[2]) + lim.w, now)
-  end,
 
-  report = function(st, lim, now)
-    local used = redis.call('ZCOUNT', st.key, '(' .. int(now - lim.w), '+inf')
-    if used == 0 then
-      return lim.burst, 0
+--@ report
+  do
+    local used, newest, retry = L$x[3 * j - 2], L$x[3 * j - 1], L$x[3 * j]
+    if ok then
+      used = used + cost
+      if newest < now then
+        newest = now
+      end
     end
-    local newest = redis.call('ZRANGE', st.key, -1, -1, 'WITHSCORES')
-    return math.max(lim.n - used, 0), math.max(tonumber(newest[2]) + lim.w - now, 0)
-  end,
-}
+    local remaining, reset = $n, 0
+    if used > 0 then
+      remaining = math.max($n - used, 0)
+      reset = math.max(newest + $w - now, 0)
+    end
+    head = head .. struct.pack('<dddd', retry == 0 and 1 or 0, remaining, reset, retry > 0 and retry - now or 0)
+  end

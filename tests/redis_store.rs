@@ -40,7 +40,8 @@ async fn a_denied_request_leaves_redis_exactly_as_it_was() {
         clock.advance(Duration::from_millis(7));
     }
     let before = snapshot(&mut conn, &prefix);
-    assert_eq!(before.len(), 10, "5 limits x 2 identifiers");
+    // per identifier: one packed key (the four window and GCRA limits) and the log's
+    assert_eq!(before.len(), 4, "5 limits x 2 identifiers, in 2 keys each");
     for _ in 0..5 {
         assert!(!l.check(&["ip:1", "user:1"]).await.unwrap().is_allowed());
         // a fresh identifier denied alongside an exhausted one gets no key at all
@@ -81,27 +82,31 @@ async fn ttls_cover_the_state_lifetime() {
     let clock = manual_clock(); // midnight: aligned to every window below
     let store = server.store(Clock::Manual(clock.clone())).await;
     let prefix = store.prefix().to_string();
-    let l = Limiter::new(
-        store,
-        "10/h log, 10/h, 10/h fixed, 10/h gcra, 4/h bucket capacity=2"
-            .parse()
-            .unwrap(),
-    );
     clock.advance(Duration::from_secs(60));
-    assert!(l.check(&["a"]).await.unwrap().is_allowed());
     let mut conn = server.conn();
-    // lifetime from the decision, in ms
+    // Each limit alone (its own key, packed or not), then the packed ones together, whose
+    // key lives as long as the longest-lived of them. Lifetime from the decision, in ms.
     let expected = [
-        ("l", 3_600_000),              // the entry leaves the log after the window
-        ("w", 2 * 3_600_000 - 60_000), // the count weighs on the next window too
-        ("f", 3_600_000 - 60_000),     // the window ends
-        ("g", 360_000),                // one emission interval of debt
-        ("b", 900_000),
+        ("10/h log", "l", 3_600_000), // the entry leaves the log after the window
+        ("10/h", "s:w", 2 * 3_600_000 - 60_000), // the count weighs on the next window too
+        ("10/h fixed", "s:f", 3_600_000 - 60_000), // the window ends
+        ("10/h gcra", "s:g", 360_000), // one emission interval of debt
+        ("4/h bucket capacity=2", "s:b", 900_000),
+        (
+            "10/h fixed, 10/h gcra, 10/h, 4/h bucket capacity=2",
+            "s:f",
+            2 * 3_600_000 - 60_000,
+        ),
     ];
-    for (tag, lifetime) in expected {
+    for (policy, tag, lifetime) in expected {
+        let l = Limiter::new(store.clone(), policy.parse().unwrap());
+        assert!(l.check(&["a"]).await.unwrap().is_allowed());
         let keys: Vec<String> = conn.keys(format!("{prefix}:{{a}}:{tag}*")).unwrap();
-        assert_eq!(keys.len(), 1, "{tag}");
-        let pttl: i64 = conn.pttl(&keys[0]).unwrap();
+        let key = keys
+            .iter()
+            .find(|k| k.contains(',') == policy.contains(','))
+            .unwrap();
+        let pttl: i64 = conn.pttl(key).unwrap();
         assert!(pttl > 0, "{tag}: {pttl}");
         assert!(pttl <= lifetime + 1, "{tag}: {pttl} > {lifetime}");
         assert!(
@@ -109,6 +114,39 @@ async fn ttls_cover_the_state_lifetime() {
             "{tag}: {pttl} much shorter than {lifetime}"
         );
     }
+}
+
+/// A later check keeps the packed key's TTL while it covers the new state's life, and sets a
+/// new one when the state lives longer: never shorter than the state's lifetime.
+#[tokio::test]
+async fn ttls_are_kept_or_extended_never_shortened() {
+    let server = RedisServer::start();
+    let clock = manual_clock(); // midnight
+    let store = server.store(Clock::Manual(clock.clone())).await;
+    let prefix = store.prefix().to_string();
+    let l = Limiter::new(store, "10/h, 100/d fixed".parse().unwrap());
+    let mut conn = server.conn();
+    let day: i64 = 86_400_000;
+    // (advance before the check, lifetime after it in ms: when the day's window ends, and
+    // whether the TTL set by the first check still covers it, and is kept)
+    for (advance, lifetime, kept) in [
+        (60_000, day - 60_000, false),
+        (1_800_000, day - 1_860_000, true),
+        (3_600_000, day - 5_460_000, true),
+        (day - 5_460_000 + 10_000, day - 10_000, false),
+    ] {
+        clock.advance(Duration::from_millis(advance as u64));
+        assert!(l.check(&["a"]).await.unwrap().is_allowed());
+        let keys: Vec<String> = conn.keys(format!("{prefix}:{{a}}:s:*")).unwrap();
+        assert_eq!(keys.len(), 1);
+        let pttl: i64 = conn.pttl(&keys[0]).unwrap();
+        assert!(pttl >= lifetime - 2000, "{pttl} shorter than {lifetime}");
+        assert_eq!(pttl > lifetime + 1000, kept, "{pttl} for {lifetime}");
+    }
+    // in the new day the state lives until the next midnight: the TTL was set afresh, tight
+    let keys: Vec<String> = conn.keys(format!("{prefix}:{{a}}:s:*")).unwrap();
+    let pttl: i64 = conn.pttl(&keys[0]).unwrap();
+    assert!(pttl <= day - 10_000 + 1, "{pttl}");
 }
 
 #[tokio::test]
@@ -127,7 +165,8 @@ async fn keys_disappear_once_their_state_no_longer_matters() {
     }
     let mut conn = server.conn();
     let keys: Vec<String> = conn.keys(format!("{prefix}:*")).unwrap();
-    assert_eq!(keys.len(), 10);
+    // per identifier: the packed key of the four window and GCRA limits, and the log
+    assert_eq!(keys.len(), 4);
     for k in &keys {
         let pttl: i64 = conn.pttl(k).unwrap();
         assert!(pttl > 0 && pttl <= 301, "{k}: {pttl}");

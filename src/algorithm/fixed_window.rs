@@ -1,14 +1,31 @@
 //! Fixed window (seed 003): one counter per window aligned to the Unix epoch. Twin of
-//! `lua/fixed_window.lua`, function for function.
+//! `lua/fixed_window.lua`, function for function: `FIELDS` and `load` are its `fields`,
+//! `evaluate` and `commit` its fragments of the same names, `expires_at` its `expires`;
+//! `report`, and the retry time in `evaluate`, are derived here from the state the script
+//! returns.
 
 use super::{Report, Verdict};
 use crate::policy::Limit;
 
-/// The index of the window last charged and its count (the script's hash fields `i`, `c`).
+/// The index of the window last charged and its count.
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct Fixed {
     idx: u64,
     count: u64,
+}
+
+/// The field the script packs: the count. The window's index is the packed key's time of the
+/// last charge divided by `w`, as for the sliding window.
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
+pub(crate) const FIELDS: &[&str] = &["c"];
+
+/// The state from the packed fields and the time `at` of the key's last charge.
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
+pub(crate) fn load(lim: &Limit, at: u64, fields: &[u64]) -> Fixed {
+    Fixed {
+        idx: at / lim.window_us(),
+        count: fields.first().copied().unwrap_or(0),
+    }
 }
 
 pub(crate) fn evaluate(st: &Fixed, lim: &Limit, now: u64, cost: u64) -> Verdict {

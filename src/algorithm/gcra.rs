@@ -1,6 +1,8 @@
 //! GCRA, which is also how the token bucket runs (seed 002's request limiter: a bucket of
 //! `burst` tokens refilled at `n` per `w` is the same automaton). Twin of `lua/gcra.lua`,
-//! function for function.
+//! function for function: `FIELDS` and `load` are its `fields`, `evaluate` and `commit` its
+//! fragments of the same names, `expires_at` its `expires`; `report`, and the retry time in
+//! `evaluate`, are derived here from the state the script returns.
 //!
 //! One emission interval is `T = w / n` µs, usually not a whole number, so times are kept
 //! exactly as pairs `(us, rem)` meaning `us + rem / n`, with `0 <= rem < n`. A request of cost
@@ -13,10 +15,25 @@ use crate::policy::Limit;
 /// A time `us + rem / n` µs.
 type Rational = (u64, u64);
 
-/// The theoretical arrival time (the script's hash fields `t`, `r`).
+/// The theoretical arrival time.
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct Tat {
     tat: Rational,
+}
+
+/// The fields the script packs: the theoretical arrival time's µs and remainder.
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
+pub(crate) const FIELDS: &[&str] = &["t", "r"];
+
+/// The state from the packed fields.
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
+pub(crate) fn load(fields: &[u64]) -> Tat {
+    Tat {
+        tat: (
+            fields.first().copied().unwrap_or(0),
+            fields.get(1).copied().unwrap_or(0),
+        ),
+    }
 }
 
 /// `k · T` as a rational time, without ever forming `k · w` (which could overflow).

@@ -2,23 +2,40 @@
 //!
 //! | Lua (Redis store)          | Rust (memory store)                 |
 //! |----------------------------|-------------------------------------|
-//! | `lua/check.lua`            | [`decide`], here                    |
+//! | `lua/check.lua`            | [`decide`] and [`Layout`], here     |
 //! | `lua/sliding_log.lua`      | `sliding_log.rs`                    |
 //! | `lua/sliding_window.lua`   | `sliding_window.rs`                 |
 //! | `lua/fixed_window.lua`     | `fixed_window.rs`                   |
 //! | `lua/gcra.lua`             | `gcra.rs`                           |
 //! | `lua/concurrency.lua`      | `concurrency.rs`                    |
 //! | `lua/renew.lua`            | `concurrency::renew`                |
-//! | `lua/prelude.lua`          | none: Lua-only helpers (number formatting, floor division, the clock, TTLs) |
+//! | `lua/prelude.lua`          | none: Lua-only helpers (floor division) |
 //!
-//! Each algorithm file has the functions of its Lua table, in the same order and under the
-//! same names: `evaluate` (does `cost` fit, and if not, when will it), `commit` (charge it),
-//! `report` (remaining quota, time until the state is empty). Lua's `load` reads the state
-//! from Redis, which the memory store holds already; Rust's `expires_at` is the instant the
-//! script turns into the key's TTL inside `commit`. The arithmetic is the same: integer
-//! microseconds, and where a double is used, the same expression in the same order, so that
-//! both stores reach the same decision for the same `(time, identifiers, cost)` sequence. The
-//! conformance, model and differential tests hold the two to that.
+//! The Redis check script is generated per policy from those files (`src/store/script.rs`):
+//! each algorithm file holds the fragments of one limit, in the order they run — `evaluate`
+//! (does `cost` fit), `commit` (charge it), then `report` or, for the algorithms whose state
+//! is packed, `expires` (when the state stops mattering). The Rust files have the same
+//! functions in the same order: `evaluate` (which also says when a denied cost would fit),
+//! `commit`, `report` (remaining quota, time until the state is empty), `expires_at`. The
+//! packed algorithms also have `load`, which reads the fields the script stores. The
+//! arithmetic is the same: integer microseconds, and where a double is used, the same
+//! expression in the same order, so that both stores reach the same decision for the same
+//! `(time, identifiers, cost)` sequence. The conformance, model and differential tests hold
+//! the two to that.
+//!
+//! # Keys
+//!
+//! Per identifier, a policy keeps its state in a few keys ([`Layout`]): one *packed* key
+//! holding every counter limit (sliding window, fixed window, GCRA and token bucket: a few
+//! integers each), then one key per sorted-set limit (sliding log, concurrency), whose state
+//! grows with its count. The memory store keeps one [`State`] per key, as Redis does.
+//!
+//! # Who computes what
+//!
+//! The script only decides and writes: for the packed key it returns the state it read, and
+//! the Redis store derives every report from it with this twin ([`decide`] on that state). A
+//! sorted set is read in place by the script, which reports on it itself: the store hands
+//! [`decide`] that report as a [`State::Settled`].
 
 use crate::policy::{Algorithm, Limit};
 
@@ -28,14 +45,90 @@ mod gcra;
 mod sliding_log;
 mod sliding_window;
 
-/// The state of one (identifier, limit) pair.
+/// The state of one key.
 #[derive(Debug, Clone)]
 pub(crate) enum State {
+    /// The packed key: one counter per packed limit, in the policy's order.
+    Counters(Vec<Counter>),
     Log(sliding_log::Log),
+    Leases(concurrency::Leases),
+    /// A sorted set the Redis script decided on and reported on itself: its verdict and its
+    /// report, read from the script's reply.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    Settled(Entry),
+}
+
+/// The state of one limit in a packed key.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Counter {
     Window(sliding_window::Window),
     Fixed(fixed_window::Fixed),
     Gcra(gcra::Tat),
-    Leases(concurrency::Leases),
+}
+
+/// Whether a limit's state lives in the identifier's packed key (a few integers) rather than
+/// in a sorted set of its own.
+pub(crate) fn is_packed(limit: &Limit) -> bool {
+    !matches!(
+        limit.algorithm(),
+        Algorithm::SlidingLog | Algorithm::Concurrency
+    )
+}
+
+/// How one identifier's state is laid out in keys: the packed key first (when the policy has
+/// packed limits), then one key per sorted-set limit, in the policy's order. Every
+/// identifier of a check has the same layout; `decide` takes the keys identifier-major.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Layout {
+    /// Per limit of the policy: the index of its key among the identifier's keys, and its
+    /// position in the packed key (0 for a key of its own).
+    slots: Vec<(usize, usize)>,
+    packed: usize,
+}
+
+impl Layout {
+    pub(crate) fn of(limits: &[Limit]) -> Layout {
+        let packed = limits.iter().filter(|l| is_packed(l)).count();
+        let mut next_key = usize::from(packed > 0);
+        let mut next_field = 0;
+        let slots = limits
+            .iter()
+            .map(|l| {
+                if is_packed(l) {
+                    next_field += 1;
+                    (0, next_field - 1)
+                } else {
+                    next_key += 1;
+                    (next_key - 1, 0)
+                }
+            })
+            .collect();
+        Layout { slots, packed }
+    }
+
+    /// How many keys each identifier has.
+    pub(crate) fn keys_per_id(&self) -> usize {
+        usize::from(self.packed > 0) + self.slots.len() - self.packed
+    }
+
+    /// Whether the identifier's first key is the packed one.
+    pub(crate) fn has_packed(&self) -> bool {
+        self.packed > 0
+    }
+
+    /// The key index (among an identifier's keys) of limit `l`.
+    pub(crate) fn key_of(&self, l: usize) -> usize {
+        self.slots[l].0
+    }
+
+    /// The limits (by index) whose state is key `k` of an identifier.
+    pub(crate) fn limits_of(&self, k: usize) -> impl Iterator<Item = usize> + '_ {
+        self.slots
+            .iter()
+            .enumerate()
+            .filter(move |(_, s)| s.0 == k)
+            .map(|(l, _)| l)
+    }
 }
 
 /// Whether one pair admits a cost and, if not, when it would.
@@ -82,8 +175,7 @@ impl Report {
     }
 }
 
-/// The answer to one check, per (identifier, limit) pair, identifier-major: what `decide`
-/// returns and what the check script's reply carries.
+/// The answer to one check, per (identifier, limit) pair, identifier-major.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Outcome {
     pub(crate) allowed: bool,
@@ -99,106 +191,184 @@ pub(crate) struct Entry {
     pub(crate) retry_after_us: u64,
 }
 
-/// A fresh state for `limit` (what Lua's `load` reads from a missing key).
-fn new_state(limit: &Limit) -> State {
-    match limit.algorithm() {
-        Algorithm::SlidingLog => State::Log(Default::default()),
-        Algorithm::SlidingWindow => State::Window(Default::default()),
-        Algorithm::FixedWindow => State::Fixed(Default::default()),
-        Algorithm::Concurrency => State::Leases(Default::default()),
-        Algorithm::TokenBucket { .. } | Algorithm::Gcra { .. } => State::Gcra(Default::default()),
+impl Counter {
+    fn fresh(limit: &Limit) -> Counter {
+        match limit.algorithm() {
+            Algorithm::SlidingWindow => Counter::Window(Default::default()),
+            Algorithm::FixedWindow => Counter::Fixed(Default::default()),
+            _ => Counter::Gcra(Default::default()),
+        }
+    }
+
+    /// The counter of `limit` from the fields the script packs for it (see `FIELDS` in each
+    /// algorithm file), `at` being the packed key's time of the last charge.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub(crate) fn load(limit: &Limit, at: u64, fields: &[u64]) -> Counter {
+        match limit.algorithm() {
+            Algorithm::SlidingWindow => Counter::Window(sliding_window::load(limit, at, fields)),
+            Algorithm::FixedWindow => Counter::Fixed(fixed_window::load(limit, at, fields)),
+            _ => Counter::Gcra(gcra::load(fields)),
+        }
+    }
+
+    /// The names of the fields the script packs for `limit`, in order.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub(crate) fn fields(limit: &Limit) -> &'static [&'static str] {
+        match limit.algorithm() {
+            Algorithm::SlidingWindow => sliding_window::FIELDS,
+            Algorithm::FixedWindow => fixed_window::FIELDS,
+            _ => gcra::FIELDS,
+        }
     }
 }
 
-fn evaluate(st: &State, lim: &Limit, now: u64, cost: u64) -> Verdict {
-    match st {
-        State::Log(s) => sliding_log::evaluate(s, lim, now, cost),
-        State::Window(s) => sliding_window::evaluate(s, lim, now, cost),
-        State::Fixed(s) => fixed_window::evaluate(s, lim, now, cost),
-        State::Gcra(s) => gcra::evaluate(s, lim, now, cost),
-        State::Leases(s) => concurrency::evaluate(s, lim, now, cost),
+/// A fresh state for key `k` of an identifier (what the script reads from a missing key).
+fn fresh(layout: &Layout, limits: &[Limit], k: usize) -> State {
+    if k == 0 && layout.has_packed() {
+        return State::Counters(
+            layout
+                .limits_of(0)
+                .map(|l| Counter::fresh(&limits[l]))
+                .collect(),
+        );
+    }
+    match layout.limits_of(k).next().map(|l| limits[l].algorithm()) {
+        Some(Algorithm::Concurrency) => State::Leases(Default::default()),
+        _ => State::Log(Default::default()),
     }
 }
 
-fn commit(st: &mut State, lim: &Limit, now: u64, cost: u64, lease: &str) {
+/// The part of `st` that limit `l` (at `pos` in a packed key) keeps.
+enum Part<'a> {
+    Counter(&'a mut Counter),
+    Log(&'a mut sliding_log::Log),
+    Leases(&'a mut concurrency::Leases),
+    Settled(&'a Entry),
+}
+
+fn part(st: &mut State, pos: usize) -> Part<'_> {
     match st {
-        State::Log(s) => sliding_log::commit(s, lim, now, cost),
-        State::Window(s) => sliding_window::commit(s, lim, now, cost),
-        State::Fixed(s) => fixed_window::commit(s, lim, now, cost),
-        State::Gcra(s) => gcra::commit(s, lim, now, cost),
-        State::Leases(s) => concurrency::commit(s, lim, now, lease),
+        State::Counters(c) => Part::Counter(&mut c[pos]),
+        State::Log(s) => Part::Log(s),
+        State::Leases(s) => Part::Leases(s),
+        State::Settled(e) => Part::Settled(e),
     }
 }
 
-fn report(st: &State, lim: &Limit, now: u64) -> Report {
-    match st {
-        State::Log(s) => sliding_log::report(s, lim, now),
-        State::Window(s) => sliding_window::report(s, lim, now),
-        State::Fixed(s) => fixed_window::report(s, lim, now),
-        State::Gcra(s) => gcra::report(s, lim, now),
-        State::Leases(s) => concurrency::report(s, lim, now),
+fn evaluate(part: Part<'_>, lim: &Limit, now: u64, cost: u64) -> Verdict {
+    match part {
+        Part::Counter(Counter::Window(s)) => sliding_window::evaluate(s, lim, now, cost),
+        Part::Counter(Counter::Fixed(s)) => fixed_window::evaluate(s, lim, now, cost),
+        Part::Counter(Counter::Gcra(s)) => gcra::evaluate(s, lim, now, cost),
+        Part::Log(s) => sliding_log::evaluate(s, lim, now, cost),
+        Part::Leases(s) => concurrency::evaluate(s, lim, now, cost),
+        Part::Settled(e) if e.allowed => Verdict::ADMIT,
+        Part::Settled(e) => Verdict::deny(now + e.retry_after_us),
     }
 }
 
-/// The time (µs) from which `state` no longer matters: it decides like a fresh one. The
-/// memory store forgets it then; the script sets the key's TTL from the same instant.
-pub(crate) fn expires_at(st: &State, lim: &Limit) -> u64 {
+fn commit(part: Part<'_>, lim: &Limit, now: u64, cost: u64, lease: &str) {
+    match part {
+        Part::Counter(Counter::Window(s)) => sliding_window::commit(s, lim, now, cost),
+        Part::Counter(Counter::Fixed(s)) => fixed_window::commit(s, lim, now, cost),
+        Part::Counter(Counter::Gcra(s)) => gcra::commit(s, lim, now, cost),
+        Part::Log(s) => sliding_log::commit(s, lim, now, cost),
+        Part::Leases(s) => concurrency::commit(s, lim, now, lease),
+        // the script charged it already
+        Part::Settled(_) => {}
+    }
+}
+
+fn report(part: Part<'_>, lim: &Limit, now: u64) -> Report {
+    match part {
+        Part::Counter(Counter::Window(s)) => sliding_window::report(s, lim, now),
+        Part::Counter(Counter::Fixed(s)) => fixed_window::report(s, lim, now),
+        Part::Counter(Counter::Gcra(s)) => gcra::report(s, lim, now),
+        Part::Log(s) => sliding_log::report(s, lim, now),
+        Part::Leases(s) => concurrency::report(s, lim, now),
+        Part::Settled(e) => Report {
+            remaining: e.remaining,
+            reset_after: e.reset_after_us,
+        },
+    }
+}
+
+/// The time (µs) from which key `k` of an identifier no longer matters: it decides like a
+/// fresh one. The memory store forgets it then; the script sets the key's TTL from the same
+/// instant (for the packed key, the latest of its limits').
+pub(crate) fn expires_at(st: &State, layout: &Layout, limits: &[Limit], k: usize) -> u64 {
     match st {
-        State::Log(s) => sliding_log::expires_at(s, lim),
-        State::Window(s) => sliding_window::expires_at(s, lim),
-        State::Fixed(s) => fixed_window::expires_at(s, lim),
-        State::Gcra(s) => gcra::expires_at(s),
+        State::Counters(counters) => layout
+            .limits_of(k)
+            .zip(counters)
+            .map(|(l, c)| match c {
+                Counter::Window(s) => sliding_window::expires_at(s, &limits[l]),
+                Counter::Fixed(s) => fixed_window::expires_at(s, &limits[l]),
+                Counter::Gcra(s) => gcra::expires_at(s),
+            })
+            .max()
+            .unwrap_or(0),
+        State::Log(s) => layout
+            .limits_of(k)
+            .next()
+            .map_or(0, |l| sliding_log::expires_at(s, &limits[l])),
         State::Leases(s) => concurrency::expires_at(s),
+        State::Settled(_) => 0,
     }
 }
 
 /// One check, all-or-nothing: the twin of `lua/check.lua`.
 ///
-/// `states` holds one state per (identifier, limit) pair, identifier-major (`None`: never
-/// charged, or expired), for the `limits` of a policy. Phase 1 only reads; only when every
-/// pair admits does phase 2 charge `cost` everywhere (a concurrency limit takes the slot
-/// `lease`), creating the states it needs. A denied check leaves every state as it was.
+/// `states` holds the keys of every identifier, identifier-major, as `layout` lays them out
+/// for `limits` (`None`: never charged, or expired). Phase 1 only reads; only when every pair
+/// admits does phase 2 charge `cost` everywhere (a concurrency limit takes the slot `lease`),
+/// creating the states it needs. A denied check leaves every state as it was. The outcome
+/// holds one entry per (identifier, limit) pair, identifier-major, limits in policy order.
 pub(crate) fn decide(
     states: &mut [Option<State>],
+    layout: &Layout,
     limits: &[Limit],
     now: u64,
     cost: u64,
     lease: &str,
 ) -> Outcome {
-    let limit_of = |k: usize| &limits[k % limits.len()];
-    let verdicts: Vec<Verdict> = states
-        .iter()
-        .enumerate()
-        .map(|(k, st)| match st {
-            Some(st) => evaluate(st, limit_of(k), now, cost),
-            None => evaluate(&new_state(limit_of(k)), limit_of(k), now, cost),
-        })
-        .collect();
+    let per_id = layout.keys_per_id();
+    let ids = states.len() / per_id;
+    let pos = |l: usize| layout.slots[l].1;
+    // A missing state is evaluated as a fresh one, without creating it.
+    let mut scratch: Vec<Option<State>> = (0..per_id).map(|_| None).collect();
+    let mut verdicts = Vec::with_capacity(ids * limits.len());
+    for j in 0..ids {
+        for (l, lim) in limits.iter().enumerate() {
+            let k = layout.key_of(l);
+            let st = match &mut states[j * per_id + k] {
+                Some(st) => st,
+                None => scratch[k].get_or_insert_with(|| fresh(layout, limits, k)),
+            };
+            verdicts.push(evaluate(part(st, pos(l)), lim, now, cost));
+        }
+    }
     let allowed = verdicts.iter().all(|v| v.allowed);
 
     if allowed {
-        for (k, st) in states.iter_mut().enumerate() {
-            let lim = limit_of(k);
-            commit(
-                st.get_or_insert_with(|| new_state(lim)),
-                lim,
-                now,
-                cost,
-                lease,
-            );
+        for j in 0..ids {
+            for (l, lim) in limits.iter().enumerate() {
+                let k = layout.key_of(l);
+                let st = states[j * per_id + k].get_or_insert_with(|| fresh(layout, limits, k));
+                commit(part(st, pos(l)), lim, now, cost, lease);
+            }
         }
     }
 
-    let entries = states
-        .iter()
-        .zip(&verdicts)
-        .enumerate()
-        .map(|(k, (st, v))| {
-            let lim = limit_of(k);
-            let r = st
-                .as_ref()
-                .map_or_else(|| Report::empty(lim), |st| report(st, lim, now));
-            Entry {
+    let mut entries = Vec::with_capacity(verdicts.len());
+    for j in 0..ids {
+        for (l, lim) in limits.iter().enumerate() {
+            let v = verdicts[j * limits.len() + l];
+            let r = match &mut states[j * per_id + layout.key_of(l)] {
+                Some(st) => report(part(st, pos(l)), lim, now),
+                None => Report::empty(lim),
+            };
+            entries.push(Entry {
                 allowed: v.allowed,
                 remaining: r.remaining,
                 reset_after_us: r.reset_after,
@@ -207,9 +377,9 @@ pub(crate) fn decide(
                 } else {
                     v.retry_at.saturating_sub(now)
                 },
-            }
-        })
-        .collect();
+            });
+        }
+    }
     Outcome { allowed, entries }
 }
 
@@ -226,5 +396,47 @@ pub(crate) fn renew(st: &mut State, id: &str, now: u64, lease_us: u64) -> bool {
 pub(crate) fn release(st: &mut State, id: &str) {
     if let State::Leases(s) = st {
         concurrency::release(s, id);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limits(policy: &str) -> Vec<Limit> {
+        policy.parse::<crate::Policy>().unwrap().limits().to_vec()
+    }
+
+    #[test]
+    fn layout_packs_counters_and_gives_sorted_sets_keys_of_their_own() {
+        let l = limits("10/s, 5/s log, 20/min fixed, 3 concurrent, 7/s gcra");
+        let layout = Layout::of(&l);
+        assert_eq!(layout.keys_per_id(), 3);
+        assert!(layout.has_packed());
+        let keys: Vec<usize> = (0..l.len()).map(|i| layout.key_of(i)).collect();
+        assert_eq!(keys, [0, 1, 0, 2, 0]);
+        assert_eq!(layout.limits_of(0).collect::<Vec<_>>(), [0, 2, 4]);
+        assert_eq!(layout.limits_of(2).collect::<Vec<_>>(), [3]);
+
+        let logs = Layout::of(&limits("5/s log, 9/min log"));
+        assert!(!logs.has_packed());
+        assert_eq!(logs.keys_per_id(), 2);
+        assert_eq!((logs.key_of(0), logs.key_of(1)), (0, 1));
+    }
+
+    #[test]
+    fn a_settled_state_is_taken_as_the_script_reported_it() {
+        let l = limits("2/s log");
+        let layout = Layout::of(&l);
+        let entry = Entry {
+            allowed: false,
+            remaining: 1,
+            reset_after_us: 900,
+            retry_after_us: 400,
+        };
+        let mut states = vec![Some(State::Settled(entry))];
+        let out = decide(&mut states, &layout, &l, 1_000_000, 2, "");
+        assert!(!out.allowed);
+        assert_eq!(out.entries, [entry]);
     }
 }

@@ -1,7 +1,9 @@
 //! Sliding-window counter (seed 004; the two-counter variant): counts per window aligned to
 //! the Unix epoch, and an estimate of the rolling window `prev * (w - e) / w + curr`, where
 //! `e` is how far `now` is into the current window. Twin of `lua/sliding_window.lua`,
-//! function for function.
+//! function for function: `FIELDS` and `load` are its `fields`, `evaluate` and `commit` its
+//! fragments of the same names, `expires_at` its `expires`; `report`, and the retry time in
+//! `evaluate`, are derived here from the state the script returns.
 //!
 //! The estimate is a double computed in exactly the order the script computes it, so both
 //! stores agree bit for bit; offsets derived from it by division are corrected with the
@@ -10,13 +12,28 @@
 use super::{Report, Verdict};
 use crate::policy::Limit;
 
-/// The index of the window last charged, its count and the previous window's count (the
-/// script's hash fields `i`, `c`, `p`).
+/// The index of the window last charged, its count and the previous window's count.
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct Window {
     idx: u64,
     curr: u64,
     prev: u64,
+}
+
+/// The fields the script packs: the current and the previous window's counts. The window's
+/// index is not stored: it is the packed key's time of the last charge divided by `w` (every
+/// limit of the key is charged at that time, and each keeps the later of its index and now's).
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
+pub(crate) const FIELDS: &[&str] = &["c", "p"];
+
+/// The state from the packed fields and the time `at` of the key's last charge.
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
+pub(crate) fn load(lim: &Limit, at: u64, fields: &[u64]) -> Window {
+    Window {
+        idx: at / lim.window_us(),
+        curr: fields.first().copied().unwrap_or(0),
+        prev: fields.get(1).copied().unwrap_or(0),
+    }
 }
 
 /// The (current, previous) counts of the state seen from window `i`.

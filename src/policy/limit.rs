@@ -48,8 +48,8 @@ pub enum Algorithm {
     Concurrency,
 }
 
-/// The identity of each algorithm, written once: its keyword in the text syntax, its code in
-/// the scripts' arguments and its letter in store keys.
+/// The identity of each algorithm, written once: its keyword in the text syntax, the code of
+/// its automaton and its letter in store keys.
 impl Algorithm {
     /// The algorithm used when the text names none: [`Algorithm::SlidingWindow`].
     pub const DEFAULT: Algorithm = Algorithm::SlidingWindow;
@@ -67,11 +67,9 @@ impl Algorithm {
         }
     }
 
-    /// The code naming the algorithm in the arguments of the check script.
-    ///
-    /// It must match the `ALG` table of the Lua scripts (listed at the top of `lua/check.lua`,
-    /// each entry registered by its algorithm's file); a test checks that it does. A token
-    /// bucket and a GCRA share code 4: they run on the same automaton.
+    /// The code naming the automaton that runs the algorithm: the Redis store picks the
+    /// algorithm's Lua fragments (`lua/`) by it, and a test checks each code against its
+    /// file. A token bucket and a GCRA share code 4: they run on the same automaton.
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) const fn code(&self) -> u8 {
         match self {

@@ -1,4 +1,6 @@
-//! Store keys: `PREFIX:{IDENTIFIER}:LIMIT`.
+//! Store keys: `PREFIX:{IDENTIFIER}:s:LIMIT,LIMIT…` for an identifier's packed key (every
+//! window and GCRA limit of a policy in one string), `PREFIX:{IDENTIFIER}:LIMIT` for a sorted
+//! set (a sliding log, a concurrency limit).
 //!
 //! * All keys of one identifier share the `{hash tag}`, so in Redis Cluster they live in one
 //!   slot.
@@ -11,8 +13,9 @@
 //!   every memory-store entry. `#` cannot start an escaped identifier, so hashed and plain
 //!   identifiers never meet; two long identifiers would need a SHA-1 collision to share state,
 //!   which gives the party who forged it nothing but sharing its own budget.
-//! * The limit part names the algorithm and all its parameters, so that changing a policy
-//!   starts new state instead of reading state of another shape.
+//! * The limit part names the algorithm and all its parameters — for the packed key, of every
+//!   limit it holds, in order — so that changing a policy starts new state instead of reading
+//!   state of another shape. The `s:` part keeps packed keys apart from keys of one limit.
 
 use std::fmt::Write;
 
@@ -63,6 +66,27 @@ pub(crate) fn key(prefix: &str, escaped: &str, limit: &Limit) -> String {
     out.push_str(escaped);
     out.push_str("}:");
     limit_tag(&mut out, limit);
+    out
+}
+
+/// Builds the packed key of an identifier for `limits` (the policy's window and GCRA limits,
+/// in order); `escaped` comes from [`escape_identifier`].
+pub(crate) fn packed_key<'a>(
+    prefix: &str,
+    escaped: &str,
+    limits: impl IntoIterator<Item = &'a Limit>,
+) -> String {
+    let mut out = String::with_capacity(prefix.len() + escaped.len() + 64);
+    out.push_str(prefix);
+    out.push_str(":{");
+    out.push_str(escaped);
+    out.push_str("}:s:");
+    for (i, limit) in limits.into_iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        limit_tag(&mut out, limit);
+    }
     out
 }
 
@@ -124,6 +148,22 @@ mod tests {
         assert!(escape_identifier(&"y".repeat(129)).starts_with('#'));
         // escaping counts: 43 braces escape to 129 bytes
         assert!(escape_identifier(&"{".repeat(43)).starts_with('#'));
+    }
+
+    #[test]
+    fn packed_keys_name_every_limit_and_never_meet_single_limit_keys() {
+        let policy: crate::Policy = "10/s, 120/min, 240/h".parse().unwrap();
+        let id = escape_identifier("ip:1.2.3.4");
+        let packed = packed_key("rl", &id, policy.limits());
+        assert_eq!(
+            packed,
+            "rl:{ip:1.2.3.4}:s:w10x1000000,w120x60000000,w240x3600000000"
+        );
+        let one = Limit::per_second(10).unwrap();
+        assert_ne!(packed_key("rl", &id, [&one]), key("rl", &id, &one));
+        // another policy, another key
+        let other: crate::Policy = "10/s, 120/min".parse().unwrap();
+        assert_ne!(packed_key("rl", &id, other.limits()), packed);
     }
 
     #[test]

@@ -25,8 +25,9 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use super::keyspace;
 use super::lease::{KeeperSlot, Lease};
 use super::{Outcome, Plan};
-use crate::algorithm::{self, State};
+use crate::algorithm::{self, Layout, State};
 use crate::clock::{system_micros, Clock};
+use crate::policy::Limit;
 
 const SHARDS: usize = 64;
 const DEFAULT_MAX_KEYS: usize = 1_000_000;
@@ -80,8 +81,10 @@ impl MemoryStoreBuilder {
         self
     }
 
-    /// The most (identifier, limit) states the store keeps (default 1,000,000). At the bound
-    /// the states closest to expiry are evicted first (see the module documentation).
+    /// The most states the store keeps (default 1,000,000): per identifier and policy, one
+    /// for its window and GCRA limits together and one per sliding log or concurrency limit,
+    /// as the Redis store keeps keys. At the bound the states closest to expiry are evicted
+    /// first (see the module documentation).
     pub fn max_keys(mut self, max_keys: usize) -> Self {
         self.max_keys = Some(max_keys);
         self
@@ -133,15 +136,14 @@ impl MemoryStore {
         let inner = &*self.inner;
         let now = self.now();
 
-        // (shard, key) per (identifier, limit) pair, identifier-major.
+        // (shard, key) per key of each identifier, identifier-major: the keys the Redis
+        // store would use.
+        let layout = Layout::of(plan.limits);
+        let per_id = layout.keys_per_id();
         let pairs: Vec<(usize, String)> = plan
             .ids
             .iter()
-            .flat_map(|id| {
-                plan.limits
-                    .iter()
-                    .map(move |l| keyspace::key(PREFIX, id, l))
-            })
+            .flat_map(|id| (0..per_id).map(|k| key_of(id, k, &layout, plan.limits)))
             .map(|k| ((inner.hasher.hash_one(&k) as usize) % SHARDS, k))
             .collect();
         // Lock every shard involved, in index order, so that checks never deadlock.
@@ -163,14 +165,21 @@ impl MemoryStore {
                 stored.filter(|st| st.expires_at > now).map(|st| st.state)
             })
             .collect();
-        let outcome = algorithm::decide(&mut states, plan.limits, now, plan.cost, plan.lease);
+        let outcome = algorithm::decide(
+            &mut states,
+            &layout,
+            plan.limits,
+            now,
+            plan.cost,
+            plan.lease,
+        );
         for (k, ((s, key), state)) in pairs.iter().zip(states).enumerate() {
             let Some(state) = state else { continue };
             let shard = &mut *guards[guard_of(*s)];
             if !present[k] {
                 make_room(shard, now, inner.max_per_shard, &pairs);
             }
-            let expires_at = algorithm::expires_at(&state, &plan.limits[k % plan.limits.len()]);
+            let expires_at = algorithm::expires_at(&state, &layout, plan.limits, k % per_id);
             shard.map.insert(key.clone(), Stored { state, expires_at });
         }
         outcome
@@ -228,6 +237,16 @@ impl MemoryStore {
             inner: self.inner.clone(),
             keeper: Arc::default(),
         }
+    }
+}
+
+/// The name of key `k` of identifier `id` (escaped).
+fn key_of(id: &str, k: usize, layout: &Layout, limits: &[Limit]) -> String {
+    if k == 0 && layout.has_packed() {
+        keyspace::packed_key(PREFIX, id, layout.limits_of(0).map(|l| &limits[l]))
+    } else {
+        let l = layout.limits_of(k).next().unwrap_or(0);
+        keyspace::key(PREFIX, id, &limits[l])
     }
 }
 

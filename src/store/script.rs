@@ -1,189 +1,521 @@
-//! The wire protocol of the Lua scripts, defined once: how the scripts are assembled from
-//! `lua/`, what their KEYS and ARGV hold, and how their replies read. A unit test checks these
-//! against the Lua files themselves.
+//! The wire protocol of the Lua scripts, defined once: how the check script is generated for a
+//! policy from the fragments in `lua/`, what its KEYS and ARGV hold, how the packed state and
+//! the reply read. Unit tests check these against the Lua files themselves.
+//!
+//! # Generation
+//!
+//! A Lua file is a header comment and sections, each starting at a line `--@ name`. The check
+//! script of a policy is the prelude's sections, then `check.lua`'s sections with each limit's
+//! fragments (the sections of its algorithm's file) in between, in the order of
+//! [`generate`]; placeholders (`$name`) are replaced by the policy's numbers, so the script
+//! parses no limit and dispatches on nothing at run time. Scripts are cached per policy
+//! ([`check_script`]) with their SHA-1, and run by `EVALSHA`.
 
-use redis::ScriptInvocation;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+
+use redis::{Script, ScriptInvocation, Value};
 
 use super::keyspace;
 use super::{Outcome, Plan, StoreError};
-use crate::algorithm::Entry;
-use crate::policy::Limit;
+use crate::algorithm::{self, Counter, Entry, Layout, State};
+use crate::policy::{Algorithm, Limit};
 
-/// The check script: the shared helpers, one file per algorithm, then the driver.
-pub(crate) const CHECK: &str = concat!(
-    include_str!("../../lua/prelude.lua"),
-    include_str!("../../lua/sliding_log.lua"),
-    include_str!("../../lua/sliding_window.lua"),
-    include_str!("../../lua/fixed_window.lua"),
-    include_str!("../../lua/gcra.lua"),
-    include_str!("../../lua/concurrency.lua"),
-    include_str!("../../lua/check.lua"),
-);
+const PRELUDE: &str = include_str!("../../lua/prelude.lua");
+const DRIVER: &str = include_str!("../../lua/check.lua");
+const SLIDING_LOG: &str = include_str!("../../lua/sliding_log.lua");
+const SLIDING_WINDOW: &str = include_str!("../../lua/sliding_window.lua");
+const FIXED_WINDOW: &str = include_str!("../../lua/fixed_window.lua");
+const GCRA: &str = include_str!("../../lua/gcra.lua");
+const CONCURRENCY: &str = include_str!("../../lua/concurrency.lua");
 
-/// The script renewing concurrency leases (with the shared helpers).
+/// The largest integer a double holds exactly: 2^53.
+const MAX_EXACT: f64 = 9_007_199_254_740_992.0;
+
+/// The most scripts (policies times numbers of identifiers) kept; past it the cache starts
+/// over.
+const MAX_CACHED: usize = 1024;
+
+/// The script renewing concurrency leases (with the shared helpers; the section markers are
+/// Lua comments).
 pub(crate) const RENEW: &str = concat!(
     include_str!("../../lua/prelude.lua"),
     include_str!("../../lua/renew.lua"),
 );
 
-/// The reply: allowed, now, then per key…
-const REPLY_HEAD: usize = 2;
-/// …remaining, reset_after, retry_after, allowed.
-const REPLY_PER_KEY: usize = 4;
+/// Per identifier, per sorted-set limit, the reply holds four doubles: admitted, remaining,
+/// reset_after, retry_after.
+const REPLY_PER_SORTED: usize = 4;
+
+/// How one packed field is stored (a Lua `struct` format code).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Wire {
+    /// `d`: a little-endian double, exact for integers below 2^53.
+    Double,
+    /// `I4`: a little-endian unsigned 32-bit integer (counts stay below `MAX_COUNT`).
+    U32,
+}
+
+impl Wire {
+    fn parse(code: &str) -> Option<Wire> {
+        match code {
+            "d" => Some(Wire::Double),
+            "I4" => Some(Wire::U32),
+            _ => None,
+        }
+    }
+
+    fn code(self) -> &'static str {
+        match self {
+            Wire::Double => "d",
+            Wire::U32 => "I4",
+        }
+    }
+
+    fn len(self) -> usize {
+        match self {
+            Wire::Double => 8,
+            Wire::U32 => 4,
+        }
+    }
+}
+
+/// The check script of one policy, with what reading its reply needs.
+#[derive(Debug)]
+pub(crate) struct CheckScript {
+    pub(crate) script: Script,
+    layout: Layout,
+    /// The packed limits (by index), in order.
+    packed: Vec<usize>,
+    /// The packed fields' formats, `T` first.
+    wire: Vec<Wire>,
+}
+
+/// The text of a Lua file's section `name` (empty when it has none).
+fn section<'a>(file: &'a str, name: &str) -> &'a str {
+    let marker = format!("--@ {name}\n");
+    let Some(start) = file.find(&marker).map(|i| i + marker.len()) else {
+        return "";
+    };
+    let end = file[start..]
+        .find("\n--@ ")
+        .map_or(file.len(), |i| start + i + 1);
+    &file[start..end]
+}
+
+/// The fragment files, by automaton code ([`Algorithm::code`]).
+const FRAGMENTS: [&str; 5] = [SLIDING_LOG, SLIDING_WINDOW, FIXED_WINDOW, GCRA, CONCURRENCY];
+
+/// The fragment file of an algorithm.
+fn fragments(algorithm: Algorithm) -> &'static str {
+    FRAGMENTS[usize::from(algorithm.code()).clamp(1, FRAGMENTS.len()) - 1]
+}
+
+/// The packed fields of `limit` as declared by its fragment file: `name:format` pairs.
+fn fields(limit: &Limit) -> impl Iterator<Item = (&'static str, Option<Wire>)> {
+    section(fragments(limit.algorithm()), "fields")
+        .split_whitespace()
+        .map(|f| {
+            let (name, code) = f.split_once(':').unwrap_or((f, ""));
+            (name, Wire::parse(code))
+        })
+}
+
+/// Replaces every `$name` in `text` by its value in `vars`; unknown names stay as they are.
+fn fill(out: &mut String, text: &str, vars: &[(&str, String)]) {
+    let mut rest = text;
+    while let Some(i) = rest.find('$') {
+        out.push_str(&rest[..i]);
+        let after = &rest[i + 1..];
+        let len = after
+            .find(|c: char| !c.is_ascii_lowercase())
+            .unwrap_or(after.len());
+        match vars.iter().find(|(name, _)| *name == &after[..len]) {
+            Some((_, value)) => out.push_str(value),
+            None => out.push_str(&rest[i..=i + len]),
+        }
+        rest = &after[len..];
+    }
+    out.push_str(rest);
+}
+
+/// The placeholders of limit `l` (key `key` of its identifier).
+fn limit_vars(limits: &[Limit], l: usize, key: usize) -> Vec<(&'static str, String)> {
+    let limit = &limits[l];
+    let (n, w) = (limit.count(), limit.window_us());
+    let mut vars = vec![
+        ("x", (l + 1).to_string()),
+        ("n", n.to_string()),
+        ("w", w.to_string()),
+        ("key", format!("KEYS[base + {}]", key + 1)),
+        ("ttl", (w.div_ceil(1000) + 1).to_string()),
+    ];
+    if let Algorithm::TokenBucket { .. } | Algorithm::Gcra { .. } = limit.algorithm() {
+        // burst·T as (µs, remainder), as the twin's `times` computes it
+        let (q, r, burst) = (w / n, w % n, limit.max_cost());
+        vars.push(("q", q.to_string()));
+        vars.push(("r", r.to_string()));
+        vars.push(("tu", (burst * q + burst * r / n).to_string()));
+        vars.push(("tr", (burst * r % n).to_string()));
+    }
+    vars
+}
+
+/// Emits `section` of each limit in `ls`, each in a block of its own when `scoped` (its
+/// locals end with it).
+fn fragments_of(
+    out: &mut String,
+    limits: &[Limit],
+    vars: &[Vec<(&str, String)>],
+    ls: &[usize],
+    name: &str,
+    scoped: bool,
+) {
+    for &l in ls {
+        let text = section(fragments(limits[l].algorithm()), name);
+        if scoped && !text.trim().is_empty() {
+            out.push_str("do\n");
+            fill(out, text, &vars[l]);
+            out.push_str("end\n");
+        } else {
+            fill(out, text, &vars[l]);
+        }
+    }
+}
+
+/// The check script of a policy for `ids` identifiers: the text, and what reading its reply
+/// needs.
+fn generate(limits: &[Limit], ids: usize) -> (String, Layout, Vec<usize>, Vec<Wire>) {
+    let layout = Layout::of(limits);
+    let per_id = layout.keys_per_id();
+    let packed: Vec<usize> = layout
+        .limits_of(0)
+        .filter(|_| layout.has_packed())
+        .collect();
+    let sorted: Vec<usize> = (0..limits.len())
+        .filter(|l| !algorithm::is_packed(&limits[*l]))
+        .collect();
+
+    let mut wire = vec![Wire::Double];
+    let mut names = Vec::new();
+    for &l in &packed {
+        for (name, w) in fields(&limits[l]) {
+            names.push(format!("{name}{}", l + 1));
+            wire.push(w.unwrap_or(Wire::Double));
+        }
+    }
+    let format: String = std::iter::once("<")
+        .chain(wire.iter().map(|w| w.code()))
+        .collect();
+    let state_len: usize = wire.iter().map(|w| w.len()).sum();
+    // the largest cost every packed limit admits (what a fresh state admits)
+    let most = packed
+        .iter()
+        .map(|&l| limits[l].max_cost())
+        .min()
+        .unwrap_or(0);
+    let zero = "\\0".repeat(state_len);
+    let list = |f: &dyn Fn(usize) -> String| (1..=ids).map(f).collect::<Vec<_>>().join(", ");
+    let replies = (1..=ids)
+        .map(|j| format!("(got{j} or '{zero}')"))
+        .collect::<Vec<_>>()
+        .join(" .. ");
+    let common = vec![
+        ("fields", names.join(", ")),
+        ("zeros", vec!["0"; names.len()].join(", ")),
+        ("format", format),
+        ("zero", zero),
+        ("states", list(&|j| format!("got{j}"))),
+        ("news", list(&|j| format!("put{j}, ttl{j}"))),
+        (
+            "names",
+            list(&|j| format!("KEYS[{}]", (j - 1) * per_id + 1)),
+        ),
+        ("most", most.to_string()),
+    ];
+    let id_vars = |j: usize| {
+        let mut v = common.clone();
+        v.push(("j", j.to_string()));
+        v.push(("p", (j - 1).to_string()));
+        v.push(("b", ((j - 1) * per_id).to_string()));
+        v.push(("first", ((j - 1) * per_id + 1).to_string()));
+        let same = if j == 1 {
+            "false".to_string()
+        } else {
+            format!("got{j} == got{}", j - 1)
+        };
+        v.push(("same", same));
+        v
+    };
+    let vars: Vec<_> = (0..limits.len())
+        .map(|l| limit_vars(limits, l, layout.key_of(l)))
+        .collect();
+
+    let mut out = String::with_capacity(4096 * ids);
+    let driver = |out: &mut String, name: &str, vars: &[(&str, String)]| {
+        fill(out, section(DRIVER, name), vars)
+    };
+    let all: Vec<usize> = (0..limits.len()).collect();
+
+    out.push_str(section(PRELUDE, "clock"));
+    driver(&mut out, "head", &common);
+    fragments_of(&mut out, limits, &vars, &all, "prepare", false);
+    if !packed.is_empty() {
+        if per_id == 1 && ids == 1 {
+            // the identifier's verdict is its packed key's alone
+            driver(&mut out, "read_one", &common);
+            fragments_of(&mut out, limits, &vars, &packed, "fresh", true);
+            driver(&mut out, "fresh_close", &common);
+        } else {
+            driver(&mut out, "read_many", &common);
+        }
+    }
+    // phase 1: read and decide
+    for j in 1..=ids {
+        let v = id_vars(j);
+        driver(&mut out, "id_open", &v);
+        if !packed.is_empty() {
+            driver(&mut out, "unpack", &v);
+            fragments_of(&mut out, limits, &vars, &packed, "fresh", true);
+            driver(&mut out, "fresh_pack", &v);
+            driver(&mut out, "ttl", &v);
+            driver(&mut out, "stored", &v);
+            fragments_of(&mut out, limits, &vars, &packed, "evaluate", true);
+            driver(&mut out, "pack_open", &v);
+            fragments_of(&mut out, limits, &vars, &packed, "commit", true);
+            fragments_of(&mut out, limits, &vars, &packed, "expires", true);
+            driver(&mut out, "pack_close", &v);
+            driver(&mut out, "ttl", &v);
+            driver(&mut out, "stored_close", &v);
+        }
+        fragments_of(&mut out, limits, &vars, &sorted, "evaluate", false);
+        driver(&mut out, "id_close", &v);
+    }
+    // phase 2: write, only when every pair admits
+    driver(&mut out, "phase2", &common);
+    for j in 1..=ids {
+        let v = id_vars(j);
+        driver(&mut out, "id_open", &v);
+        if !packed.is_empty() {
+            driver(&mut out, "write", &v);
+        }
+        fragments_of(&mut out, limits, &vars, &sorted, "commit", false);
+        driver(&mut out, "id_close", &v);
+    }
+    driver(&mut out, "reply", &common);
+    if sorted.is_empty() {
+        // one expression: the verdict, the time and the states read
+        let mut v = common.clone();
+        v.push(("replies", replies));
+        driver(&mut out, "reply_only", &v);
+    } else {
+        driver(&mut out, "reply_open", &common);
+        for j in 1..=ids {
+            let v = id_vars(j);
+            driver(&mut out, "id_open", &v);
+            if !packed.is_empty() {
+                driver(&mut out, "reply_packed", &v);
+            }
+            fragments_of(&mut out, limits, &vars, &sorted, "report", false);
+            driver(&mut out, "id_close", &v);
+        }
+        driver(&mut out, "tail", &common);
+    }
+    (out, layout, packed, wire)
+}
+
+/// The check script of `limits` for `ids` identifiers, generated on first use and then cached.
+pub(crate) fn check_script(limits: &[Limit], ids: usize) -> Arc<CheckScript> {
+    type Cache = HashMap<(Vec<Limit>, usize), Arc<CheckScript>>;
+    static CACHE: OnceLock<Mutex<Cache>> = OnceLock::new();
+    let cache = CACHE.get_or_init(Mutex::default);
+    let key = (limits.to_vec(), ids);
+    if let Some(found) = cache
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .get(&key)
+    {
+        return found.clone();
+    }
+    let (text, layout, packed, wire) = generate(limits, ids);
+    let compiled = Arc::new(CheckScript {
+        script: Script::new(&text),
+        layout,
+        packed,
+        wire,
+    });
+    let mut cache = cache.lock().unwrap_or_else(PoisonError::into_inner);
+    if cache.len() >= MAX_CACHED {
+        cache.clear();
+    }
+    cache.insert(key, compiled.clone());
+    compiled
+}
 
 /// The time argument: the manual clock's reading, or empty for Redis `TIME`.
 pub(crate) fn now_arg(now: Option<u64>) -> String {
     now.map_or(String::new(), |n| n.to_string())
 }
 
-/// Fills in the KEYS and ARGV of one check: one key per (identifier, limit) pair,
-/// identifier-major; ARGV: now, cost, number of limits, lease id, then per limit its
-/// algorithm code, count, window (µs) and largest cost.
+/// Fills in the KEYS and ARGV of one check: per identifier, its packed key (when the policy
+/// has packed limits), then one key per sorted-set limit; ARGV: now, cost, lease id.
 pub(crate) fn check_args(
     call: &mut ScriptInvocation<'_>,
+    compiled: &CheckScript,
     prefix: &str,
     now: Option<u64>,
     plan: &Plan<'_>,
 ) {
     for id in plan.ids {
-        for limit in plan.limits {
+        if !compiled.packed.is_empty() {
+            let limits = compiled.packed.iter().map(|&l| &plan.limits[l]);
+            call.key(keyspace::packed_key(prefix, id, limits));
+        }
+        for limit in plan.limits.iter().filter(|l| !algorithm::is_packed(l)) {
             call.key(keyspace::key(prefix, id, limit));
         }
     }
-    call.arg(now_arg(now))
-        .arg(plan.cost)
-        .arg(plan.limits.len())
-        .arg(plan.lease);
-    for limit in plan.limits {
-        limit_args(call, limit);
-    }
+    call.arg(now_arg(now)).arg(plan.cost).arg(plan.lease);
 }
 
-fn limit_args(call: &mut ScriptInvocation<'_>, limit: &Limit) {
-    call.arg(limit.algorithm().code())
-        .arg(limit.count())
-        .arg(limit.window_us())
-        .arg(limit.max_cost().min(u64::from(u32::MAX)));
+fn unexpected(what: impl Into<String>) -> StoreError {
+    StoreError::UnexpectedReply(what.into())
 }
 
-/// Reads the check script's reply for `pairs` (identifier, limit) pairs.
-pub(crate) fn parse_reply(reply: &[i64], pairs: usize) -> Result<Outcome, StoreError> {
-    if reply.len() != REPLY_HEAD + REPLY_PER_KEY * pairs {
-        return Err(StoreError::UnexpectedReply(format!(
-            "{} integers for {pairs} keys",
-            reply.len()
+/// A packed state as the script wrote it: `T`, then every packed limit's fields.
+fn decode(bytes: &[u8], compiled: &CheckScript, limits: &[Limit]) -> Result<State, StoreError> {
+    let expected: usize = compiled.wire.iter().map(|w| w.len()).sum();
+    if bytes.len() != expected {
+        return Err(unexpected(format!(
+            "a packed state of {} bytes, not {expected}",
+            bytes.len()
         )));
     }
-    let nonneg = |v: i64| {
-        u64::try_from(v).map_err(|_| StoreError::UnexpectedReply(format!("negative value {v}")))
-    };
-    let entries = reply[REPLY_HEAD..]
-        .chunks_exact(REPLY_PER_KEY)
-        .map(|c| {
-            Ok(Entry {
-                remaining: nonneg(c[0])?,
-                reset_after_us: nonneg(c[1])?,
-                retry_after_us: nonneg(c[2])?,
-                allowed: c[3] == 1,
-            })
+    let mut values = Vec::with_capacity(compiled.wire.len());
+    let mut at = 0;
+    for w in &compiled.wire {
+        let field = &bytes[at..at + w.len()];
+        at += w.len();
+        let value = match w {
+            Wire::U32 => u64::from(u32::from_le_bytes(field.try_into().unwrap_or_default())),
+            Wire::Double => {
+                let v = f64::from_le_bytes(field.try_into().unwrap_or_default());
+                if !(0.0..=MAX_EXACT).contains(&v) || v.fract() != 0.0 {
+                    return Err(unexpected(format!("a packed field of {v}")));
+                }
+                v as u64
+            }
+        };
+        values.push(value);
+    }
+    let mut rest = &values[1..];
+    let counters = compiled
+        .packed
+        .iter()
+        .map(|&l| {
+            let n = Counter::fields(&limits[l]).len();
+            let (mine, others) = rest.split_at(n.min(rest.len()));
+            rest = others;
+            Counter::load(&limits[l], values[0], mine)
         })
-        .collect::<Result<Vec<_>, StoreError>>()?;
-    Ok(Outcome {
-        allowed: reply[0] == 1,
-        entries,
-    })
+        .collect();
+    Ok(State::Counters(counters))
+}
+
+/// Reads the time the script stamped its reply with: `SECONDS,MICROSECONDS`.
+fn stamp(text: &[u8]) -> Result<u64, StoreError> {
+    let text = std::str::from_utf8(text).map_err(|_| unexpected("a time that is not text"))?;
+    let (s, us) = text
+        .split_once(',')
+        .ok_or_else(|| unexpected(format!("a time of {text:?}")))?;
+    let number = |v: &str| {
+        v.parse::<u64>()
+            .map_err(|_| unexpected(format!("a time of {text:?}")))
+    };
+    number(s)?
+        .checked_mul(1_000_000)
+        .and_then(|s| s.checked_add(number(us).ok()?))
+        .ok_or_else(|| unexpected(format!("a time of {text:?}")))
+}
+
+/// Reads the check script's reply: the states it returns go through the twin ([`decide`]),
+/// which derives every figure; the script's own verdict must agree with it.
+///
+/// [`decide`]: algorithm::decide
+pub(crate) fn parse_reply(
+    reply: Value,
+    compiled: &CheckScript,
+    plan: &Plan<'_>,
+) -> Result<Outcome, StoreError> {
+    let layout = &compiled.layout;
+    let ids = plan.ids.len();
+    let sorted = layout.keys_per_id() - usize::from(layout.has_packed());
+    let Value::BulkString(reply) = reply else {
+        return Err(unexpected(format!("{reply:?}")));
+    };
+    // "1" or "0", the time, ";", then per identifier its packed state and sorted-set entries
+    let split = reply
+        .iter()
+        .position(|&b| b == b';')
+        .ok_or_else(|| unexpected("a reply without states"))?;
+    let allowed = match reply.first() {
+        Some(b'1') => true,
+        Some(b'0') => false,
+        _ => return Err(unexpected("a reply without a verdict")),
+    };
+    let now = stamp(&reply[1..split])?;
+    let state_len = if layout.has_packed() {
+        compiled.wire.iter().map(|w| w.len()).sum()
+    } else {
+        0
+    };
+    let record = state_len + 8 * REPLY_PER_SORTED * sorted;
+    let records = &reply[split + 1..];
+    if records.len() != record * ids {
+        return Err(unexpected(format!(
+            "{} bytes of state for {ids} identifiers",
+            records.len()
+        )));
+    }
+    let number = |bytes: &[u8]| {
+        let v = f64::from_le_bytes(bytes.try_into().unwrap_or_default());
+        if (0.0..=MAX_EXACT).contains(&v) && v.fract() == 0.0 {
+            Ok(v as u64)
+        } else {
+            Err(unexpected(format!("a figure of {v}")))
+        }
+    };
+    let mut states = Vec::with_capacity(ids * layout.keys_per_id());
+    for r in records.chunks_exact(record) {
+        let (state, entries) = r.split_at(state_len);
+        if layout.has_packed() {
+            // a stored state's T is a time, never 0: all zeros stand for no state
+            states.push(match state.iter().all(|&b| b == 0) {
+                true => None,
+                false => Some(decode(state, compiled, plan.limits)?),
+            });
+        }
+        for e in entries.chunks_exact(8 * REPLY_PER_SORTED) {
+            let mut f = e.chunks_exact(8).map(number);
+            let mut next = || f.next().unwrap_or(Ok(0));
+            states.push(Some(State::Settled(Entry {
+                allowed: next()? == 1,
+                remaining: next()?,
+                reset_after_us: next()?,
+                retry_after_us: next()?,
+            })));
+        }
+    }
+    let outcome = algorithm::decide(&mut states, layout, plan.limits, now, plan.cost, plan.lease);
+    if outcome.allowed != allowed {
+        return Err(unexpected(format!(
+            "the script {} what the state it returned {}",
+            if allowed { "admitted" } else { "denied" },
+            if allowed { "denies" } else { "admits" },
+        )));
+    }
+    Ok(outcome)
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::policy::Algorithm;
-
-    /// Every algorithm's code is the index its Lua file gives its table, and the driver's
-    /// header documents the same numbers.
-    #[test]
-    fn codes_match_the_lua_tables() {
-        let files = [
-            (
-                Algorithm::SlidingLog,
-                include_str!("../../lua/sliding_log.lua"),
-            ),
-            (
-                Algorithm::SlidingWindow,
-                include_str!("../../lua/sliding_window.lua"),
-            ),
-            (
-                Algorithm::FixedWindow,
-                include_str!("../../lua/fixed_window.lua"),
-            ),
-            (
-                Algorithm::Gcra { burst: 1 },
-                include_str!("../../lua/gcra.lua"),
-            ),
-            (
-                Algorithm::TokenBucket { capacity: 1 },
-                include_str!("../../lua/gcra.lua"),
-            ),
-            (
-                Algorithm::Concurrency,
-                include_str!("../../lua/concurrency.lua"),
-            ),
-        ];
-        let driver = include_str!("../../lua/check.lua");
-        for (algorithm, lua) in files {
-            let table = format!("ALG[{}] = {{", algorithm.code());
-            assert_eq!(lua.matches("ALG[").count(), 1, "{algorithm:?}");
-            assert!(lua.contains(&table), "{algorithm:?} is not {table}");
-        }
-        for doc in [
-            "1 sliding log",
-            "2 sliding window",
-            "3 fixed window",
-            "4 GCRA",
-            "5 concurrency",
-        ] {
-            assert!(
-                driver.contains(doc),
-                "lua/check.lua does not document {doc}"
-            );
-        }
-    }
-
-    /// The driver reads ARGV and builds its reply the way this module lays them out.
-    #[test]
-    fn layout_matches_the_driver() {
-        let driver = include_str!("../../lua/check.lua");
-        let read = |needle: &str| assert!(driver.contains(needle), "lua/check.lua lacks {needle}");
-        read("local now = clock(ARGV[1])");
-        read("local cost = tonumber(ARGV[2])");
-        read("local nlimits = tonumber(ARGV[3])");
-        read("LEASE = ARGV[4]");
-        // four fixed arguments, then four per limit, in limit_args' order
-        read("local a = 4 + (l - 1) * 4");
-        for field in [
-            "alg = ALG[tonumber(ARGV[a + 1])]",
-            "n = tonumber(ARGV[a + 2])",
-            "w = tonumber(ARGV[a + 3])",
-            "burst = tonumber(ARGV[a + 4])",
-        ] {
-            read(field);
-        }
-        read("local out = { allowed and 1 or 0, now }");
-        assert_eq!(REPLY_HEAD, 2);
-        let per_key = driver.matches("out[#out + 1] =").count();
-        assert_eq!(per_key, REPLY_PER_KEY);
-
-        let ok = parse_reply(&[1, 7, 2, 900, 0, 1], 1).unwrap();
-        assert!(ok.allowed && ok.entries[0].allowed && ok.entries[0].remaining == 2);
-        assert!(parse_reply(&[1, 7, 2, 900, 0], 1).is_err());
-        assert!(parse_reply(&[1, 7, -2, 900, 0, 1], 1).is_err());
-    }
-
-    /// The scripts are assembled from every Lua file in the right order.
-    #[test]
-    fn scripts_are_assembled_from_the_files() {
-        assert!(CHECK.starts_with(include_str!("../../lua/prelude.lua")));
-        assert!(CHECK.ends_with(include_str!("../../lua/check.lua")));
-        assert!(RENEW.ends_with(include_str!("../../lua/renew.lua")));
-    }
-}
+mod tests;

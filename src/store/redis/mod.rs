@@ -52,7 +52,6 @@ const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub struct RedisStore {
     link: Link,
-    script: Arc<Script>,
     renew_script: Arc<Script>,
     keeper: Arc<KeeperSlot>,
     breaker: Arc<Breaker>,
@@ -180,7 +179,6 @@ impl RedisStoreBuilder {
         RedisStore {
             breaker: Arc::new(Breaker::new(prefix.clone())),
             link,
-            script: Arc::new(Script::new(script::CHECK)),
             renew_script: Arc::new(Script::new(script::RENEW)),
             keeper: Arc::default(),
             prefix,
@@ -267,12 +265,14 @@ impl RedisStore {
     /// One check, through the breaker: while Redis is known to be failing it fails at once.
     pub(crate) async fn check(&self, plan: &Plan<'_>) -> Result<Outcome, StoreError> {
         let call = async {
-            let mut call = self.script.prepare_invoke();
-            script::check_args(&mut call, &self.prefix, self.clock.manual_now(), plan);
-            let reply: Vec<i64> = self
+            let compiled = script::check_script(plan.limits, plan.ids.len());
+            let mut call = compiled.script.prepare_invoke();
+            let now = self.clock.manual_now();
+            script::check_args(&mut call, &compiled, &self.prefix, now, plan);
+            let reply: redis::Value = self
                 .run(|mut conn| async move { call.invoke_async(&mut conn).await })
                 .await?;
-            script::parse_reply(&reply, plan.ids.len() * plan.limits.len())
+            script::parse_reply(reply, &compiled, plan)
         };
         self.breaker.call(call, || self.prober()).await
     }

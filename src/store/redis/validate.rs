@@ -231,10 +231,11 @@ async fn run_probe(
     lease_id: &str,
     limits: &[Limit],
 ) -> Result<(), Failure> {
-    let mut load = redis::pipe();
-    load.cmd("SCRIPT").arg("LOAD").arg(script::CHECK);
-    load.cmd("SCRIPT").arg("LOAD").arg(script::RENEW);
-    let _: (String, String) = load.query_async(conn).await?;
+    // The probe's own check script (scripts are generated per policy), and the renew script.
+    let check = script::check_script(limits, 1);
+    let renew = Script::new(script::RENEW);
+    let _: String = check.script.prepare_invoke().load_async(conn).await?;
+    let _: String = renew.prepare_invoke().load_async(conn).await?;
 
     let ids = [probe_id.to_string()];
     let plan = Plan {
@@ -243,14 +244,13 @@ async fn run_probe(
         cost: 1,
         lease: lease_id,
     };
-    let check = Script::new(script::CHECK);
     // The first call admits (every algorithm writes), the second is denied (every algorithm
     // reads what a full limit holds).
     for _ in 0..2 {
-        let mut call = check.prepare_invoke();
-        script::check_args(&mut call, prefix, None, &plan);
-        let reply: Vec<i64> = call.invoke_async(conn).await?;
-        script::parse_reply(&reply, limits.len()).map_err(Failure::Reply)?;
+        let mut call = check.script.prepare_invoke();
+        script::check_args(&mut call, &check, prefix, None, &plan);
+        let reply: redis::Value = call.invoke_async(conn).await?;
+        script::parse_reply(reply, &check, &plan).map_err(Failure::Reply)?;
     }
     let lease = Lease {
         keys: limits
@@ -261,7 +261,6 @@ async fn run_probe(
         id: lease_id.to_string(),
         lease_us: 1_000_000,
     };
-    let renew = Script::new(script::RENEW);
     let _: i64 = renew_invocation(&renew, None, lease.lease_us, &[&lease])
         .invoke_async(conn)
         .await?;
@@ -282,14 +281,25 @@ mod tests {
     #[test]
     fn the_acl_rule_covers_the_scripts() {
         let mut called = BTreeSet::new();
-        for text in [script::CHECK, script::RENEW] {
+        for text in [
+            include_str!("../../../lua/prelude.lua"),
+            include_str!("../../../lua/check.lua"),
+            include_str!("../../../lua/sliding_log.lua"),
+            include_str!("../../../lua/sliding_window.lua"),
+            include_str!("../../../lua/fixed_window.lua"),
+            include_str!("../../../lua/gcra.lua"),
+            include_str!("../../../lua/concurrency.lua"),
+            include_str!("../../../lua/renew.lua"),
+        ] {
             for piece in text.split("redis.call(").skip(1) {
                 let name: String = piece
                     .trim_start_matches(['\'', '"'])
                     .chars()
                     .take_while(|c| c.is_ascii_alphabetic())
                     .collect();
-                called.insert(format!("+{}", name.to_ascii_lowercase()));
+                if !name.is_empty() {
+                    called.insert(format!("+{}", name.to_ascii_lowercase()));
+                }
             }
         }
         for own in ["+evalsha", "+script|load", "+zrem", "+info"] {

@@ -1,0 +1,397 @@
+use super::*;
+use crate::Policy;
+
+const RENEW_LUA: &str = include_str!("../../../lua/renew.lua");
+
+fn limits(policy: &str) -> Vec<Limit> {
+    policy.parse::<Policy>().unwrap().limits().to_vec()
+}
+
+/// Every algorithm, once, in its Lua file, its Rust twin and a sample limit.
+fn algorithms() -> [(&'static str, &'static str, &'static str); 6] {
+    [
+        (
+            "10/s log",
+            SLIDING_LOG,
+            include_str!("../../algorithm/sliding_log.rs"),
+        ),
+        (
+            "10/s",
+            SLIDING_WINDOW,
+            include_str!("../../algorithm/sliding_window.rs"),
+        ),
+        (
+            "10/s fixed",
+            FIXED_WINDOW,
+            include_str!("../../algorithm/fixed_window.rs"),
+        ),
+        ("10/s gcra", GCRA, include_str!("../../algorithm/gcra.rs")),
+        (
+            "10/s bucket capacity=20",
+            GCRA,
+            include_str!("../../algorithm/gcra.rs"),
+        ),
+        (
+            "3 concurrent",
+            CONCURRENCY,
+            include_str!("../../algorithm/concurrency.rs"),
+        ),
+    ]
+}
+
+/// The section names of a Lua file, in order.
+fn section_names(file: &str) -> Vec<&str> {
+    file.lines()
+        .filter_map(|l| l.strip_prefix("--@ "))
+        .collect()
+}
+
+/// The `pub(crate) fn` names of a Rust file, in order.
+fn fn_names(file: &str) -> Vec<&str> {
+    file.lines()
+        .filter_map(|l| l.strip_prefix("pub(crate) fn "))
+        .map(|l| &l[..l.find(['(', '<']).unwrap()])
+        .collect()
+}
+
+/// Each fragment file has the sections the generator assembles, in the order they run, and
+/// its Rust twin the functions of the same names in the same order.
+#[test]
+fn fragments_mirror_their_twins() {
+    for (policy, lua, rust) in algorithms() {
+        let limit = limits(policy)[0];
+        // the automaton's code picks this file
+        assert_eq!(fragments(limit.algorithm()), lua, "{policy}");
+        let packed = algorithm::is_packed(&limit);
+        let sections = section_names(lua);
+        let expected: &[&str] = if packed {
+            &[
+                "fields", "prepare", "fresh", "evaluate", "commit", "expires",
+            ]
+        } else {
+            &["prepare", "evaluate", "commit", "report"]
+        };
+        assert_eq!(sections, expected, "{policy}");
+        assert!(
+            lua.contains("Rust twin: src/algorithm/"),
+            "{policy}: the header names the twin"
+        );
+
+        let fns = fn_names(rust);
+        let twin: &[&str] = if packed {
+            &["load", "evaluate", "commit", "report", "expires_at"]
+        } else {
+            &["evaluate", "commit", "report", "expires_at"]
+        };
+        let at: Vec<usize> = twin
+            .iter()
+            .map(|f| fns.iter().position(|g| g == f).unwrap())
+            .collect();
+        assert!(at.windows(2).all(|w| w[0] < w[1]), "{policy}: {fns:?}");
+    }
+    assert_eq!(
+        section_names(DRIVER),
+        [
+            "head",
+            "read_one",
+            "fresh_close",
+            "read_many",
+            "id_open",
+            "unpack",
+            "fresh_pack",
+            "stored",
+            "pack_open",
+            "pack_close",
+            "ttl",
+            "stored_close",
+            "id_close",
+            "phase2",
+            "write",
+            "reply",
+            "reply_only",
+            "reply_open",
+            "reply_packed",
+            "tail"
+        ]
+    );
+    assert_eq!(section_names(PRELUDE), ["clock"]);
+}
+
+/// The names the generated script gives a limit's fields (`c1`, `t4`), its per-check values
+/// (`s1`, `cu4`) and an identifier's states (`got2`, `put2`, `ttl2`) never meet.
+#[test]
+fn generated_names_never_meet() {
+    let mut fields = Vec::new();
+    let mut prefixes = vec!["got", "put", "ttl"];
+    for (policy, lua, _) in algorithms() {
+        fields.extend(fields_of(&limits(policy)[0]));
+        let prepare = section(lua, "prepare");
+        for decl in prepare.split("local ").skip(1) {
+            for name in decl.split(['=', '\n']).next().unwrap().split(',') {
+                if let Some(prefix) = name.trim().strip_suffix("$x") {
+                    prefixes.push(prefix);
+                }
+            }
+        }
+    }
+    assert!(prefixes.len() > 8, "{prefixes:?}");
+    for f in &fields {
+        assert!(!prefixes.contains(f), "{f} is a field and a value");
+    }
+}
+
+fn fields_of(limit: &Limit) -> Vec<&'static str> {
+    fields(limit).map(|(name, _)| name).collect()
+}
+
+/// The fields a fragment packs are the ones its twin loads, in the same order, each with a
+/// format the client decodes.
+#[test]
+fn packed_fields_match_the_twins() {
+    for (policy, _, _) in algorithms() {
+        let limit = limits(policy)[0];
+        if !algorithm::is_packed(&limit) {
+            assert_eq!(fields(&limit).count(), 0, "{policy}");
+            continue;
+        }
+        let lua: Vec<&str> = fields(&limit).map(|(name, _)| name).collect();
+        assert_eq!(lua, Counter::fields(&limit), "{policy}");
+        assert!(fields(&limit).all(|(_, w)| w.is_some()), "{policy}");
+    }
+}
+
+/// The reference policy's script for an IP and a user: the numbers written in, one read for
+/// both identifiers and one write each, nothing dispatched, parsed or looped over at run
+/// time.
+#[test]
+fn the_reference_policy_makes_a_straight_script() {
+    let (text, layout, packed, wire) = generate(&limits("10/s, 120/min, 240/h"), 2);
+    assert_eq!(layout.keys_per_id(), 1);
+    assert_eq!(packed, [0, 1, 2]);
+    assert_eq!(wire.len(), 7);
+    assert!(!text.contains('$'), "a placeholder is left:\n{text}");
+    assert!(text.contains("local got1, got2 = unpack(redis.call('MGET', KEYS[1], KEYS[2]))"));
+    assert!(text.contains("local T, c1, p1, c2, p2, c3, p3 = 0, 0, 0, 0, 0, 0, 0"));
+    assert!(text.contains("struct.unpack('<dI4I4I4I4I4I4', got2)"));
+    assert!(text.contains("local s3 = now - now % 3600000000"));
+    assert!(text.contains("(c2 + cost) > 120 then"));
+    // the second identifier takes the first one's new state when it had the same state
+    assert!(text.contains("elseif got2 == got1 then"));
+    // TIME, MGET, then per identifier SET with or without PX
+    assert_eq!(text.matches("redis.call(").count(), 6);
+    assert_eq!(text.matches("redis.call('SET', KEYS[2], put2, ").count(), 2);
+    for absent in [
+        "ARGV[3]", "ARGV[4]", "cjson", "function", "HSET", "EXPIRE", "for j", "while ",
+    ] {
+        assert!(!text.contains(absent), "{absent}");
+    }
+    assert!(text.trim_end().ends_with(
+        "return (ok and '1' or '0') .. sec .. ',' .. usec .. ';' .. (got1 or '\\0\\0\\0\\0\\0\\0\\0\\0\\0\\0\\0\\0\\0\\0\\0\\0\\0\\0\\0\\0\\0\\0\\0\\0\\0\\0\\0\\0\\0\\0\\0\\0') .. (got2 or '\\0\\0\\0\\0\\0\\0\\0\\0\\0\\0\\0\\0\\0\\0\\0\\0\\0\\0\\0\\0\\0\\0\\0\\0\\0\\0\\0\\0\\0\\0\\0\\0')"
+    ));
+    // a fresh identifier skips the evaluation: charged once, it admits up to 10
+    assert!(text.contains("elseif not got1 and cost <= 10 then"));
+
+    // one identifier: a fresh key is created by the call that reads an existing one
+    let (one, ..) = generate(&limits("10/s, 120/min, 240/h"), 1);
+    assert!(one.contains(
+        "got1 = redis.call('SET', KEYS[1], struct.pack('<dI4I4I4I4I4I4', T, c1, p1, c2, p2, \
+         c3, p3), 'NX', 'GET', 'PX', lastttl)"
+    ));
+    assert!(!one.contains("MGET"));
+}
+
+/// Every algorithm, and all of them in one policy, generate complete scripts for one and for
+/// several identifiers; sorted sets get keys of their own after the packed key.
+#[test]
+fn every_shape_fills_every_placeholder() {
+    let all = "10/s, 5/s log, 20/min fixed, 2 concurrent, 7/3s gcra burst=2, 4/s bucket";
+    for policy in algorithms().map(|a| a.0).into_iter().chain([all]) {
+        for ids in [1, 2, 16] {
+            let (text, layout, ..) = generate(&limits(policy), ids);
+            assert!(!text.contains('$'), "{policy}: a placeholder is left");
+            assert!(text.starts_with(section(PRELUDE, "clock")));
+            let sorted = layout.keys_per_id() > usize::from(layout.has_packed());
+            let end = if sorted { "return head" } else { "')" };
+            assert!(text.trim_end().ends_with(end), "{policy}");
+            let reads = text.contains("redis.call('MGET'") || text.contains("'NX', 'GET'");
+            assert_eq!(reads, layout.has_packed(), "{policy}");
+            // phase 1, phase 2, and the reply when it goes through each identifier
+            let passes = if sorted { 3 } else { 2 };
+            assert_eq!(text.matches("-- identifier ").count(), passes * ids);
+        }
+    }
+    let (text, layout, packed, wire) = generate(&limits(all), 2);
+    assert_eq!(layout.keys_per_id(), 3);
+    assert_eq!(packed, [0, 2, 4, 5]);
+    // T, c p, c, t r, t r
+    assert_eq!(wire.len(), 8);
+    assert!(text.contains("local got1, got2 = unpack(redis.call('MGET', KEYS[1], KEYS[4]))"));
+    assert!(text.contains("local j, base = 2, 3"));
+    assert!(text.contains("redis.call('ZCOUNT', KEYS[base + 2], live2, '+inf')"));
+    assert!(text.contains("redis.call('ZADD', KEYS[base + 3], deadline4, ARGV[3])"));
+    // 7/3s: T = 3e6/7 µs = 428571 + 3/7; burst 2 → 857142 + 6/7
+    assert!(text.contains("cu5, cr5 = cost * 428571 + kq, kr - kq * 7"));
+    assert!(text.contains("t5 - now > 857142 or (t5 - now == 857142 and r5 > 6)"));
+}
+
+/// One script per policy and number of identifiers, generated once: the same finds the same
+/// script, another policy (even of the same shape) or count gets its own.
+#[test]
+fn scripts_are_cached_per_policy() {
+    let a = check_script(&limits("11/s, 13/min"), 2);
+    let b = check_script(&limits("11/s, 13/min"), 2);
+    assert!(Arc::ptr_eq(&a, &b));
+    let c = check_script(&limits("11/s, 14/min"), 2);
+    assert_ne!(a.script.get_hash(), c.script.get_hash());
+    let d = check_script(&limits("11/s fixed, 13/min"), 2);
+    assert_ne!(a.script.get_hash(), d.script.get_hash());
+    let e = check_script(&limits("11/s, 13/min"), 3);
+    assert_ne!(a.script.get_hash(), e.script.get_hash());
+}
+
+/// The driver reads ARGV, and builds its reply, the way this module lays them out.
+#[test]
+fn wire_layout_matches_the_driver() {
+    let head = section(DRIVER, "head");
+    let clock = section(PRELUDE, "clock");
+    assert!(clock.contains("if ARGV[1] == '' then"));
+    assert!(clock.contains("now = tonumber(ARGV[1])"));
+    assert!(head.contains("local cost = tonumber(ARGV[2])"));
+    assert!(section(CONCURRENCY, "commit").contains("ARGV[3]"));
+    assert_eq!(now_arg(None), "");
+    assert_eq!(now_arg(Some(7)), "7");
+
+    // one string: verdict, time, ";", per identifier its packed state and 4 doubles per
+    // sorted set
+    assert!(section(DRIVER, "reply_open")
+        .contains("local head = (ok and '1' or '0') .. sec .. ',' .. usec .. ';'"));
+    assert!(section(DRIVER, "reply_only")
+        .contains("return (ok and '1' or '0') .. sec .. ',' .. usec .. ';' .. $replies"));
+    assert!(clock.contains("sec, usec = t[1], t[2]"));
+    assert!(clock.contains("sec, usec = '0', ARGV[1]"));
+    assert!(section(DRIVER, "reply_packed").contains("head = head .. (got$j or '$zero')"));
+    let entry = format!(
+        "head = head .. struct.pack('<{}', ",
+        "d".repeat(REPLY_PER_SORTED)
+    );
+    for lua in [SLIDING_LOG, CONCURRENCY] {
+        assert_eq!(section(lua, "report").matches(&entry).count(), 1);
+    }
+    // the packed state is T, then the fields; T is the time of the last charge
+    assert!(section(DRIVER, "stored").contains("local T, $fields = 0, $zeros"));
+    assert!(section(RENEW_LUA, "renew").contains("ARGV[2]"));
+    assert!(section(DRIVER, "pack_close").contains("struct.pack('$format', T, $fields)"));
+}
+
+/// Little-endian bytes as Lua's `struct.pack` writes them for `wire`.
+fn pack(wire: &[Wire], values: &[u64]) -> Vec<u8> {
+    wire.iter()
+        .zip(values)
+        .flat_map(|(w, v)| match w {
+            Wire::Double => (*v as f64).to_le_bytes().to_vec(),
+            Wire::U32 => (*v as u32).to_le_bytes().to_vec(),
+        })
+        .collect()
+}
+
+/// A reply is read through the twin: the packed state gives every figure, the sorted sets'
+/// entries are taken as the script reported them, and the verdicts must agree.
+#[test]
+fn replies_are_derived_with_the_twin() {
+    let l = limits("2/s, 5/s log");
+    let compiled = check_script(&l, 1);
+    let now = 1_767_225_600_250_000u64;
+    let ids = vec!["a".to_string()];
+    let plan = Plan {
+        ids: &ids,
+        limits: &l,
+        cost: 1,
+        lease: "",
+    };
+    // one request earlier in this second: T, c, p
+    let state = pack(&compiled.wire, &[now - 100_000, 1, 0]);
+    let reply = |allowed: &str, state: &[u8], entry: [f64; 4]| {
+        let mut head = format!("{allowed}1767225600,250000;").into_bytes();
+        head.extend_from_slice(state);
+        for v in entry {
+            head.extend_from_slice(&v.to_le_bytes());
+        }
+        Value::BulkString(head)
+    };
+    let log = [1.0, 3.0, 1_000_000.0, 0.0];
+    let out = parse_reply(reply("1", &state, log), &compiled, &plan).unwrap();
+    assert!(out.allowed);
+    assert_eq!(out.entries[0].remaining, 0);
+    assert_eq!(out.entries[0].reset_after_us, 1_750_000);
+    assert_eq!(out.entries[1].remaining, 3);
+
+    // a fresh identifier: all zeros
+    let fresh = vec![0; state.len()];
+    let out = parse_reply(reply("1", &fresh, log), &compiled, &plan).unwrap();
+    assert_eq!(out.entries[0].remaining, 1);
+
+    // the script and the twin disagree: an error, not a guess
+    assert!(parse_reply(reply("0", &state, log), &compiled, &plan).is_err());
+    // a state of the wrong size, a negative or fractional figure, a bad time, not a string
+    assert!(parse_reply(reply("1", &state[1..], log), &compiled, &plan).is_err());
+    let negative = [1.0, -3.0, 0.0, 0.0];
+    assert!(parse_reply(reply("1", &state, negative), &compiled, &plan).is_err());
+    let fraction = [1.0, 3.5, 0.0, 0.0];
+    assert!(parse_reply(reply("1", &state, fraction), &compiled, &plan).is_err());
+    assert!(parse_reply(Value::BulkString(b"1x;".to_vec()), &compiled, &plan).is_err());
+    assert!(parse_reply(Value::Int(1), &compiled, &plan).is_err());
+
+    // without sorted sets the reply is the string alone
+    let l = limits("2/s");
+    let compiled = check_script(&l, 1);
+    let plan = Plan { limits: &l, ..plan };
+    let mut head = b"10,1767225600250000;".to_vec();
+    head.extend_from_slice(&state);
+    let out = parse_reply(Value::BulkString(head), &compiled, &plan).unwrap();
+    assert_eq!(out.entries[0].remaining, 0);
+    assert_eq!(stamp(b"1767225600,5").unwrap(), 1_767_225_600_000_005);
+    assert!(stamp(b"17,x").is_err() && stamp(b"17").is_err());
+}
+
+#[test]
+fn sections_are_read_to_the_next_marker() {
+    let file = "-- header\n--@ one\na\nb\n--@ two\nc\n";
+    assert_eq!(section(file, "one"), "a\nb\n");
+    assert_eq!(section(file, "two"), "c\n");
+    assert_eq!(section(file, "three"), "");
+    let mut out = String::new();
+    fill(
+        &mut out,
+        "x$a y$bb $c$a.",
+        &[("a", "1".into()), ("bb", "2".into())],
+    );
+    assert_eq!(out, "x1 y2 $c1.");
+}
+
+#[test]
+fn the_renew_script_is_the_prelude_and_renew_lua() {
+    assert!(RENEW.starts_with(PRELUDE));
+    assert!(RENEW.ends_with(RENEW_LUA));
+    // the renew script reads the clock the same way
+    assert!(RENEW.contains(section(PRELUDE, "clock")));
+}
+
+#[test]
+fn zz_print() {
+    let (text, ..) = generate(&limits("10/s, 120/min, 240/h"), 2);
+    std::fs::write("/tmp/proto/gen_ref.lua", text).unwrap();
+    for p in [
+        "10/s fixed",
+        "10/s",
+        "10/s log",
+        "100/s gcra burst=500",
+        "10 concurrent",
+    ] {
+        let (text, ..) = generate(&limits(p), 1);
+        std::fs::write(
+            format!("/tmp/proto/gen_{}.lua", p.replace(['/', ' ', '='], "_")),
+            text,
+        )
+        .unwrap();
+    }
+}
