@@ -51,7 +51,8 @@ if cost <= $most then
     return '1' .. sec .. ',' .. usec .. ';$zero'
   end
 else
-  got1 = redis.call('GET', KEYS[1])
+  -- The limiter never sends a cost above the policy's largest (it is an error there).
+  return redis.error_reply('ERR tollgate: cost above the policy')
 end
 
 --@ read_many

@@ -102,7 +102,7 @@ pub enum ConfigErrorKind {
 /// The Redis commands the store sends, as an ACL rule: its own calls (`EVALSHA`,
 /// `SCRIPT LOAD` after a `NOSCRIPT`, `ZREM` to release slots, `INFO` in the start-up checks)
 /// and those the Lua scripts call. A unit test checks it against the scripts.
-pub(crate) const ACL_COMMANDS: &str = "+evalsha +script|load +zrem +info +time +get +mget +set \
+pub(crate) const ACL_COMMANDS: &str = "+evalsha +script|load +zrem +info +time +mget +set \
      +pexpire +zadd +zcount +zrange +zrangebyscore +zremrangebyscore +zscore";
 
 /// The server answers, but cannot serve the store as configured: what is wrong, in words that

@@ -381,7 +381,7 @@ pub fn slot_entries(conn: &mut redis::Connection, keys: &[String]) -> usize {
 /// check, [`KeyWatch::settle`] removes the TTL of every key under the store's prefix (a key
 /// kept past its state's lifetime decides like a missing one, so this changes no decision; the
 /// comparisons hold the stores to that) and counts them: every identifier admitted so far must
-/// have one key per rate limit. A key missing expired between its script and `settle` ([`KeyWatch::lost`]): from
+/// have one key per sliding log and one packed key for its other rate limits. A key missing expired between its script and `settle` ([`KeyWatch::lost`]): from
 /// then on, the store may differ from a store on the same clock, and such a run proves
 /// nothing. Concurrency slot sets are not counted (giving back the last slot deletes one).
 /// The keys are deleted when the watch is dropped.
@@ -398,11 +398,19 @@ impl KeyWatch {
         KeyWatch {
             conn: server.conn(),
             prefix: prefix.to_string(),
-            rate_limits: policy
-                .limits()
-                .iter()
-                .filter(|l| !l.is_concurrency())
-                .count(),
+            // A sorted set per sliding log, and one packed key for all the window and GCRA
+            // limits (concurrency sets are not counted).
+            rate_limits: {
+                let limits = policy.limits();
+                let logs = limits
+                    .iter()
+                    .filter(|l| l.algorithm() == tollgate::Algorithm::SlidingLog)
+                    .count();
+                let packed = limits.iter().any(|l| {
+                    !l.is_concurrency() && l.algorithm() != tollgate::Algorithm::SlidingLog
+                });
+                logs + usize::from(packed)
+            },
             admitted: Default::default(),
             lost: false,
         }

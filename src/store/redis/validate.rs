@@ -212,7 +212,14 @@ pub(crate) async fn probe(conn: &mut MultiplexedConnection, prefix: &str) -> Res
     // Leave nothing behind: a TTL of 0 deletes a key (and needs no command the scripts do
     // not already need). Should this fail, the keys expire within seconds.
     let mut clean = redis::pipe();
-    for limit in &limits {
+    let packed = limits.iter().filter(|l| crate::algorithm::is_packed(l));
+    for key in [
+        keyspace::packed_key(prefix, &probe_id, packed),
+        keyspace::packed_key(prefix, &probe_id, &limits[1..2]),
+    ] {
+        clean.cmd("PEXPIRE").arg(key).arg(0).ignore();
+    }
+    for limit in limits.iter().filter(|l| !crate::algorithm::is_packed(l)) {
         clean
             .cmd("PEXPIRE")
             .arg(keyspace::key(prefix, &probe_id, limit))
@@ -247,6 +254,23 @@ async fn run_probe(
     // The first call admits (every algorithm writes), the second is denied (every algorithm
     // reads what a full limit holds).
     for _ in 0..2 {
+        let mut call = check.script.prepare_invoke();
+        script::check_args(&mut call, &check, prefix, None, &plan);
+        let reply: redis::Value = call.invoke_async(conn).await?;
+        script::parse_reply(reply, &check, &plan).map_err(Failure::Reply)?;
+    }
+    // A policy of packed limits alone for one identifier reads and creates its key in one
+    // command (`SET NX GET`).
+    let packed_only = [limits[1]];
+    let check = script::check_script(&packed_only, 1);
+    let _: String = check.script.prepare_invoke().load_async(conn).await?;
+    for _ in 0..2 {
+        let plan = Plan {
+            ids: &ids,
+            limits: &packed_only,
+            cost: 1,
+            lease: "",
+        };
         let mut call = check.script.prepare_invoke();
         script::check_args(&mut call, &check, prefix, None, &plan);
         let reply: redis::Value = call.invoke_async(conn).await?;
