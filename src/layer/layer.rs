@@ -193,44 +193,6 @@ impl RateLimitLayer {
         self.edit(|c| c.shadow = shadow)
     }
 
-    /// Charges only the responses `selects` picks (failed logins: `401`, `403`), instead of
-    /// every request.
-    ///
-    /// Before the handler, the request is checked without being charged (a
-    /// [peek](crate::Limiter::peek_n)): one the limits already deny is refused as usual, and
-    /// counted as the request's decision. Once the inner service has answered, a response
-    /// `selects` picks is charged, all-or-nothing for each limiter as a check is, before it
-    /// is returned; it carries the rate-limit fields of the charge (of the peek, for a
-    /// response not charged).
-    ///
-    /// The race it accepts: the peek and the charge are two steps, so requests of one client
-    /// that run at the same time all pass the peek before any of them is charged. Up to as
-    /// many requests as run concurrently can reach the handler past the quota; the counts
-    /// never exceed it (a charge that no longer fits charges nothing).
-    ///
-    /// Concurrency limits do not apply (a slot is held while a request runs, which a charge
-    /// made after it cannot do). `selects` sees the response head: the status of a gRPC
-    /// call is there only for trailers-only responses. Every limiter of the layer charges by
-    /// response: give the login route a layer of its own.
-    ///
-    /// ```
-    /// use http::StatusCode;
-    /// use tollgate::{Limiter, MemoryStore, RateLimitLayer};
-    ///
-    /// // 5 failed logins per 15 minutes per client IP; successful ones cost nothing.
-    /// let login = Limiter::new(MemoryStore::new(), "5/15min".parse().unwrap());
-    /// let layer = RateLimitLayer::new(login).charge_if(|res: &http::response::Parts| {
-    ///     matches!(res.status, StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN)
-    /// });
-    /// # let _ = layer;
-    /// ```
-    pub fn charge_if<F>(self, selects: F) -> Self
-    where
-        F: Fn(&http::response::Parts) -> bool + Send + Sync + 'static,
-    {
-        self.edit(|c| c.charge_if = Some(Arc::new(selects)))
-    }
-
     /// Builds the response to a limited HTTP request (gRPC requests always get
     /// `RESOURCE_EXHAUSTED`). `Retry-After` and the rate-limit headers are added unless the
     /// handler set them.

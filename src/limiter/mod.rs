@@ -373,33 +373,19 @@ impl Limiter {
         self.run(identifiers, cost, Mode::CHECK).await
     }
 
-    /// What a check of cost 1 would decide now, without charging anything. See
-    /// [`Limiter::peek_n`].
-    ///
-    /// # Errors
-    ///
-    /// As [`Limiter::peek_n`].
-    pub async fn peek<I: AsRef<str>>(&self, identifiers: &[I]) -> Result<Decision, Error> {
-        self.peek_n(identifiers, 1).await
-    }
-
     /// What a check of cost `cost` would decide now, without charging anything: whether it
     /// fits, and per (identifier, limit) pair the quota available now and the times of a
     /// check's decision. The store writes nothing (on Redis, no key, value or TTL changes),
     /// and no concurrency slot is taken.
     ///
     /// It answers as a check does when the store fails (the failure policy, the fallback),
-    /// and in shadow mode. It is not counted in the decision metrics: a caller that peeks
-    /// on behalf of a request (as the HTTP layer's
-    /// [`charge_if`](crate::RateLimitLayer::charge_if) does) counts it there.
+    /// and in shadow mode. It is not counted in the decision metrics.
     ///
-    /// The stores need a read-only check for it; until they have one, a peek fails as a
-    /// store error, which the failure policy answers.
-    ///
-    /// # Errors
-    ///
-    /// As [`Limiter::check_n`].
-    pub async fn peek_n<I: AsRef<str>>(
+    /// Not public yet: the stores need a read-only check for it (a store verb that evaluates
+    /// without writing); until they have one a peek fails as a store error, so nothing that
+    /// users can reach calls it (the HTTP layer's charging by response waits on it too).
+    #[allow(dead_code)]
+    pub(crate) async fn peek_n<I: AsRef<str>>(
         &self,
         identifiers: &[I],
         cost: u64,
