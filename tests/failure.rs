@@ -286,3 +286,39 @@ async fn a_stall_opens_the_breaker_and_recovery_closes_it() {
     assert_eq!(logged("rate-limit store failing", "stall"), 1);
     assert_eq!(logged("rate-limit store answers again", "stall"), 1);
 }
+
+/// A slot let go while Redis cannot be reached is released once it can: the keeper retries
+/// the release until it succeeds or the lease has expired anyway, so the identifier is not
+/// locked out for the rest of the lease with nothing in flight.
+#[tokio::test]
+async fn a_release_that_failed_is_retried_once_redis_answers() {
+    observed();
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.port).await;
+    let store = store_at(&proxy.url(), "release", 200).await;
+    let limiter = limiter(
+        &store,
+        "1 concurrent lease=20s",
+        "release",
+        OnStoreError::Closed,
+    );
+    let held = limiter.check(&["a"]).await.unwrap();
+    assert!(held.guard().is_some());
+
+    proxy.freeze(true);
+    drop(held); // the release cannot reach Redis
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    proxy.freeze(false);
+
+    // Well within the 20 s lease, the slot is free again.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        match limiter.check(&["a"]).await {
+            Ok(d) if d.is_allowed() => break,
+            _ => {
+                assert!(Instant::now() < deadline, "the slot was never released");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+}
