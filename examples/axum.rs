@@ -1,5 +1,5 @@
-//! An axum app limited per client IP and per user, with a stricter policy on `/login` and
-//! health checks left alone.
+//! An axum app limited per client IP and per user, with a stricter policy on `/login` on top
+//! of the general one, and health checks left alone.
 //!
 //! ```text
 //! cargo run --example axum            # in memory
@@ -14,7 +14,7 @@ use axum::middleware::{self, Next};
 use axum::response::Response;
 use axum::routing::{get, post};
 use axum::Router;
-use tollgate::key::{ClientIp, Extension, IpCidr};
+use tollgate::key::{ClientIp, Extension, IpCidr, RequestView};
 use tollgate::{Limiter, MemoryStore, RateLimitLayer, RedisStore, Store};
 
 /// Set by the (toy) authentication middleware below, read by the rate limiter.
@@ -54,8 +54,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .key(ClientIp::trusted_proxies(IpCidr::private_networks()))
         // …and the user, when there is one: both are checked, all-or-nothing
         .key(Extension::<UserId>::new())
-        .route(|req| req.uri.path() == "/login", login)
-        .bypass(|req| req.uri.path() == "/health");
+        // `/login` is held to 5 a minute as well as to the general limits…
+        .route_adding(|req: &RequestView<'_>| req.uri.path() == "/login", login)
+        // …and health checks are not limited at all
+        .bypass(|req: &RequestView<'_>| req.uri.path() == "/health");
 
     let app = Router::new()
         .route("/", get(|| async { "hello\n" }))

@@ -1,21 +1,36 @@
 //! tollgate's demo: an axum server behind a `RateLimitLayer`.
 //!
 //! ```text
-//! cargo run --release --example demo -- [--serve] [--listen ADDR] [--redis URL]
+//! cargo run --example demo -- [--chart] [--serve] [--listen ADDR] [--redis URL]
 //!     [--policy TEXT] [--key ip|header:NAME] [--concurrency N] [--seconds N] [--rate N]
+//!     [--on-store-error open|closed|fallback[:SHARE]] [--store-timeout MS]
 //! ```
 //!
 //! Without `--serve`: starts the server on an ephemeral port (in-memory store, or Redis with
 //! `--redis`), drives a burst of traffic at it over HTTP, prints per second how many requests
-//! were admitted and how many limited, by which limit, and exits.
+//! were admitted and how many limited, by which limit, then the rate-limit fields of the last
+//! `429`, and exits.
+//!
+//! With `--chart`: the same traffic, drawn live in the terminal — admitted and limited per
+//! second over the last minute, and the fields of the last `429` — until `q` (or for
+//! `--seconds`, when given). `+` and `-` change the rate.
 //!
 //! With `--serve`: serves on `--listen` (default 127.0.0.1:3000) until killed. `GET /` answers
 //! `ok`; `GET /slow?ms=N` answers after N ms. Try `curl -i localhost:3000/` a few times in a
 //! row, or `--concurrency 2` and three `curl localhost:3000/slow?ms=5000 &` at once.
+//!
+//! With `--redis`, stop Redis while the demo runs: the store's warnings go to stderr, and
+//! `--on-store-error` decides what requests get meanwhile (`open`: allowed, `closed`: 503,
+//! `fallback:0.5`: half the policy, counted in this process).
+
+mod chart;
 
 use std::collections::{BTreeMap, HashMap};
+use std::io::Write;
 use std::net::SocketAddr;
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use axum::extract::Query;
@@ -26,21 +41,31 @@ use http_body_util::{BodyExt, Empty};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use tollgate::key::{Header, PeerIp};
-use tollgate::{Limit, Limiter, MemoryStore, Policy, RateLimitLayer, RedisStore, Store};
+use tollgate::{
+    Limit, Limiter, MemoryStore, OnStoreError, Policy, RateLimitLayer, RedisStore, Store,
+};
 
-const USAGE: &str = "usage: demo [--serve] [--listen ADDR] [--redis URL] [--policy TEXT] \
-[--key ip|header:NAME] [--concurrency N] [--seconds N] [--rate PER_SECOND]";
+const USAGE: &str =
+    "usage: demo [--chart] [--serve] [--listen ADDR] [--redis URL] [--policy TEXT] \
+[--key ip|header:NAME] [--concurrency N] [--seconds N] [--rate PER_SECOND] \
+[--on-store-error open|closed|fallback[:SHARE]] [--store-timeout MS]";
 
 struct Args {
     serve: bool,
+    chart: bool,
     listen: SocketAddr,
     redis: Option<String>,
     policy: Policy,
     key: Key,
     seconds: u64,
+    /// Whether `--seconds` was given (a chart runs until `q` otherwise).
+    seconds_given: bool,
     rate: u32,
+    on_error: OnStoreError,
+    store_timeout: Option<Duration>,
 }
 
+#[derive(Clone)]
 enum Key {
     Ip,
     Header(Header, String),
@@ -49,12 +74,16 @@ enum Key {
 fn parse_args() -> Result<Args, String> {
     let mut args = Args {
         serve: false,
+        chart: false,
         listen: SocketAddr::from(([127, 0, 0, 1], 3000)),
         redis: None,
         policy: "10/s, 120/min, 240/h".parse().map_err(|e| format!("{e}"))?,
         key: Key::Ip,
         seconds: 4,
+        seconds_given: false,
         rate: 40,
+        on_error: OnStoreError::Open,
+        store_timeout: None,
     };
     let mut concurrency = None;
     let mut it = std::env::args().skip(1);
@@ -62,6 +91,7 @@ fn parse_args() -> Result<Args, String> {
         let mut value = || it.next().ok_or_else(|| format!("{flag} needs a value"));
         match flag.as_str() {
             "--serve" => args.serve = true,
+            "--chart" => args.chart = true,
             "--listen" => {
                 args.listen = value()?.parse().map_err(|e| format!("--listen: {e}"))?;
             }
@@ -86,9 +116,34 @@ fn parse_args() -> Result<Args, String> {
                 concurrency = Some(slots);
             }
             "--seconds" => {
-                args.seconds = value()?.parse().map_err(|e| format!("--seconds: {e}"))?
+                args.seconds = value()?.parse().map_err(|e| format!("--seconds: {e}"))?;
+                args.seconds_given = true;
             }
             "--rate" => args.rate = value()?.parse().map_err(|e| format!("--rate: {e}"))?,
+            "--on-store-error" => {
+                let v = value()?;
+                args.on_error = match v.split_once(':') {
+                    None if v == "open" => OnStoreError::Open,
+                    None if v == "closed" => OnStoreError::Closed,
+                    None if v == "fallback" => OnStoreError::fallback(1.0).ok_or("share")?,
+                    Some(("fallback", share)) => share
+                        .parse()
+                        .ok()
+                        .and_then(OnStoreError::fallback)
+                        .ok_or_else(|| format!("--on-store-error {v}: a share in (0, 1]"))?,
+                    _ => {
+                        return Err(format!(
+                            "--on-store-error {v}: expected open, closed or fallback[:SHARE]"
+                        ))
+                    }
+                };
+            }
+            "--store-timeout" => {
+                let ms: u64 = value()?
+                    .parse()
+                    .map_err(|e| format!("--store-timeout: {e}"))?;
+                args.store_timeout = Some(Duration::from_millis(ms));
+            }
             "-h" | "--help" => return Err(String::new()),
             other => return Err(format!("unknown argument {other:?}")),
         }
@@ -106,7 +161,7 @@ fn parse_args() -> Result<Args, String> {
 }
 
 fn app(limiter: Limiter, key: &Key) -> Router {
-    let layer = RateLimitLayer::new(limiter).legacy_headers(false);
+    let layer = RateLimitLayer::new(limiter);
     let layer = match key {
         Key::Ip => layer.key(PeerIp::default()),
         Key::Header(h, _) => layer.key(h.clone()),
@@ -136,12 +191,34 @@ async fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    // The store's warnings (failing, recovering): on stderr, or in the chart's log pane.
+    let log = Log::default();
+    if args.chart {
+        let log = log.clone();
+        tracing_subscriber::fmt()
+            .with_writer(move || log.clone())
+            .with_ansi(false)
+            .with_max_level(tracing::Level::WARN)
+            .init();
+    } else {
+        tracing_subscriber::fmt()
+            .with_writer(std::io::stderr)
+            .with_max_level(tracing::Level::WARN)
+            .init();
+    }
     let store: Store = match &args.redis {
         None => MemoryStore::new().into(),
-        Some(url) => match RedisStore::connect(url.clone()).await {
+        Some(url) => match redis_store(url, args.store_timeout).await {
             Ok(s) => s.into(),
             Err(e) => {
-                eprintln!("cannot use Redis at {url}: {e}");
+                // The error names the cause and the fix, with any password redacted; the URL
+                // itself is not printed, since it may hold one.
+                eprintln!("cannot use Redis: {e}");
+                let mut source = std::error::Error::source(&e);
+                while let Some(cause) = source {
+                    eprintln!("  caused by: {cause}");
+                    source = cause.source();
+                }
                 return ExitCode::FAILURE;
             }
         },
@@ -151,7 +228,9 @@ async fn main() -> ExitCode {
     } else {
         "memory"
     };
-    let limiter = Limiter::new(store, args.policy.clone());
+    let limiter = Limiter::builder(store, args.policy.clone())
+        .on_store_error(args.on_error)
+        .build();
     let listen = if args.serve {
         args.listen
     } else {
@@ -186,7 +265,150 @@ async fn main() -> ExitCode {
             }
         };
     }
+    if args.chart {
+        let title = format!("{} · {backend} store", args.policy);
+        return chart::run(addr, &args, log, title).await;
+    }
     drive(addr, &args).await
+}
+
+async fn redis_store(
+    url: &str,
+    timeout: Option<Duration>,
+) -> Result<RedisStore, tollgate::StoreError> {
+    let builder = RedisStore::builder(url);
+    match timeout {
+        Some(t) => builder.timeout(t).build().await,
+        None => builder.build().await,
+    }
+}
+
+/// What became of one request.
+enum Outcome {
+    Admitted,
+    /// Limited, by this limit; with the response's rate-limit fields.
+    Limited(String, Vec<(String, String)>),
+    /// The store failed and the limiter fails closed.
+    Unavailable,
+}
+
+/// Sends one request and reads what became of it.
+async fn send(
+    client: &Client<hyper_util::client::legacy::connect::HttpConnector, Empty<Bytes>>,
+    addr: SocketAddr,
+    key: &Key,
+) -> Result<Outcome, String> {
+    let mut req = http::Request::get(format!("http://{addr}/"));
+    if let Key::Header(_, name) = key {
+        req = req.header(name.as_str(), "demo-client");
+    }
+    let req = req
+        .body(Empty::new())
+        .map_err(|e| format!("could not build a request: {e}"))?;
+    let res = client
+        .request(req)
+        .await
+        .map_err(|e| format!("request failed: {e}"))?;
+    let status = res.status();
+    if status.is_success() {
+        return Ok(Outcome::Admitted);
+    }
+    if status == http::StatusCode::SERVICE_UNAVAILABLE {
+        return Ok(Outcome::Unavailable);
+    }
+    let fields: Vec<(String, String)> = res
+        .headers()
+        .iter()
+        .filter(|(name, _)| name.as_str().starts_with("ratelimit") || *name == "retry-after")
+        .map(|(name, value)| {
+            let value = String::from_utf8_lossy(value.as_bytes()).into_owned();
+            (name.to_string(), value)
+        })
+        .collect();
+    let body = res
+        .into_body()
+        .collect()
+        .await
+        .map(|b| b.to_bytes())
+        .unwrap_or_default();
+    // "rate limit exceeded: 10/s (retry in 1 s)"
+    let text = String::from_utf8_lossy(&body);
+    let limit = text
+        .strip_prefix("rate limit exceeded: ")
+        .and_then(|t| t.split(" (").next())
+        .unwrap_or(status.as_str());
+    Ok(Outcome::Limited(limit.to_string(), fields))
+}
+
+/// The store's log lines, kept for the chart.
+#[derive(Clone, Default)]
+struct Log(Arc<Mutex<Vec<u8>>>);
+
+impl Log {
+    /// The last `n` lines.
+    fn last(&self, n: usize) -> Vec<String> {
+        let bytes = self.0.lock().map(|b| b.clone()).unwrap_or_default();
+        let text = String::from_utf8_lossy(&bytes);
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(n)..]
+            .iter()
+            .map(|l| l.to_string())
+            .collect()
+    }
+}
+
+impl Write for Log {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if let Ok(mut log) = self.0.lock() {
+            log.extend_from_slice(buf);
+        }
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Per-second figures, shared by the traffic and whoever shows them.
+#[derive(Default)]
+struct Figures {
+    /// (admitted, limited, unavailable) per second since the start.
+    seconds: Vec<(u32, u32, u32)>,
+    /// The rate-limit fields of the last `429`.
+    last_limited: Vec<(String, String)>,
+}
+
+/// Sends requests at `rate` per second from one client until `stop`, counting them in
+/// `figures` by the second since `start`; the error that stopped it, if one did.
+async fn traffic(
+    addr: SocketAddr,
+    key: &Key,
+    rate: &AtomicU32,
+    stop: &AtomicBool,
+    figures: &Mutex<Figures>,
+    start: Instant,
+) -> Result<(), String> {
+    let client = Client::builder(TokioExecutor::new()).build_http::<Empty<Bytes>>();
+    let mut next = tokio::time::Instant::now();
+    while !stop.load(Ordering::Relaxed) {
+        next += Duration::from_secs(1) / rate.load(Ordering::Relaxed).max(1);
+        tokio::time::sleep_until(next).await;
+        let outcome = send(&client, addr, key).await?;
+        let second = start.elapsed().as_secs() as usize;
+        let mut f = figures.lock().map_err(|_| "figures poisoned")?;
+        if f.seconds.len() <= second {
+            f.seconds.resize(second + 1, (0, 0, 0));
+        }
+        match outcome {
+            Outcome::Admitted => f.seconds[second].0 += 1,
+            Outcome::Limited(_, fields) => {
+                f.seconds[second].1 += 1;
+                f.last_limited = fields;
+            }
+            Outcome::Unavailable => f.seconds[second].2 += 1,
+        }
+    }
+    Ok(())
 }
 
 /// Sends `rate` requests per second for `seconds` seconds and prints what happened.
@@ -196,58 +418,50 @@ async fn drive(addr: SocketAddr, args: &Args) -> ExitCode {
         args.rate, args.seconds
     );
     println!(
-        "{:>4}  {:>8}  {:>7}  limited by",
-        "sec", "admitted", "limited"
+        "{:>4}  {:>8}  {:>7}  {:>11}  limited by",
+        "sec", "admitted", "limited", "unavailable"
     );
     let client = Client::builder(TokioExecutor::new()).build_http::<Empty<Bytes>>();
     let mut ticker = tokio::time::interval(Duration::from_secs(1) / args.rate);
     let start = Instant::now();
-    let (mut total_ok, mut total_limited) = (0, 0);
+    let (mut total_ok, mut total_limited, mut total_unavailable) = (0, 0, 0);
+    let mut last_limited = Vec::new();
     for second in 1..=args.seconds {
-        let (mut ok, mut limited) = (0, 0);
+        let (mut ok, mut limited, mut unavailable) = (0, 0, 0);
         let mut by: BTreeMap<String, u32> = BTreeMap::new();
         while start.elapsed() < Duration::from_secs(second) {
             ticker.tick().await;
-            let mut req = http::Request::get(format!("http://{addr}/"));
-            if let Key::Header(_, name) = &args.key {
-                req = req.header(name.as_str(), "demo-client");
-            }
-            let Ok(req) = req.body(Empty::new()) else {
-                eprintln!("could not build a request");
-                return ExitCode::FAILURE;
-            };
-            let res = match client.request(req).await {
-                Ok(r) => r,
+            match send(&client, addr, &args.key).await {
+                Ok(Outcome::Admitted) => ok += 1,
+                Ok(Outcome::Unavailable) => unavailable += 1,
+                Ok(Outcome::Limited(limit, fields)) => {
+                    limited += 1;
+                    *by.entry(limit).or_default() += 1;
+                    last_limited = fields;
+                }
                 Err(e) => {
-                    eprintln!("request failed: {e}");
+                    eprintln!("{e}");
                     return ExitCode::FAILURE;
                 }
-            };
-            let status = res.status();
-            let body = res
-                .into_body()
-                .collect()
-                .await
-                .map(|b| b.to_bytes())
-                .unwrap_or_default();
-            if status.is_success() {
-                ok += 1;
-            } else {
-                limited += 1;
-                // "rate limit exceeded: 10/s (retry in 1 s)"
-                let text = String::from_utf8_lossy(&body);
-                let limit = text
-                    .strip_prefix("rate limit exceeded: ")
-                    .and_then(|t| t.split(" (").next())
-                    .unwrap_or(status.as_str());
-                *by.entry(limit.to_string()).or_default() += 1;
             }
         }
         total_ok += ok;
         total_limited += limited;
+        total_unavailable += unavailable;
         let by: Vec<String> = by.iter().map(|(l, n)| format!("{l} ×{n}")).collect();
-        println!("{second:>4}  {ok:>8}  {limited:>7}  {}", by.join(", "));
+        println!(
+            "{second:>4}  {ok:>8}  {limited:>7}  {unavailable:>11}  {}",
+            by.join(", ")
+        );
     }
-    println!("\ntotal: {total_ok} admitted, {total_limited} limited");
+    println!(
+        "\ntotal: {total_ok} admitted, {total_limited} limited, {total_unavailable} unavailable"
+    );
+    if !last_limited.is_empty() {
+        println!("\nthe last 429 said:");
+        for (name, value) in &last_limited {
+            println!("  {name}: {value}");
+        }
+    }
     ExitCode::SUCCESS
 }

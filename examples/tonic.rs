@@ -1,21 +1,25 @@
-//! A tonic server limited per API key (sent as metadata), and a tonic client that sees
-//! `RESOURCE_EXHAUSTED` once it goes over.
+//! A tonic server limited per client IP (the default key: tonic's peer address, read with
+//! the `tonic` feature, on by default), and a tonic client that sees `RESOURCE_EXHAUSTED`
+//! once it goes over.
 //!
 //! ```text
 //! cargo run --example tonic
 //! ```
+//!
+//! To limit per API key sent as metadata instead, add
+//! `.key(tollgate::key::Header::named("x-api-key")?)` to the layer: gRPC metadata is HTTP
+//! headers.
 
 mod greeter;
 
 use greeter::{GreeterClient, GreeterServer, HelloRequest};
-use tollgate::key::Header;
 use tollgate::{Limiter, MemoryStore, RateLimitLayer};
 use tonic::transport::server::TcpIncoming;
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let limiter = Limiter::new(MemoryStore::new(), "3/s, 20/min".parse()?);
-    let layer = RateLimitLayer::new(limiter).key(Header::named("x-api-key")?);
+    let layer = RateLimitLayer::new(limiter);
 
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
@@ -28,13 +32,22 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     let mut client = GreeterClient::connect(format!("http://{addr}")).await?;
     for i in 1..=5 {
-        let mut req = tonic::Request::new(HelloRequest {
+        let req = tonic::Request::new(HelloRequest {
             name: format!("call {i}"),
         });
-        req.metadata_mut().insert("x-api-key", "demo-key".parse()?);
         match client.say_hello(req).await {
-            Ok(reply) => println!("{i}: {}", reply.get_ref().message),
-            Err(status) => println!("{i}: {:?}: {}", status.code(), status.message()),
+            Ok(reply) => {
+                let state = reply.metadata().get("ratelimit");
+                println!("{i}: {} (ratelimit: {state:?})", reply.get_ref().message);
+            }
+            Err(status) => {
+                let retry = status.metadata().get("retry-after");
+                println!(
+                    "{i}: {:?}: {} (retry-after: {retry:?})",
+                    status.code(),
+                    status.message()
+                );
+            }
         }
     }
     Ok(())

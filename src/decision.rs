@@ -14,22 +14,52 @@ use crate::policy::Limit;
 /// When the policy has a concurrency limit, an allowed decision holds the request's slots
 /// until it — or the guard taken out of it with [`Decision::take_guard`] — is dropped. A
 /// clone carries the figures only: the slots stay with the original.
+///
+/// A decision made in shadow mode ([`LimiterBuilder::shadow`](crate::LimiterBuilder::shadow))
+/// is always allowed; [`Decision::would_deny`] and the [statuses](Decision::statuses) say
+/// what the policy decided.
 #[derive(Debug)]
 #[must_use = "a decision says whether the request may proceed, and may hold its concurrency slots"]
 pub struct Decision {
+    /// What the policy decided (in shadow mode, the request is let through regardless).
     pub(crate) allowed: bool,
+    /// Decided in shadow mode: let through whatever `allowed` says.
+    pub(crate) shadow: bool,
     pub(crate) cost: u64,
     pub(crate) statuses: Vec<LimitStatus>,
     pub(crate) guard: Option<ConcurrencyGuard>,
+    pub(crate) origin: Origin,
+}
+
+/// Who decided: the store, or — when the store could not — the limiter's
+/// [`OnStoreError`](crate::OnStoreError) policy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Origin {
+    /// The store (Redis, or the memory store).
+    Store,
+    /// Nobody: the store failed and the limiter fails open. The decision is allowed and has
+    /// no limit figures. In shadow mode, also a check that could not be made (a failed store
+    /// under [`OnStoreError::Closed`](crate::OnStoreError::Closed), a cost the policy can
+    /// never admit): the request is let through and [`Decision::would_deny`] is true.
+    FailOpen,
+    /// The limiter's in-process fallback, while the store failed.
+    Fallback,
+    /// The limiter, in process: the store denied one of the identifiers a moment ago, for at
+    /// least this cost, until a time that has not come yet (see
+    /// [`LimiterBuilder::deny_cache`](crate::LimiterBuilder::deny_cache)).
+    DenyCache,
 }
 
 impl Clone for Decision {
     fn clone(&self) -> Decision {
         Decision {
             allowed: self.allowed,
+            shadow: self.shadow,
             cost: self.cost,
             statuses: self.statuses.clone(),
             guard: None,
+            origin: self.origin,
         }
     }
 }
@@ -37,7 +67,10 @@ impl Clone for Decision {
 /// Decisions compare by what was decided; the slots they hold do not take part.
 impl PartialEq for Decision {
     fn eq(&self, other: &Decision) -> bool {
-        self.allowed == other.allowed && self.cost == other.cost && self.statuses == other.statuses
+        self.allowed == other.allowed
+            && self.shadow == other.shadow
+            && self.cost == other.cost
+            && self.statuses == other.statuses
     }
 }
 
@@ -65,9 +98,61 @@ pub struct LimitStatus {
 }
 
 impl Decision {
-    /// Whether the request was allowed (by every limit, for every identifier).
+    /// An allowed decision that nobody checked (the store failed; the limiter fails open).
+    pub(crate) fn unchecked(cost: u64) -> Decision {
+        Decision {
+            allowed: true,
+            shadow: false,
+            cost,
+            statuses: Vec::new(),
+            guard: None,
+            origin: Origin::FailOpen,
+        }
+    }
+
+    /// In shadow mode: a request let through although the check could not be made and the
+    /// limiter, enforcing, would have refused it (a failed store it fails closed on, a cost
+    /// the policy never admits).
+    pub(crate) fn refused_unchecked(cost: u64) -> Decision {
+        Decision {
+            allowed: false,
+            shadow: true,
+            ..Decision::unchecked(cost)
+        }
+    }
+
+    /// The decision as the HTTP layer shows it: a shadow decision lets the request through
+    /// and, being a trial, shows the client nothing (no rate-limit fields); its slots stay.
+    pub(crate) fn visible(mut self) -> Decision {
+        if self.shadow {
+            self.allowed = true;
+            self.shadow = false;
+            self.statuses.clear();
+        }
+        self
+    }
+
+    /// Who decided: the store, or the limiter's failure policy when the store failed.
+    pub fn origin(&self) -> Origin {
+        self.origin
+    }
+
+    /// Whether the request may proceed: allowed by every limit for every identifier, or
+    /// decided in shadow mode (always).
     pub fn is_allowed(&self) -> bool {
-        self.allowed
+        self.allowed || self.shadow
+    }
+
+    /// Whether the policy denies the request: `!is_allowed()` when the limiter enforces it;
+    /// in shadow mode, what enforcing would have done (the request was let through).
+    pub fn would_deny(&self) -> bool {
+        !self.allowed
+    }
+
+    /// Whether the decision was made in shadow mode: the request is let through whatever
+    /// the policy says ([`would_deny`](Decision::would_deny)).
+    pub fn is_shadow(&self) -> bool {
+        self.shadow
     }
 
     /// The cost the request was checked with.
@@ -77,13 +162,25 @@ impl Decision {
 
     /// When denied: the earliest time from the decision at which the same request would be
     /// allowed if nothing else happens — the longest wait among the limits that denied.
-    /// `None` when allowed.
+    /// `None` when allowed (in shadow mode too: see
+    /// [`would_deny_by`](Decision::would_deny_by)).
     pub fn retry_after(&self) -> Option<Duration> {
         self.denied_by().and_then(|s| s.retry_after)
     }
 
-    /// When denied: the limit (and identifier) that holds the request back longest.
+    /// When denied: the limit (and identifier) that holds the request back longest. `None`
+    /// when allowed (in shadow mode too: see [`would_deny_by`](Decision::would_deny_by)).
     pub fn denied_by(&self) -> Option<&LimitStatus> {
+        if self.is_allowed() {
+            return None;
+        }
+        self.would_deny_by()
+    }
+
+    /// When the policy denies the request, enforced or in shadow mode: the limit (and
+    /// identifier) that holds it back longest. `None` when the policy allows it, or when no
+    /// limit was evaluated (a check that could not be made).
+    pub fn would_deny_by(&self) -> Option<&LimitStatus> {
         if self.allowed {
             return None;
         }

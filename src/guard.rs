@@ -18,6 +18,8 @@ pub struct ConcurrencyGuard {
     lease: Lease,
     store: Store,
     forgotten: bool,
+    /// The slots of another check of the same request, given back with these.
+    also: Option<Box<ConcurrencyGuard>>,
 }
 
 impl fmt::Debug for ConcurrencyGuard {
@@ -37,13 +39,26 @@ impl ConcurrencyGuard {
             lease,
             store,
             forgotten: false,
+            also: None,
         }
+    }
+
+    /// One guard holding the slots of both (a request checked by two limiters).
+    pub(crate) fn join(mut self, other: ConcurrencyGuard) -> ConcurrencyGuard {
+        self.also = Some(Box::new(match self.also.take() {
+            Some(also) => also.join(other),
+            None => other,
+        }));
+        self
     }
 
     /// Keeps the slot after the guard is gone: it is no longer renewed, and expires after the
     /// lease time. For work handed to something that outlives the request.
     pub fn forget(mut self) {
         self.forgotten = true;
+        if let Some(also) = self.also.take() {
+            also.forget();
+        }
     }
 }
 

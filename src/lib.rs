@@ -5,6 +5,67 @@
 //! one atomic Redis script call — or in process, with the same algorithms and the same
 //! decisions.
 //!
+//! ```no_run
+//! use std::net::SocketAddr;
+//!
+//! use axum::routing::get;
+//! use axum::Router;
+//! use tollgate::key::{ClientIp, IpCidr, RequestView};
+//! use tollgate::{Limiter, MemoryStore, RateLimitLayer};
+//!
+//! #[tokio::main]
+//! async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//!     // `RedisStore::connect("redis://127.0.0.1/").await?` shares the counters with a fleet.
+//!     let store = MemoryStore::new();
+//!     let limits = RateLimitLayer::new(Limiter::new(store.clone(), "10/s, 120/min".parse()?))
+//!         // the client IP, read through the proxies of your own network
+//!         .key(ClientIp::trusted_proxies(IpCidr::private_networks()))
+//!         // `/login`: 5 a minute on top of the limits above
+//!         .route_adding(
+//!             |req: &RequestView<'_>| req.uri.path() == "/login",
+//!             Limiter::new(store, "5/min log".parse()?),
+//!         )
+//!         .bypass(|req: &RequestView<'_>| req.uri.path() == "/health");
+//!     let app = Router::new()
+//!         .route("/", get(|| async { "hello" }))
+//!         .route("/login", get(|| async { "welcome" }))
+//!         .route("/health", get(|| async { "ok" }))
+//!         .layer(limits);
+//!     let listener = tokio::net::TcpListener::bind("0.0.0.0:3000").await?;
+//!     axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>()).await?;
+//!     Ok(())
+//! }
+//! ```
+//!
+//! Limited requests get `429 Too Many Requests` with `Retry-After` (gRPC
+//! `RESOURCE_EXHAUSTED`), and checked responses the `RateLimit-Policy` and `RateLimit` fields
+//! of draft-ietf-httpapi-ratelimit-headers-11 (see [`layer`] for what they say).
+//!
+//! Two rules to know:
+//!
+//! * **A missing key is an error.** The key is the peer IP unless
+//!   [`key`](RateLimitLayer::key) says otherwise. A request in which no key is found is
+//!   answered `500` ("no rate-limit key found"), so that a server that does not record peer
+//!   addresses is loud rather than silently unlimited: serve axum with
+//!   `into_make_service_with_connect_info::<SocketAddr>()`; tonic's is read with the `tonic`
+//!   feature. [`MissingKey`](layer::MissingKey) lets such requests through or picks the status.
+//! * **A route replaces or adds, as you say.**
+//!   [`route_replacing`](RateLimitLayer::route_replacing) checks matching requests against
+//!   its limiter *instead of* the default one;
+//!   [`route_adding`](RateLimitLayer::route_adding) against both (both must allow);
+//!   [`bypass`](RateLimitLayer::bypass) not at all. The first rule that matches applies.
+//!
+//! ## Features
+//!
+//! | feature | default | what it adds |
+//! | --- | --- | --- |
+//! | `redis` | yes | [`RedisStore`] |
+//! | `axum` | yes | the peer address from axum's `ConnectInfo`, route templates from `MatchedPath` |
+//! | `tonic` | yes | the peer address from tonic's `TcpConnectInfo` |
+//! | `serde` | no | `Serialize`/`Deserialize` for [`Policy`] and [`Limit`] (as their text) and [`LayerSettings`](layer::LayerSettings) |
+//!
+//! ## Without tower
+//!
 //! ```
 //! use std::time::Duration;
 //! use tollgate::{Limiter, MemoryStore, Policy};
@@ -25,6 +86,8 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! # }).unwrap();
 //! ```
+//!
+//! ## The parts
 //!
 //! * [`Policy`] / [`Limit`] / [`Algorithm`]: what is limited, and how; the text syntax is
 //!   described in [`policy`].
@@ -63,18 +126,24 @@ pub mod key;
 pub mod layer;
 mod limiter;
 mod macros;
+mod observe;
 pub mod policy;
 pub mod service;
 pub mod shed;
 pub mod store;
 
 pub use clock::{Clock, ManualClock};
-pub use decision::{Decision, LimitStatus};
+pub use decision::{Decision, LimitStatus, Origin};
 pub use guard::ConcurrencyGuard;
 pub use layer::RateLimitLayer;
-pub use limiter::{Error, Limiter, OnStoreError, MAX_IDENTIFIERS};
+pub use limiter::{Error, Fallback, Limiter, LimiterBuilder, OnStoreError, MAX_IDENTIFIERS};
 pub use policy::{Algorithm, Limit, Policy, PolicyError};
 pub use service::{KeyedRateLimitLayer, RateLimited};
 #[cfg(feature = "redis")]
 pub use store::RedisStore;
 pub use store::{MemoryStore, Store, StoreError};
+
+/// The README's examples, compiled and run as doctests.
+#[cfg(all(doctest, feature = "redis", feature = "axum", feature = "tonic"))]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

@@ -134,6 +134,7 @@ fn child_holds_slots_until_killed() {
     rt.block_on(async {
         let store = RedisStore::builder(url)
             .prefix(prefix)
+            .timeout(Duration::from_secs(5))
             .build()
             .await
             .unwrap();
@@ -368,7 +369,10 @@ async fn a_timed_out_check_does_not_keep_its_slot() {
         .build()
         .await
         .unwrap();
-    let limiter = Limiter::new(store, "1 concurrent".parse().unwrap());
+    // closed, so that the lost answer shows as the error it is
+    let limiter = Limiter::builder(store, "1 concurrent".parse().unwrap())
+        .on_store_error(tollgate::OnStoreError::Closed)
+        .build();
     // load the script first, so that the paused call is the EVALSHA itself
     drop(limiter.check(&["warm-up"]).await.unwrap());
     let mut admin = server.conn();

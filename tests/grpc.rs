@@ -64,17 +64,41 @@ async fn a_tonic_client_gets_resource_exhausted() {
     assert_eq!(reply.get_ref().message, "hello, bob");
 }
 
-/// The peer address, as tonic records it, keys requests by default.
+/// The peer address, as tonic records it, keys requests by default: with the default
+/// features, a tonic server needs no key extractor.
+#[cfg(feature = "tonic")]
 #[tokio::test]
 async fn the_peer_address_is_the_default_key() {
     let limiter = Limiter::new(MemoryStore::new(), "2/min".parse().unwrap());
     let url = serve(RateLimitLayer::new(limiter)).await;
     let mut client = GreeterClient::connect(url).await.unwrap();
-    for key in ["a", "b"] {
-        client.say_hello(hello("x", key)).await.unwrap();
+    for (key, left) in [("a", "1"), ("b", "0")] {
+        let reply = client.say_hello(hello("x", key)).await.unwrap();
+        let state = reply.metadata().get("ratelimit").unwrap().to_str().unwrap();
+        assert!(
+            state.starts_with(&format!("\"2/min\";r={left};t=")),
+            "{state}"
+        );
     }
     let status = client.say_hello(hello("x", "c")).await.unwrap_err();
     assert_eq!(status.code(), Code::ResourceExhausted);
+    let retry: u64 = status
+        .metadata()
+        .get("retry-after")
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let state = status
+        .metadata()
+        .get("ratelimit")
+        .unwrap()
+        .to_str()
+        .unwrap();
+    let t: u64 = state.rsplit("t=").next().unwrap().parse().unwrap();
+    assert!(state.starts_with("\"2/min\";r=0;t="), "{state}");
+    assert!(t <= retry, "{state} against retry-after: {retry}");
 }
 
 /// The method as the key: one budget per gRPC method, whoever calls.

@@ -14,8 +14,10 @@ use http_body_util::{BodyExt, Empty};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use tollgate::key::{ClientIp, Header, IpCidr, PeerIp};
-use tollgate::layer::{MissingKey, OnStoreError};
-use tollgate::{Clock, Limiter, ManualClock, MemoryStore, RateLimitLayer, RedisStore, Store};
+use tollgate::layer::{HeaderStyle, MissingKey};
+use tollgate::{
+    Clock, Limiter, ManualClock, MemoryStore, OnStoreError, RateLimitLayer, RedisStore, Store,
+};
 
 /// Serves `app` on a free loopback port (with the peer address available to extractors).
 async fn serve(app: Router) -> SocketAddr {
@@ -197,7 +199,7 @@ async fn routes_have_their_own_policies_and_health_checks_bypass() {
     let layer = RateLimitLayer::new(Limiter::new(store, "100/min".parse().unwrap()))
         .key(Header::named("x-api-key").unwrap())
         .bypass(|req| req.uri.path() == "/health")
-        .route(|req| req.uri.path() == "/login", strict);
+        .route_replacing(|req| req.uri.path() == "/login", strict);
     let addr = serve(app(layer)).await;
     let key = [("x-api-key", "k")];
     assert_eq!(get_with(addr, "/login", &key).await.status, StatusCode::OK);
@@ -241,7 +243,7 @@ async fn a_custom_rejection_and_the_legacy_headers() {
     let limiter = Limiter::new(memory(&clock), "1/min".parse().unwrap());
     let layer = RateLimitLayer::new(limiter)
         .key(Header::named("x-api-key").unwrap())
-        .legacy_headers(true)
+        .headers(HeaderStyle::Both)
         .on_limited(|_req, decision| {
             let body = format!(
                 "{{\"error\":\"slow down\",\"retry_ms\":{}}}",
@@ -351,13 +353,17 @@ async fn redis_backed_layer_and_its_failure_policy() {
         .timeout(Duration::from_millis(200))
         .build_lazy()
         .unwrap();
-    let limiter = Limiter::new(dead, "2/min".parse().unwrap());
-    let open = RateLimitLayer::new(limiter.clone()).key(Header::named("x-api-key").unwrap());
-    let addr = serve(app(open.clone())).await;
+    let limiter = Limiter::new(dead.clone(), "2/min".parse().unwrap());
+    let open = RateLimitLayer::new(limiter).key(Header::named("x-api-key").unwrap());
+    let addr = serve(app(open)).await;
     let r = get_with(addr, "/", &key).await;
     assert_eq!(r.status, StatusCode::OK, "fails open by default");
     assert!(r.headers.get("ratelimit").is_none());
-    let addr = serve(app(open.on_store_error(OnStoreError::Deny))).await;
+    let closed = Limiter::builder(dead, "2/min".parse().unwrap())
+        .on_store_error(OnStoreError::Closed)
+        .build();
+    let closed = RateLimitLayer::new(closed).key(Header::named("x-api-key").unwrap());
+    let addr = serve(app(closed)).await;
     let r = get_with(addr, "/", &key).await;
     assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(r.headers["retry-after"], "1");

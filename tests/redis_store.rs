@@ -263,13 +263,20 @@ async fn concurrent_checks_never_exceed_the_limit() {
 async fn script_flush_is_survived() {
     let server = RedisServer::start();
     let store = server.store(Clock::Real).await;
-    let l = Limiter::new(store, "5/s".parse().unwrap());
+    let l = closed(store, "5/s");
     assert!(l.check(&["a"]).await.unwrap().is_allowed());
     let mut conn = server.conn();
     let _: () = redis::cmd("SCRIPT").arg("FLUSH").query(&mut conn).unwrap();
     assert!(l.check(&["a"]).await.unwrap().is_allowed());
     let d = l.check(&["a"]).await.unwrap();
     assert_eq!(d.statuses()[0].remaining, 2);
+}
+
+/// A limiter that fails closed, so that store failures show as the errors they are.
+fn closed(store: RedisStore, policy: &str) -> Limiter {
+    Limiter::builder(store, policy.parse().unwrap())
+        .on_store_error(tollgate::OnStoreError::Closed)
+        .build()
 }
 
 /// Nothing listening: a typed error, fast.
@@ -279,7 +286,7 @@ async fn redis_down_is_a_store_error() {
     let url = format!("redis://127.0.0.1:{port}/");
     assert!(RedisStore::connect(url.clone()).await.is_err());
     let store = RedisStore::builder(url).build_lazy().unwrap();
-    let l = Limiter::new(store, "5/s".parse().unwrap());
+    let l = closed(store, "5/s");
     let started = Instant::now();
     let err = l.check(&["a"]).await.unwrap_err();
     assert!(matches!(err, Error::Store(_)), "{err}");
@@ -303,7 +310,7 @@ async fn a_stalled_redis_times_out() {
         .connect_timeout(Duration::from_millis(200))
         .build_lazy()
         .unwrap();
-    let l = Limiter::new(store, "5/s".parse().unwrap());
+    let l = closed(store, "5/s");
     let started = Instant::now();
     let err = l.check(&["a"]).await.unwrap_err();
     let took = started.elapsed();
@@ -329,7 +336,7 @@ async fn redis_restart_is_survived() {
         .build()
         .await
         .unwrap();
-    let l = Limiter::new(store, "100/min".parse().unwrap());
+    let l = closed(store, "100/min");
     assert!(l.check(&["a"]).await.unwrap().is_allowed());
     drop(server);
     assert!(l.check(&["a"]).await.is_err());

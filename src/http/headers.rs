@@ -1,49 +1,71 @@
-//! The rate-limit headers of responses.
-//!
-//! Headers follow draft-ietf-httpapi-ratelimit-headers (structured fields, one list item per
-//! limit, named by the limit's text):
-//!
-//! ```text
-//! RateLimit-Policy: "10/s";q=10;w=1, "120/min";q=120;w=60
-//! RateLimit: "10/s";r=0;t=1, "120/min";r=104;t=60
-//! ```
-//!
-//! `q` is the limit's count and `w` its window in seconds (rounded up, for sub-second
-//! windows); `r` is what remains for the most constrained identifier and `t` the seconds until
-//! its full quota is back (rounded up). `Retry-After` is in whole seconds, rounded up, so a
-//! client that honours it is never early.
+//! The rate-limit headers of responses: the fields of draft-ietf-httpapi-ratelimit-headers-11
+//! (or the legacy `X-RateLimit-*` ones), merged with those already in the response. The rules
+//! are described in the [`layer`](crate::layer#headers) module documentation.
 
-use std::fmt::Write;
+use std::cmp::Reverse;
 use std::time::Duration;
 
 use http::header::{HeaderName, HeaderValue, RETRY_AFTER};
 use http::HeaderMap;
+use sfv::{key_ref, BareItem, FieldType, Item, KeyRef, List, ListEntry, Parameters, Parser};
 
-use crate::Decision;
+use crate::{Algorithm, Decision, Limit, LimitStatus};
 
 /// `RateLimit`: the state of each limit.
 pub(crate) const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 /// `RateLimit-Policy`: the limits.
 pub(crate) const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
-/// `X-RateLimit-Limit`: the count of the limit closest to exhaustion.
+/// `X-RateLimit-Limit`: the quota of the limit closest to exhaustion.
 pub(crate) const X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
 /// `X-RateLimit-Remaining`: what remains of it.
 pub(crate) const X_RATELIMIT_REMAINING: HeaderName =
     HeaderName::from_static("x-ratelimit-remaining");
-/// `X-RateLimit-Reset`: the seconds until it is full again.
+/// `X-RateLimit-Reset`: the seconds until its whole quota is back.
 pub(crate) const X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
 /// `grpc-status`: the gRPC status code of a trailers-only response.
 pub(crate) const GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
 /// `grpc-message`: the percent-encoded message of a trailers-only response.
 pub(crate) const GRPC_MESSAGE: HeaderName = HeaderName::from_static("grpc-message");
 
-/// Which rate-limit headers responses carry.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct HeaderStyle {
-    /// `RateLimit-Policy` and `RateLimit`.
-    pub(crate) ietf: bool,
-    /// `X-RateLimit-Limit`, `X-RateLimit-Remaining` and `X-RateLimit-Reset`.
-    pub(crate) legacy: bool,
+const Q: &KeyRef = key_ref("q");
+const QU: &KeyRef = key_ref("qu");
+const W: &KeyRef = key_ref("w");
+const R: &KeyRef = key_ref("r");
+const T: &KeyRef = key_ref("t");
+
+/// The quota unit of a concurrency limit.
+const CONCURRENT_REQUESTS: &str = "concurrent-requests";
+
+/// Which rate-limit headers responses carry. `Retry-After` is sent on denials whatever the
+/// style.
+///
+/// With the `serde` feature it is written as `"ietf"`, `"legacy"`, `"both"` or `"none"`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "lowercase"))]
+#[non_exhaustive]
+pub enum HeaderStyle {
+    /// `RateLimit-Policy` and `RateLimit` as draft-ietf-httpapi-ratelimit-headers-11 defines
+    /// them (the default).
+    #[default]
+    Ietf,
+    /// `X-RateLimit-Limit`, `X-RateLimit-Remaining` and `X-RateLimit-Reset`, for the limit
+    /// closest to exhaustion.
+    Legacy,
+    /// Both sets.
+    Both,
+    /// Neither.
+    None,
+}
+
+impl HeaderStyle {
+    fn ietf(self) -> bool {
+        matches!(self, HeaderStyle::Ietf | HeaderStyle::Both)
+    }
+
+    fn legacy(self) -> bool {
+        matches!(self, HeaderStyle::Legacy | HeaderStyle::Both)
+    }
 }
 
 /// Whole seconds, rounded up.
@@ -56,48 +78,276 @@ pub(crate) fn header_value(text: String) -> Option<HeaderValue> {
     HeaderValue::try_from(text).ok()
 }
 
-/// Adds the rate-limit headers describing `decision` (but never overwrites a header the
-/// application set itself).
-pub(crate) fn add_headers(headers: &mut HeaderMap, decision: &Decision, style: HeaderStyle) {
-    let mut put = |name: HeaderName, v: Option<HeaderValue>| {
-        if let Some(v) = v {
-            headers.entry(name).or_insert(v);
-        }
-    };
-    if style.ietf {
-        let (mut policy, mut state) = (String::new(), String::new());
-        for s in decision.limits().filter(|s| !s.limit.is_concurrency()) {
-            let sep = if policy.is_empty() { "" } else { ", " };
-            let name = s.limit.to_string();
-            let w = ceil_secs(s.limit.window());
-            let _ = write!(policy, "{sep}\"{name}\";q={};w={w}", s.limit.count());
-            let t = ceil_secs(s.reset_after);
-            let _ = write!(state, "{sep}\"{name}\";r={};t={t}", s.remaining);
-        }
-        if !policy.is_empty() {
-            put(RATELIMIT_POLICY, header_value(policy));
-            put(RATELIMIT, header_value(state));
-        }
-    }
-    if style.legacy {
-        // The limit closest to exhaustion (least remaining, then longest reset).
-        if let Some(s) = decision
-            .limits()
-            .filter(|s| !s.limit.is_concurrency())
-            .min_by_key(|s| (s.remaining, std::cmp::Reverse(s.reset_after)))
-        {
-            put(X_RATELIMIT_LIMIT, header_value(s.limit.count().to_string()));
-            put(X_RATELIMIT_REMAINING, header_value(s.remaining.to_string()));
-            put(
-                X_RATELIMIT_RESET,
-                header_value(ceil_secs(s.reset_after).to_string()),
-            );
-        }
-    }
-    if let Some(wait) = decision.retry_after() {
-        put(
-            RETRY_AFTER,
-            header_value(ceil_secs(wait).max(1).to_string()),
-        );
+/// What one limit advertises.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Advert {
+    /// The limit's text, naming its items.
+    pub(crate) name: String,
+    /// The quota.
+    pub(crate) q: u64,
+    /// The window in seconds; `None` for a concurrency limit.
+    pub(crate) w: Option<u64>,
+    /// The quota available now.
+    pub(crate) r: u64,
+    /// The effective window in seconds; `None` for a concurrency limit.
+    pub(crate) t: Option<u64>,
+    /// The seconds until the whole quota is back (the legacy `X-RateLimit-Reset`).
+    pub(crate) full: u64,
+}
+
+impl Advert {
+    fn is_concurrency(&self) -> bool {
+        self.w.is_none()
     }
 }
+
+/// `RateLimit-Policy`'s `q` and `w` of a rate limit: the window rounded up to whole seconds
+/// (for a bucket or GCRA, the time its burst takes to refill), and the count scaled to it,
+/// rounded down.
+pub(crate) fn quota_and_window(limit: &Limit) -> (u64, u64) {
+    const SEC_US: u128 = 1_000_000;
+    let count = u128::from(limit.count());
+    let window_us = limit.window().as_micros().max(1);
+    let period_us = match limit.algorithm() {
+        Algorithm::TokenBucket { capacity: burst } | Algorithm::Gcra { burst } => {
+            (u128::from(burst) * window_us).div_ceil(count.max(1))
+        }
+        _ => window_us,
+    };
+    let w = period_us.div_ceil(SEC_US).max(1);
+    let q = count * w * SEC_US / window_us;
+    (saturate(q), saturate(w))
+}
+
+fn saturate(n: u128) -> u64 {
+    u64::try_from(n).unwrap_or(u64::MAX)
+}
+
+/// The adverts of `decision`, one per limit, in the order of the decision's limits.
+pub(crate) fn adverts(decision: &Decision) -> Vec<Advert> {
+    let mut indexes: Vec<usize> = Vec::new();
+    for s in decision.statuses() {
+        if !indexes.contains(&s.limit_index) {
+            indexes.push(s.limit_index);
+        }
+    }
+    indexes
+        .into_iter()
+        .filter_map(|l| {
+            let of_limit = || {
+                decision
+                    .statuses()
+                    .iter()
+                    .filter(move |s| s.limit_index == l)
+            };
+            // The identifier that holds the request back longest, else the most constrained.
+            let pick = of_limit()
+                .filter(|s| !s.allowed)
+                .max_by_key(|s| s.retry_after)
+                .or_else(|| of_limit().min_by_key(|s| (s.remaining, Reverse(s.reset_after))))?;
+            Some(advert(pick))
+        })
+        .collect()
+}
+
+fn advert(s: &LimitStatus) -> Advert {
+    let name = s.limit.to_string();
+    if s.limit.is_concurrency() {
+        let q = s.limit.count();
+        return Advert {
+            name,
+            q,
+            w: None,
+            r: s.remaining.min(q),
+            t: None,
+            full: 0,
+        };
+    }
+    let (q, w) = quota_and_window(&s.limit);
+    let t = if s.allowed {
+        match ceil_secs(s.reset_after) {
+            0 => w,
+            t => t.min(w),
+        }
+    } else {
+        ceil_secs(s.retry_after.unwrap_or_default())
+    };
+    Advert {
+        name,
+        q,
+        w: Some(w),
+        r: s.remaining.min(q),
+        t: Some(t),
+        full: ceil_secs(s.reset_after),
+    }
+}
+
+/// Adds the headers describing `decision` in `style`, and `Retry-After` when it was denied,
+/// to those already there: another layer's items are kept (a limit listed by both appears
+/// once, with the tighter state), and so is a `Retry-After` already set.
+pub(crate) fn add_headers(headers: &mut HeaderMap, decision: &Decision, style: HeaderStyle) {
+    if let Some(wait) = decision.retry_after() {
+        if !headers.contains_key(RETRY_AFTER) {
+            headers.insert(RETRY_AFTER, HeaderValue::from(ceil_secs(wait).max(1)));
+        }
+    }
+    let retry_after = headers
+        .get(RETRY_AFTER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    let ours = adverts(decision);
+    if style.ietf() {
+        merge_ietf(headers, &ours, retry_after);
+    }
+    if style.legacy() {
+        merge_legacy(headers, &ours);
+    }
+}
+
+/// The list in the fields `name` (several lines are one list), or `None` when they are not a
+/// valid list (left as they are).
+fn read_list(headers: &HeaderMap, name: &HeaderName) -> Option<List> {
+    let mut joined = String::new();
+    for value in headers.get_all(name) {
+        if !joined.is_empty() {
+            joined.push_str(", ");
+        }
+        joined.push_str(value.to_str().ok()?);
+    }
+    if joined.trim().is_empty() {
+        return Some(List::new());
+    }
+    Parser::new(&joined).parse::<List>().ok()
+}
+
+fn write_list(headers: &mut HeaderMap, name: HeaderName, list: &List) {
+    if let Some(value) = list.serialize().and_then(header_value) {
+        headers.insert(name, value);
+    }
+}
+
+/// The name of a list item (its string), if it is an item with one.
+fn item_name(entry: &ListEntry) -> Option<&str> {
+    match entry {
+        ListEntry::Item(item) => item.bare_item.as_string().map(|s| s.as_str()),
+        ListEntry::InnerList(_) => None,
+    }
+}
+
+fn integer_param(entry: &ListEntry, key: &KeyRef) -> Option<i64> {
+    match entry {
+        ListEntry::Item(item) => item
+            .params
+            .get(key)
+            .and_then(BareItem::as_integer)
+            .map(i64::from),
+        ListEntry::InnerList(_) => None,
+    }
+}
+
+fn item(name: &str, params: &[(&KeyRef, BareItem)]) -> Option<ListEntry> {
+    let name = sfv::String::from_string(name.to_owned()).ok()?;
+    let mut map = Parameters::new();
+    for (key, value) in params {
+        map.insert((*key).to_owned(), value.clone());
+    }
+    Some(Item::with_params(name, map).into())
+}
+
+fn int(n: u64) -> Option<BareItem> {
+    BareItem::try_from(n).ok()
+}
+
+fn policy_item(a: &Advert) -> Option<ListEntry> {
+    let mut params = vec![(Q, int(a.q)?)];
+    match a.w {
+        Some(w) => params.push((W, int(w)?)),
+        None => params.push((
+            QU,
+            BareItem::String(sfv::string_ref(CONCURRENT_REQUESTS).to_owned()),
+        )),
+    }
+    item(&a.name, &params)
+}
+
+fn state_item(a: &Advert) -> Option<ListEntry> {
+    let mut params = vec![(R, int(a.r)?)];
+    if let Some(t) = a.t {
+        params.push((T, int(t)?));
+    }
+    item(&a.name, &params)
+}
+
+/// How constrained a `RateLimit` item says its client is: lower `r`, then longer `t`, is
+/// tighter (smaller).
+fn tightness(entry: &ListEntry) -> (i64, Reverse<i64>) {
+    (
+        integer_param(entry, R).unwrap_or(i64::MAX),
+        Reverse(integer_param(entry, T).unwrap_or(0)),
+    )
+}
+
+fn merge_ietf(headers: &mut HeaderMap, ours: &[Advert], retry_after: Option<u64>) {
+    if let Some(mut policy) = read_list(headers, &RATELIMIT_POLICY) {
+        let before = policy.len();
+        for a in ours {
+            if !policy.iter().any(|e| item_name(e) == Some(&a.name)) {
+                policy.extend(policy_item(a));
+            }
+        }
+        if policy.len() != before {
+            write_list(headers, RATELIMIT_POLICY, &policy);
+        }
+    }
+    if let Some(mut state) = read_list(headers, &RATELIMIT) {
+        for a in ours {
+            let Some(mine) = state_item(a) else { continue };
+            match state.iter_mut().find(|e| item_name(e) == Some(&a.name)) {
+                Some(theirs) if tightness(&mine) < tightness(theirs) => *theirs = mine,
+                Some(_) => {}
+                None => state.push(mine),
+            }
+        }
+        // Every effective window ends by the time Retry-After says to come back.
+        if let Some(cap) = retry_after.and_then(|c| i64::try_from(c).ok()) {
+            for entry in &mut state {
+                let ListEntry::Item(item) = entry else {
+                    continue;
+                };
+                if let Some(t) = item.params.get_mut(T) {
+                    if t.as_integer().is_some_and(|t| i64::from(t) > cap) {
+                        if let Ok(cap) = BareItem::try_from(cap) {
+                            *t = cap;
+                        }
+                    }
+                }
+            }
+        }
+        if !state.is_empty() {
+            write_list(headers, RATELIMIT, &state);
+        }
+    }
+}
+
+fn merge_legacy(headers: &mut HeaderMap, ours: &[Advert]) {
+    let Some(tightest) = ours
+        .iter()
+        .filter(|a| !a.is_concurrency())
+        .min_by_key(|a| (a.r, Reverse(a.full)))
+    else {
+        return;
+    };
+    let theirs = headers
+        .get(X_RATELIMIT_REMAINING)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    if headers.contains_key(X_RATELIMIT_REMAINING) && theirs.is_none_or(|r| r <= tightest.r) {
+        return;
+    }
+    headers.insert(X_RATELIMIT_LIMIT, HeaderValue::from(tightest.q));
+    headers.insert(X_RATELIMIT_REMAINING, HeaderValue::from(tightest.r));
+    headers.insert(X_RATELIMIT_RESET, HeaderValue::from(tightest.full));
+}
+
+#[cfg(test)]
+mod tests;

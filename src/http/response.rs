@@ -1,5 +1,5 @@
-//! The responses the middlewares produce themselves: plain text for HTTP, trailers-only
-//! responses for gRPC.
+//! The responses the middlewares produce themselves: plain text (or RFC 9457 problem details)
+//! for HTTP, trailers-only responses for gRPC.
 
 use std::fmt::Write;
 
@@ -93,5 +93,85 @@ pub(crate) fn limited_message(decision: &Decision) -> String {
             ceil_secs(s.retry_after.unwrap_or_default()).max(1)
         ),
         None => "rate limit exceeded".into(),
+    }
+}
+
+/// The problem type of a request over its quota (draft-ietf-httpapi-ratelimit-headers-11
+/// §5.1; recommended status 429).
+pub(crate) const QUOTA_EXCEEDED: &str =
+    "https://iana.org/assignments/http-problem-types#quota-exceeded";
+/// The problem type of a request refused for lack of capacity (§5.2; recommended status 503).
+pub(crate) const TEMPORARY_REDUCED_CAPACITY: &str =
+    "https://iana.org/assignments/http-problem-types#temporary-reduced-capacity";
+
+/// An RFC 9457 `application/problem+json` response to a limited request: the draft's
+/// `quota-exceeded` problem type, or `temporary-reduced-capacity` when the status is 503
+/// (a load shedder), with the limits that denied as `violated-policies` (named as in the
+/// `RateLimit` fields).
+pub(crate) fn problem_response(status: StatusCode, decision: &Decision) -> Response<Bytes> {
+    let (kind, title) = if status == StatusCode::SERVICE_UNAVAILABLE {
+        (TEMPORARY_REDUCED_CAPACITY, "Temporary Reduced Capacity")
+    } else {
+        (QUOTA_EXCEEDED, "Quota Exceeded")
+    };
+    let mut violated: Vec<String> = Vec::new();
+    for s in decision.statuses().iter().filter(|s| !s.allowed) {
+        let name = s.limit.to_string();
+        if !violated.contains(&name) {
+            violated.push(name);
+        }
+    }
+    let mut body = String::from("{");
+    let _ = write!(
+        body,
+        "\"type\":{},\"title\":{},\"status\":{},\"detail\":{},\"violated-policies\":[",
+        json_string(kind),
+        json_string(title),
+        status.as_u16(),
+        json_string(&limited_message(decision)),
+    );
+    for (i, name) in violated.iter().enumerate() {
+        if i > 0 {
+            body.push(',');
+        }
+        body.push_str(&json_string(name));
+    }
+    body.push_str("]}\n");
+    let mut res = Response::new(Bytes::from(body));
+    *res.status_mut() = status;
+    res.headers_mut().insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static("application/problem+json"),
+    );
+    res.extensions_mut().insert(OwnResponse);
+    res
+}
+
+/// `text` as a JSON string.
+fn json_string(text: &str) -> String {
+    let mut out = String::with_capacity(text.len() + 2);
+    out.push('"');
+    for c in text.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if u32::from(c) < 0x20 => {
+                let _ = write!(out, "\\u{:04x}", u32::from(c));
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::json_string;
+
+    #[test]
+    fn json_strings_are_escaped() {
+        assert_eq!(json_string("10/s"), r#""10/s""#);
+        assert_eq!(json_string("a\"b\\c\n"), r#""a\"b\\c\u000a""#);
     }
 }

@@ -5,9 +5,10 @@ use std::sync::Arc;
 use bytes::Bytes;
 use http::StatusCode;
 
+use super::check::ChargeFn;
 use crate::http::headers::HeaderStyle;
+use crate::http::response::problem_response;
 use crate::key::{AnyExtractor, RequestView};
-use crate::limiter::OnStoreError;
 use crate::{Decision, Limiter};
 
 /// Whether a rule applies to a request.
@@ -19,6 +20,9 @@ pub(crate) type LimitedFn =
     Arc<dyn Fn(&RequestView<'_>, &Decision) -> http::Response<Bytes> + Send + Sync>;
 
 /// What to do with a request none of the key extractors found a key in.
+///
+/// With the `serde` feature it is written as `"allow"`, or as the status to reject with
+/// (`500`); `"reject"` reads as `500`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum MissingKey {
@@ -29,42 +33,280 @@ pub enum MissingKey {
     Reject(StatusCode),
 }
 
+impl Default for MissingKey {
+    /// `Reject(500)`: a deployment that lost its keys should be loud, not silently unlimited.
+    fn default() -> MissingKey {
+        MissingKey::Reject(StatusCode::INTERNAL_SERVER_ERROR)
+    }
+}
+
+/// The settings of a [`RateLimitLayer`](super::RateLimitLayer) that are plain data, to read
+/// from a configuration file (with the `serde` feature) and apply with
+/// [`RateLimitLayer::with_settings`](super::RateLimitLayer::with_settings).
+///
+/// Every field is optional in a file; a missing one keeps its default:
+///
+/// ```toml
+/// headers = "ietf"           # or "legacy", "both", "none"
+/// limited_status = 429
+/// missing_key = 500          # or "allow"
+/// problem_details = false
+/// shadow = false             # true: record what the limits decide, refuse nothing
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(
+    feature = "serde",
+    derive(serde::Serialize, serde::Deserialize),
+    serde(default, deny_unknown_fields)
+)]
+#[non_exhaustive]
+pub struct LayerSettings {
+    /// Which rate-limit headers responses carry (default [`HeaderStyle::Ietf`]).
+    pub headers: HeaderStyle,
+    /// The status of a limited request (default 429).
+    #[cfg_attr(feature = "serde", serde(with = "status_code"))]
+    pub limited_status: StatusCode,
+    /// What to do with a request without a key (default: reject with 500).
+    pub missing_key: MissingKey,
+    /// Whether limited HTTP requests get an RFC 9457 `application/problem+json` body (default:
+    /// no, a line of text).
+    pub problem_details: bool,
+    /// Shadow mode: every request is let through and what the limits decide is recorded
+    /// (default: no). See [`RateLimitLayer::shadow`](super::RateLimitLayer::shadow).
+    pub shadow: bool,
+}
+
+impl Default for LayerSettings {
+    fn default() -> LayerSettings {
+        LayerSettings {
+            headers: HeaderStyle::default(),
+            limited_status: StatusCode::TOO_MANY_REQUESTS,
+            missing_key: MissingKey::default(),
+            problem_details: false,
+            shadow: false,
+        }
+    }
+}
+
+/// What a rule does with the requests it matches.
+#[derive(Clone, Debug)]
+pub(crate) enum Action {
+    /// Not limited.
+    Bypass,
+    /// Checked against this limiter instead of the default one.
+    Replace(Limiter),
+    /// Checked against this limiter and the default one: both must allow.
+    Add(Limiter),
+}
+
+/// A per-request rule.
+#[derive(Clone)]
+pub(crate) struct Rule {
+    pub(crate) matches: Matcher,
+    pub(crate) action: Action,
+}
+
 /// The settings of a [`RateLimitLayer`](super::RateLimitLayer), shared by its services.
 #[derive(Clone)]
 pub(crate) struct Config {
     /// The limiter of requests no rule matches.
     pub(crate) default: Limiter,
-    /// Per-request limiters (`None`: bypass), tried in order.
-    pub(crate) rules: Vec<(Matcher, Option<Limiter>)>,
+    /// Per-request rules, tried in order; the first that matches applies.
+    pub(crate) rules: Vec<Rule>,
     /// The key extractors (none: the peer IP).
     pub(crate) keys: Vec<AnyExtractor>,
     pub(crate) missing: MissingKey,
-    pub(crate) on_error: OnStoreError,
     /// The cost of a request (none: 1).
     pub(crate) cost: Option<CostFn>,
     pub(crate) headers: HeaderStyle,
-    /// The response to a limited HTTP request (none: a text of the layer's own).
+    /// The response to a limited HTTP request (none: a text of the layer's own): the
+    /// application's handler, else the problem details when asked for.
     pub(crate) on_limited: Option<LimitedFn>,
     pub(crate) limited_status: StatusCode,
+    /// The application's handler of limited requests.
+    pub(crate) custom_limited: Option<LimitedFn>,
+    pub(crate) problem_details: bool,
+    /// Every check of the layer in shadow mode.
+    pub(crate) shadow: bool,
+    /// Charged by response: a peek before the handler, the charge after it for the responses
+    /// this selects.
+    pub(crate) charge_if: Option<ChargeFn>,
 }
 
 impl Config {
     /// The defaults: keyed by the peer IP, a missing key answered with 500, failing open,
     /// IETF headers, 429.
     pub(crate) fn new(limiter: Limiter) -> Config {
+        let settings = LayerSettings::default();
         Config {
             default: limiter,
             rules: Vec::new(),
             keys: Vec::new(),
-            missing: MissingKey::Reject(StatusCode::INTERNAL_SERVER_ERROR),
-            on_error: OnStoreError::Allow,
+            missing: settings.missing_key,
             cost: None,
-            headers: HeaderStyle {
-                ietf: true,
-                legacy: false,
-            },
+            headers: settings.headers,
             on_limited: None,
-            limited_status: StatusCode::TOO_MANY_REQUESTS,
+            limited_status: settings.limited_status,
+            custom_limited: None,
+            problem_details: settings.problem_details,
+            shadow: settings.shadow,
+            charge_if: None,
+        }
+    }
+
+    /// The plain-data settings.
+    pub(crate) fn settings(&self) -> LayerSettings {
+        LayerSettings {
+            headers: self.headers,
+            limited_status: self.limited_status,
+            missing_key: self.missing,
+            problem_details: self.problem_details,
+            shadow: self.shadow,
+        }
+    }
+
+    /// Applies `settings`.
+    pub(crate) fn apply(&mut self, settings: LayerSettings) {
+        self.headers = settings.headers;
+        self.limited_status = settings.limited_status;
+        self.missing = settings.missing_key;
+        self.problem_details = settings.problem_details;
+        self.shadow = settings.shadow;
+    }
+
+    /// Settles which handler answers limited requests, after a change.
+    pub(crate) fn settle(&mut self) {
+        self.on_limited = match (&self.custom_limited, self.problem_details) {
+            (Some(handler), _) => Some(handler.clone()),
+            (None, true) => {
+                let status = self.limited_status;
+                Some(Arc::new(move |_: &RequestView<'_>, d: &Decision| {
+                    problem_response(status, d)
+                }))
+            }
+            (None, false) => None,
+        };
+    }
+}
+
+#[cfg(feature = "serde")]
+mod status_code {
+    use http::StatusCode;
+    use serde::{de, Deserialize, Deserializer, Serializer};
+
+    pub(super) fn serialize<S: Serializer>(status: &StatusCode, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_u16(status.as_u16())
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<StatusCode, D::Error> {
+        let code = u16::deserialize(d)?;
+        StatusCode::from_u16(code)
+            .map_err(|_| de::Error::custom(format!("{code} is not an HTTP status code")))
+    }
+}
+
+#[cfg(feature = "serde")]
+mod missing_key_serde {
+    use std::fmt;
+
+    use http::StatusCode;
+    use serde::{de, Deserialize, Deserializer, Serialize, Serializer};
+
+    use super::MissingKey;
+
+    impl Serialize for MissingKey {
+        fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+            match self {
+                MissingKey::Allow => s.serialize_str("allow"),
+                MissingKey::Reject(status) => s.serialize_u16(status.as_u16()),
+            }
+        }
+    }
+
+    impl<'de> Deserialize<'de> for MissingKey {
+        fn deserialize<D: Deserializer<'de>>(d: D) -> Result<MissingKey, D::Error> {
+            d.deserialize_any(Visitor)
+        }
+    }
+
+    struct Visitor;
+
+    impl de::Visitor<'_> for Visitor {
+        type Value = MissingKey;
+
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str(r#""allow", "reject" or an HTTP status code"#)
+        }
+
+        fn visit_str<E: de::Error>(self, v: &str) -> Result<MissingKey, E> {
+            match v {
+                "allow" => Ok(MissingKey::Allow),
+                "reject" => Ok(MissingKey::default()),
+                _ => Err(E::invalid_value(de::Unexpected::Str(v), &self)),
+            }
+        }
+
+        fn visit_u64<E: de::Error>(self, v: u64) -> Result<MissingKey, E> {
+            u16::try_from(v)
+                .ok()
+                .and_then(|code| StatusCode::from_u16(code).ok())
+                .map(MissingKey::Reject)
+                .ok_or_else(|| E::invalid_value(de::Unexpected::Unsigned(v), &self))
+        }
+
+        fn visit_i64<E: de::Error>(self, v: i64) -> Result<MissingKey, E> {
+            match u64::try_from(v) {
+                Ok(v) => self.visit_u64(v),
+                Err(_) => Err(E::invalid_value(de::Unexpected::Signed(v), &self)),
+            }
+        }
+    }
+}
+
+#[cfg(all(test, feature = "serde"))]
+mod tests {
+    use http::StatusCode;
+
+    use super::{LayerSettings, MissingKey};
+    use crate::layer::HeaderStyle;
+
+    #[test]
+    fn settings_read_from_toml() {
+        let s: LayerSettings = toml::from_str(
+            "headers = \"both\"\nlimited_status = 503\nmissing_key = \"allow\"\nproblem_details = true\n",
+        )
+        .unwrap();
+        assert_eq!(s.headers, HeaderStyle::Both);
+        assert_eq!(s.limited_status, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(s.missing_key, MissingKey::Allow);
+        assert!(s.problem_details);
+        let text = toml::to_string(&s).unwrap();
+        assert_eq!(toml::from_str::<LayerSettings>(&text).unwrap(), s);
+
+        let partial: LayerSettings = toml::from_str("missing_key = 401").unwrap();
+        assert_eq!(
+            partial.missing_key,
+            MissingKey::Reject(StatusCode::UNAUTHORIZED)
+        );
+        assert_eq!(partial.headers, HeaderStyle::Ietf);
+        let reject: LayerSettings = toml::from_str("missing_key = \"reject\"").unwrap();
+        assert_eq!(reject.missing_key, MissingKey::default());
+        assert_eq!(
+            toml::from_str::<LayerSettings>("").unwrap(),
+            LayerSettings::default()
+        );
+    }
+
+    #[test]
+    fn bad_settings_are_refused() {
+        for bad in [
+            "limited_status = 42",
+            "missing_key = 1000",
+            "missing_key = \"maybe\"",
+            "headers = \"x\"",
+            "limited_statuss = 429",
+        ] {
+            assert!(toml::from_str::<LayerSettings>(bad).is_err(), "{bad}");
         }
     }
 }

@@ -12,12 +12,13 @@ use http::{Request, Response, StatusCode};
 use pin_project_lite::pin_project;
 use tower_service::Service;
 
+use super::check::{ChargeFuture, Pending};
 use super::config::Config;
 use crate::http::headers::add_headers;
 use crate::http::response::{limited_message, own_response};
 use crate::http::ResponseBody;
 use crate::key::RequestView;
-use crate::limiter::{CheckFuture, OnStoreError};
+use crate::limiter::CheckFuture;
 use crate::{Decision, Error};
 
 pin_project! {
@@ -32,18 +33,20 @@ pin_project! {
         S: Service<Request<ReqBody>>,
     {
         #[pin]
-        state: State<S::Future, ReqBody>,
+        state: State<S::Future, S::Response, ReqBody>,
         // The service that answers the request once the check admits it.
         inner: S,
         config: Arc<Config>,
         grpc: bool,
+        // When the layer charges by response: the charge to make if the response is selected.
+        pending: Option<Pending>,
     }
 }
 
 pin_project! {
     #[project = StateProj]
     #[project_replace = StateProjReplace]
-    enum State<F, ReqBody> {
+    enum State<F, Res, ReqBody> {
         // The limiter decides.
         Checking { check: CheckFuture<Request<ReqBody>> },
         // The inner service answers; its response gets the headers of the decision, if any.
@@ -51,6 +54,13 @@ pin_project! {
             #[pin]
             fut: F,
             decision: Option<Decision>,
+        },
+        // The response is charged (by response); it gets the headers of the charge, or
+        // those of the peek before the handler when nothing was charged.
+        Charging {
+            charge: ChargeFuture,
+            res: Option<Res>,
+            peeked: Option<Decision>,
         },
         // The layer answers by itself.
         Answered { res: Response<Bytes> },
@@ -66,6 +76,7 @@ where
         let state = match &self.state {
             State::Checking { .. } => "checking",
             State::Calling { .. } => "calling",
+            State::Charging { .. } => "charging",
             State::Answered { .. } => "answered",
             State::Done => "done",
         };
@@ -80,17 +91,21 @@ where
     S: Service<Request<ReqBody>>,
 {
     /// Checks the request, then passes it to `inner`, a ready service.
+    /// With `pending`, the check was a peek, and the request is charged if its response is
+    /// selected.
     pub(crate) fn checking(
         inner: S,
         check: CheckFuture<Request<ReqBody>>,
         config: Arc<Config>,
         grpc: bool,
+        pending: Option<Pending>,
     ) -> Self {
         ResponseFuture {
             state: State::Checking { check },
             inner,
             config,
             grpc,
+            pending,
         }
     }
 
@@ -105,6 +120,7 @@ where
             inner,
             config,
             grpc: false,
+            pending: None,
         }
     }
 
@@ -115,6 +131,7 @@ where
             inner,
             config,
             grpc: false,
+            pending: None,
         }
     }
 }
@@ -133,7 +150,6 @@ where
                     let (outcome, req) = ready!(check.as_mut().poll(cx));
                     let decision = match outcome {
                         Ok(decision) if decision.is_allowed() => Some(decision),
-                        Err(Error::Store(_)) if this.config.on_error == OnStoreError::Allow => None,
                         refused => {
                             let res = refusal(this.config, &req, refused, *this.grpc);
                             this.state.set(State::Answered { res });
@@ -145,6 +161,27 @@ where
                 }
                 StateProj::Calling { fut, decision } => {
                     let res = ready!(fut.poll(cx))?;
+                    if let (Some(selects), Some(pending)) =
+                        (&this.config.charge_if, this.pending.take())
+                    {
+                        let (parts, body) = res.into_parts();
+                        let selected = selects(&parts);
+                        let res = Response::from_parts(parts, body);
+                        let peeked = decision.take();
+                        if selected {
+                            let charge = pending.charge();
+                            let res = Some(res);
+                            this.state.set(State::Charging {
+                                charge,
+                                res,
+                                peeked,
+                            });
+                            continue;
+                        }
+                        let res = finish(res, peeked, this.config);
+                        this.state.set(State::Done);
+                        return Poll::Ready(Ok(res));
+                    }
                     let guard = decision.as_mut().and_then(Decision::take_guard);
                     let mut res = res.map(|b| ResponseBody::inner(b).guarded(guard));
                     if let Some(decision) = decision {
@@ -152,6 +189,19 @@ where
                     }
                     this.state.set(State::Done);
                     return Poll::Ready(Ok(res));
+                }
+                StateProj::Charging {
+                    charge,
+                    res,
+                    peeked,
+                } => {
+                    let charged = ready!(charge.as_mut().poll(cx));
+                    let shown = charged.or_else(|| peeked.take());
+                    let res = res.take().map(|res| finish(res, shown, this.config));
+                    this.state.set(State::Done);
+                    if let Some(res) = res {
+                        return Poll::Ready(Ok(res));
+                    }
                 }
                 StateProj::Answered { .. } => {
                     if let StateProjReplace::Answered { res } =
@@ -164,6 +214,20 @@ where
             }
         }
     }
+}
+
+/// The response of the inner service, with the headers of `decision` (it holds no slot: the
+/// layer charges by response).
+fn finish<B>(
+    res: Response<B>,
+    decision: Option<Decision>,
+    config: &Config,
+) -> Response<ResponseBody<B>> {
+    let mut res = res.map(ResponseBody::inner);
+    if let Some(decision) = decision {
+        add_headers(res.headers_mut(), &decision, config.headers);
+    }
+    res
 }
 
 /// The layer's answer to a request the check did not admit: limited (429 by default), a

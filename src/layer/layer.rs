@@ -6,23 +6,27 @@ use std::sync::Arc;
 use bytes::Bytes;
 use http::StatusCode;
 
-use super::config::{Config, MissingKey};
+use super::config::{Action, Config, LayerSettings, MissingKey, Rule};
 use super::RateLimit;
+use crate::http::headers::HeaderStyle;
 use crate::key::{AnyExtractor, KeyExtractor, RequestView};
-use crate::limiter::OnStoreError;
 use crate::{Decision, Limiter};
 
 /// Rate limiting for HTTP services. See the [`layer`](super) module documentation.
 ///
 /// ```
-/// use tollgate::key::{Header, PeerIp};
+/// use tollgate::key::{Header, PeerIp, RequestView};
 /// use tollgate::{Limiter, MemoryStore, RateLimitLayer};
 ///
-/// let limiter = Limiter::new(MemoryStore::new(), "10/s, 120/min".parse().unwrap());
+/// let store = MemoryStore::new();
+/// let limiter = Limiter::new(store.clone(), "10/s, 120/min".parse().unwrap());
+/// let login = Limiter::new(store, "5/min log".parse().unwrap());
 /// let layer = RateLimitLayer::new(limiter)
 ///     .key(PeerIp::default())                                   // the client IP…
 ///     .key(Header::named("x-api-key").unwrap())                 // …and the API key, together
-///     .bypass(|req| req.uri.path() == "/health");
+///     // `/login` is also held to 5 a minute, on top of the default limits
+///     .route_adding(|req: &RequestView<'_>| req.uri.path() == "/login", login)
+///     .bypass(|req: &RequestView<'_>| req.uri.path() == "/health");
 /// # let _ = layer;
 /// ```
 #[derive(Clone)]
@@ -38,7 +42,6 @@ impl fmt::Debug for RateLimitLayer {
             .field("rules", &c.rules.len())
             .field("keys", &c.keys.len())
             .field("missing", &c.missing)
-            .field("on_error", &c.on_error)
             .finish_non_exhaustive()
     }
 }
@@ -53,7 +56,9 @@ impl RateLimitLayer {
     }
 
     fn edit(mut self, f: impl FnOnce(&mut Config)) -> Self {
-        f(Arc::make_mut(&mut self.config));
+        let config = Arc::make_mut(&mut self.config);
+        f(config);
+        config.settle();
         self
     }
 
@@ -65,32 +70,68 @@ impl RateLimitLayer {
         self.edit(|c| c.keys.push(e))
     }
 
-    /// Requests matching `matcher` are checked against `limiter` instead of the default
-    /// one (per-route or per-method policies). Rules are tried in the order given.
-    pub fn route<F>(self, matcher: F, limiter: Limiter) -> Self
+    /// Requests matching `matcher` are checked against `limiter` **instead of** the default
+    /// limiter: the route has its own budget, and does not spend the default one.
+    ///
+    /// `matcher` is a `Fn(&RequestView<'_>) -> bool` (a [`RequestView`] has the method, URI,
+    /// headers and extensions as fields: `|req: &RequestView<'_>| req.uri.path() ==
+    /// "/export"`). Rules — this one, [`route_adding`](Self::route_adding) and
+    /// [`bypass`](Self::bypass) — are tried in the order given; the first that matches
+    /// applies.
+    pub fn route_replacing<F>(self, matcher: F, limiter: Limiter) -> Self
     where
         F: Fn(&RequestView<'_>) -> bool + Send + Sync + 'static,
     {
-        self.edit(|c| c.rules.push((Arc::new(matcher), Some(limiter))))
+        self.rule(matcher, Action::Replace(limiter))
     }
 
-    /// Requests matching `matcher` are not limited (health checks, allow-listed keys).
+    /// Requests matching `matcher` are checked against `limiter` **in addition to** the
+    /// default limiter: both must allow (a stricter budget for `/login` on top of the general
+    /// one). `matcher` is as for [`route_replacing`](Self::route_replacing).
+    ///
+    /// The two limiters are asked one after the other, the route's first, each all-or-nothing
+    /// for itself: a request the route's limiter denies spends nothing of the default one, but
+    /// one the default limiter denies has spent its share of the route's (as with two stacked
+    /// layers). The response lists the limits of both in its rate-limit headers (only the
+    /// route's when the route's limiter denied), and holds the concurrency slots of both
+    /// until its body ends.
+    pub fn route_adding<F>(self, matcher: F, limiter: Limiter) -> Self
+    where
+        F: Fn(&RequestView<'_>) -> bool + Send + Sync + 'static,
+    {
+        self.rule(matcher, Action::Add(limiter))
+    }
+
+    /// Requests matching `matcher` are not limited (health checks, allow-listed keys), and
+    /// carry no rate-limit headers. `matcher` is as for
+    /// [`route_replacing`](Self::route_replacing).
     pub fn bypass<F>(self, matcher: F) -> Self
     where
         F: Fn(&RequestView<'_>) -> bool + Send + Sync + 'static,
     {
-        self.edit(|c| c.rules.push((Arc::new(matcher), None)))
+        self.rule(matcher, Action::Bypass)
+    }
+
+    fn rule<F>(self, matcher: F, action: Action) -> Self
+    where
+        F: Fn(&RequestView<'_>) -> bool + Send + Sync + 'static,
+    {
+        let rule = Rule {
+            matches: Arc::new(matcher),
+            action,
+        };
+        self.edit(|c| c.rules.push(rule))
     }
 
     /// What to do when no extractor finds a key (default: reject with 500, so that a
     /// misconfigured deployment is loud rather than silently unlimited).
+    ///
+    /// Without [`key`](Self::key) the key is the peer IP, which the server must record: axum
+    /// with `into_make_service_with_connect_info::<SocketAddr>()`, tonic with the `tonic`
+    /// feature (on by default), hyper by inserting the `SocketAddr` into the request
+    /// extensions. See [`PeerIp`](crate::key::PeerIp).
     pub fn on_missing_key(self, missing: MissingKey) -> Self {
         self.edit(|c| c.missing = missing)
-    }
-
-    /// What to do when the store fails (default: [`OnStoreError::Allow`]).
-    pub fn on_store_error(self, on_error: OnStoreError) -> Self {
-        self.edit(|c| c.on_error = on_error)
     }
 
     /// The cost (weight) of a request, default 1. A cost no limit could ever admit is
@@ -102,16 +143,32 @@ impl RateLimitLayer {
         self.edit(|c| c.cost = Some(Arc::new(cost)))
     }
 
-    /// Whether responses carry the IETF `RateLimit-Policy` and `RateLimit` headers
-    /// (default: yes).
-    pub fn ietf_headers(self, on: bool) -> Self {
-        self.edit(|c| c.headers.ietf = on)
+    /// Which rate-limit headers responses carry (default [`HeaderStyle::Ietf`]: the
+    /// `RateLimit-Policy` and `RateLimit` fields of draft-ietf-httpapi-ratelimit-headers-11,
+    /// described in the [`layer`](super#headers) module).
+    pub fn headers(self, style: HeaderStyle) -> Self {
+        self.edit(|c| c.headers = style)
     }
 
-    /// Whether responses carry the legacy `X-RateLimit-Limit`, `X-RateLimit-Remaining` and
-    /// `X-RateLimit-Reset` headers, for the limit closest to exhaustion (default: no).
-    pub fn legacy_headers(self, on: bool) -> Self {
-        self.edit(|c| c.headers.legacy = on)
+    /// Whether limited HTTP requests are answered with an RFC 9457
+    /// `application/problem+json` body (default: no, a line of text): the problem type
+    /// `quota-exceeded`, or `temporary-reduced-capacity` when the
+    /// [status](Self::limited_status) is 503, with the denying limits as
+    /// `violated-policies`. A handler given to [`on_limited`](Self::on_limited) takes
+    /// precedence.
+    pub fn problem_details(self, on: bool) -> Self {
+        self.edit(|c| c.problem_details = on)
+    }
+
+    /// Applies the plain-data settings (read from a configuration file with the `serde`
+    /// feature, for instance).
+    pub fn with_settings(self, settings: LayerSettings) -> Self {
+        self.edit(|c| c.apply(settings))
+    }
+
+    /// The plain-data settings in force.
+    pub fn settings(&self) -> LayerSettings {
+        self.config.settings()
     }
 
     /// The status of a limited request (default `429 Too Many Requests`; a load shedder
@@ -121,6 +178,21 @@ impl RateLimitLayer {
         self.edit(|c| c.limited_status = status)
     }
 
+    /// Shadow mode for every limiter of the layer (default: off): every request is let
+    /// through, and what the limits decide is recorded — to try limits on real traffic
+    /// before enforcing them. A limiter can be in shadow mode by itself too
+    /// ([`LimiterBuilder::shadow`](crate::LimiterBuilder::shadow)).
+    ///
+    /// Requests are charged as when enforcing (one the limits would deny is let through
+    /// uncharged, as a denied request is), so the figures are those enforcement would give:
+    /// would-be denials count as `outcome="shadow_denied"` in `tollgate_decisions_total` and
+    /// are logged at most once every 10 seconds per limiter. Responses carry no rate-limit
+    /// fields of a limiter in shadow mode: clients see nothing of a trial. Concurrency
+    /// slots are taken and held as when enforcing.
+    pub fn shadow(self, shadow: bool) -> Self {
+        self.edit(|c| c.shadow = shadow)
+    }
+
     /// Builds the response to a limited HTTP request (gRPC requests always get
     /// `RESOURCE_EXHAUSTED`). `Retry-After` and the rate-limit headers are added unless the
     /// handler set them.
@@ -128,7 +200,7 @@ impl RateLimitLayer {
     where
         F: Fn(&RequestView<'_>, &Decision) -> http::Response<Bytes> + Send + Sync + 'static,
     {
-        self.edit(|c| c.on_limited = Some(Arc::new(handler)))
+        self.edit(|c| c.custom_limited = Some(Arc::new(handler)))
     }
 }
 

@@ -7,11 +7,13 @@ use std::task::{Context, Poll};
 use http::{Request, Response};
 use tower_service::Service;
 
-use super::config::{Config, MissingKey};
+use super::check::{check_both, Pending};
+use super::config::{Action, Config, MissingKey};
 use super::future::ResponseFuture;
 use crate::http::response::own_response;
 use crate::http::ResponseBody;
 use crate::key::{KeyExtractor, PeerIp, RequestView};
+use crate::limiter::Mode;
 
 /// An HTTP service wrapped by [`RateLimitLayer`](super::RateLimitLayer).
 pub struct RateLimit<S> {
@@ -71,10 +73,13 @@ where
         let config = self.config.clone();
         let view = RequestView::of(&req);
         let grpc = view.is_grpc();
-        let limiter = match config.rules.iter().find(|(matches, _)| matches(&view)) {
-            Some((_, Some(limiter))) => limiter.clone(),
-            Some((_, None)) => return ResponseFuture::called(self.take_ready(), req, config),
-            None => config.default.clone(),
+        let (limiter, also) = match config.rules.iter().find(|r| (r.matches)(&view)) {
+            Some(rule) => match &rule.action {
+                Action::Bypass => return ResponseFuture::called(self.take_ready(), req, config),
+                Action::Replace(limiter) => (limiter.clone(), None),
+                Action::Add(limiter) => (limiter.clone(), Some(config.default.clone())),
+            },
+            None => (config.default.clone(), None),
         };
         let ids: Vec<String> = if config.keys.is_empty() {
             PeerIp::default().extract(&view).into_iter().collect()
@@ -95,7 +100,32 @@ where
             };
         }
         let cost = config.cost.as_ref().map_or(1, |f| f(&view));
-        let check = Box::pin(async move { (limiter.check_n(&ids, cost).await, req) });
-        ResponseFuture::checking(self.take_ready(), check, config, grpc)
+        let shadow = config.shadow;
+        if config.charge_if.is_none() {
+            let mode = Mode::CHECK.shadowed(shadow);
+            let check = Box::pin(async move {
+                let decision = check_both(&limiter, also.as_ref(), &ids, cost, mode).await;
+                (decision, req)
+            });
+            return ResponseFuture::checking(self.take_ready(), check, config, grpc, None);
+        }
+        // Charged by response: a peek now (counted as the request's decision), the charge
+        // once the response says whether it is charged.
+        let pending = Pending {
+            first: limiter.clone(),
+            then: also.clone(),
+            ids: ids.clone(),
+            cost,
+            shadow,
+        };
+        let mode = Mode {
+            charge: false,
+            ..Mode::CHECK.shadowed(shadow)
+        };
+        let check = Box::pin(async move {
+            let decision = check_both(&limiter, also.as_ref(), &ids, cost, mode).await;
+            (decision, req)
+        });
+        ResponseFuture::checking(self.take_ready(), check, config, grpc, Some(pending))
     }
 }

@@ -81,7 +81,7 @@ impl Algorithm {
         }
     }
 
-    /// The letter naming the algorithm in a store key (`w10x1000000`). Unlike the
+    /// The letter naming the algorithm in a store key (`w10/1s`). Unlike the
     /// [code](Self::code), it tells a token bucket from a GCRA, so the two never share state.
     pub(crate) const fn key_letter(&self) -> char {
         match self {
@@ -170,6 +170,22 @@ impl Limit {
         Ok(limit)
     }
 
+    /// This limit with its count (and burst) multiplied by `share`, rounded down, never below
+    /// 1; the limit itself if the scaled one would not be valid.
+    pub(crate) fn scaled(&self, share: f64) -> Limit {
+        let scale = |n: u64| ((n as f64 * share).floor() as u64).clamp(1, n);
+        let algorithm = match self.algorithm {
+            Algorithm::TokenBucket { capacity } => Algorithm::TokenBucket {
+                capacity: scale(capacity),
+            },
+            Algorithm::Gcra { burst } => Algorithm::Gcra {
+                burst: scale(burst),
+            },
+            other => other,
+        };
+        Limit::new(scale(self.count), self.window, algorithm).unwrap_or(*self)
+    }
+
     /// `count` per second with the default algorithm.
     ///
     /// # Errors
@@ -232,7 +248,7 @@ impl Limit {
         self.algorithm
     }
 
-    /// At most `count` requests in flight, with the default lease of 60 s.
+    /// At most `count` requests in flight, with the [default lease](DEFAULT_LEASE) of 15 s.
     ///
     /// # Errors
     ///

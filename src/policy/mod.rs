@@ -18,7 +18,7 @@
 //!   once; defaults to `COUNT`.
 //!
 //! A concurrency limit is written `N concurrent [lease=DURATION]`: at most N requests in flight
-//! per identifier ([`Algorithm::Concurrency`]); the lease (default 60 s) bounds how long a
+//! per identifier ([`Algorithm::Concurrency`]); the lease (default 15 s) bounds how long a
 //! slot outlives a process that died holding it.
 //!
 //! Examples: `10/s, 120/min, 240/h` (seed-style multi-limit, default algorithm),
@@ -26,7 +26,7 @@
 //! `10/s log` (exact rolling window), `1000/d fixed` (a daily quota aligned to UTC midnight).
 //!
 //! [`Policy`] and [`Limit`] implement `Display` in this syntax, and parsing what they display
-//! gives back an equal value.
+//! gives back an equal value. With the `serde` feature they serialize as this text too.
 
 use std::fmt;
 use std::str::FromStr;
@@ -35,6 +35,8 @@ use std::time::Duration;
 mod error;
 mod limit;
 mod parse;
+#[cfg(feature = "serde")]
+mod serde_text;
 #[cfg(test)]
 mod tests;
 
@@ -57,8 +59,10 @@ pub const MAX_LOG_COUNT: u64 = 100_000;
 /// shorter one could lapse under a request that is still running.
 pub const MIN_LEASE: Duration = Duration::from_secs(1);
 
-/// The lease of a concurrency limit when the text gives none.
-pub const DEFAULT_LEASE: Duration = Duration::from_secs(60);
+/// The lease of a concurrency limit when the text gives none: a process that dies holding a
+/// slot locks it for at most this long. Held slots are renewed every third of it, so a store
+/// outage shorter than two thirds of it loses no slot.
+pub const DEFAULT_LEASE: Duration = Duration::from_secs(15);
 
 /// The most limits one policy may hold.
 pub const MAX_LIMITS: usize = 16;
@@ -119,6 +123,19 @@ impl Policy {
     /// The concurrency limit, if the policy has one (at most one).
     pub fn concurrency(&self) -> Option<&Limit> {
         self.limits.iter().find(|l| l.is_concurrency())
+    }
+
+    /// This policy for one process's `share` (in `(0, 1]`) of the fleet: every count (and
+    /// burst) multiplied by `share`, rounded down, never below 1. Limits that become equal
+    /// count once. The fallback limiter of a process runs this while Redis is down.
+    pub(crate) fn scaled(&self, share: f64) -> Policy {
+        let mut limits: Vec<Limit> = Vec::with_capacity(self.limits.len());
+        for limit in self.limits.iter().map(|l| l.scaled(share)) {
+            if !limits.contains(&limit) {
+                limits.push(limit);
+            }
+        }
+        Policy { limits }
     }
 }
 

@@ -8,9 +8,9 @@ use std::task::{ready, Context, Poll};
 use pin_project_lite::pin_project;
 use tower_service::Service;
 
-use super::{OnStoreError, RateLimited};
+use super::RateLimited;
 use crate::limiter::CheckFuture;
-use crate::{ConcurrencyGuard, Error};
+use crate::ConcurrencyGuard;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -30,7 +30,6 @@ pin_project! {
         state: State<S::Future, Req>,
         // The service that answers the request once the check admits it.
         inner: S,
-        on_error: OnStoreError,
     }
 }
 
@@ -77,30 +76,24 @@ impl<S: Service<Req>, Req> fmt::Debug for KeyedResponseFuture<S, Req> {
 
 impl<S: Service<Req>, Req> KeyedResponseFuture<S, Req> {
     /// Checks the request, then passes it to `inner`, a ready service.
-    pub(crate) fn checking(inner: S, check: CheckFuture<Req>, on_error: OnStoreError) -> Self {
+    pub(crate) fn checking(inner: S, check: CheckFuture<Req>) -> Self {
         KeyedResponseFuture {
             state: State::Checking {
                 check,
                 is_ready: true,
             },
             inner,
-            on_error,
         }
     }
 
     /// Checks the request, then gets `inner` ready and passes the request to it.
-    pub(crate) fn checking_unready(
-        inner: S,
-        check: CheckFuture<Req>,
-        on_error: OnStoreError,
-    ) -> Self {
+    pub(crate) fn checking_unready(inner: S, check: CheckFuture<Req>) -> Self {
         KeyedResponseFuture {
             state: State::Checking {
                 check,
                 is_ready: false,
             },
             inner,
-            on_error,
         }
     }
 }
@@ -125,7 +118,6 @@ where
                             this.state.set(State::Done);
                             return Poll::Ready(Err(RateLimited::new(decision).into()));
                         }
-                        Err(Error::Store(_)) if *this.on_error == OnStoreError::Allow => None,
                         Err(e) => {
                             this.state.set(State::Done);
                             return Poll::Ready(Err(e.into()));

@@ -5,7 +5,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::KeyedRateLimit;
-use crate::limiter::OnStoreError;
 use crate::Limiter;
 
 /// What a [`KeyedRateLimitLayer`] checks a request for: the identifiers (all-or-nothing, as
@@ -95,8 +94,8 @@ impl From<(Vec<String>, u64)> for Identifiers {
 pub struct KeyedRateLimitLayer<F> {
     pub(super) limiter: Limiter,
     pub(super) identify: Arc<F>,
-    pub(super) on_error: OnStoreError,
     pub(super) max_wait: Duration,
+    pub(super) shadow: bool,
 }
 
 impl<F> Clone for KeyedRateLimitLayer<F> {
@@ -104,8 +103,8 @@ impl<F> Clone for KeyedRateLimitLayer<F> {
         KeyedRateLimitLayer {
             limiter: self.limiter.clone(),
             identify: self.identify.clone(),
-            on_error: self.on_error,
             max_wait: self.max_wait,
+            shadow: self.shadow,
         }
     }
 }
@@ -114,8 +113,8 @@ impl<F> fmt::Debug for KeyedRateLimitLayer<F> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("KeyedRateLimitLayer")
             .field("limiter", &self.limiter)
-            .field("on_error", &self.on_error)
             .field("max_wait", &self.max_wait)
+            .field("shadow", &self.shadow)
             .finish_non_exhaustive()
     }
 }
@@ -129,16 +128,9 @@ impl<F> KeyedRateLimitLayer<F> {
         KeyedRateLimitLayer {
             limiter,
             identify: Arc::new(identify),
-            on_error: OnStoreError::Allow,
             max_wait: Duration::ZERO,
+            shadow: false,
         }
-    }
-
-    /// What to do when the store fails: let the request through (default) or fail it with
-    /// the store's error.
-    pub fn on_store_error(mut self, on_error: OnStoreError) -> Self {
-        self.on_error = on_error;
-        self
     }
 
     /// Instead of failing at once, wait for the limit to admit the request when that takes
@@ -149,6 +141,16 @@ impl<F> KeyedRateLimitLayer<F> {
     /// sleeps.
     pub fn wait_up_to(mut self, max_wait: Duration) -> Self {
         self.max_wait = max_wait;
+        self
+    }
+}
+
+impl<F> KeyedRateLimitLayer<F> {
+    /// Shadow mode (default: off): every call goes through, and what the limiter decides is
+    /// recorded, as with [`LimiterBuilder::shadow`](crate::LimiterBuilder::shadow) — to try
+    /// a limit before enforcing it. Calls are charged as when enforcing; none waits.
+    pub fn shadow(mut self, shadow: bool) -> Self {
+        self.shadow = shadow;
         self
     }
 }

@@ -18,4 +18,3 @@ pub use self::error::RateLimited;
 pub use self::future::KeyedResponseFuture;
 pub use self::layer::{Identifiers, KeyedRateLimitLayer};
 pub use self::service::KeyedRateLimit;
-pub use crate::limiter::OnStoreError;

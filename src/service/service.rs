@@ -8,6 +8,7 @@ use tower_service::Service;
 
 use super::future::KeyedResponseFuture;
 use super::{Identifiers, KeyedRateLimitLayer};
+use crate::limiter::Mode;
 use crate::{Decision, Error, Limiter};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -21,8 +22,8 @@ type BoxError = Box<dyn std::error::Error + Send + Sync>;
 /// * [`RateLimited`](crate::RateLimited) when the limit refuses the call (after waiting up to
 ///   [`wait_up_to`](KeyedRateLimitLayer::wait_up_to), if set);
 /// * the limiter's [`Error`](crate::Error) when the check cannot be made: an impossible
-///   cost, no identifiers, or a failed store under
-///   [`OnStoreError::Deny`](super::OnStoreError::Deny);
+///   cost, no identifiers, or a failed store when the limiter fails closed
+///   ([`OnStoreError::Closed`](crate::OnStoreError::Closed));
 /// * otherwise the inner service's own error, unchanged.
 pub struct KeyedRateLimit<S, F> {
     inner: S,
@@ -74,27 +75,29 @@ where
         let (ids, cost) = (self.layer.identify)(&req).into_parts();
         let limiter = self.layer.limiter.clone();
         let max_wait = self.layer.max_wait;
+        let mode = Mode::CHECK.shadowed(self.layer.shadow);
         let check = Box::pin(async move {
-            let outcome = check_waiting(&limiter, &ids, cost, max_wait).await;
+            let outcome = check_waiting(&limiter, &ids, cost, max_wait, mode).await;
             (outcome, req)
         });
         let clone = self.inner.clone();
         let ready = std::mem::replace(&mut self.inner, clone);
         if max_wait.is_zero() {
-            KeyedResponseFuture::checking(ready, check, self.layer.on_error)
+            KeyedResponseFuture::checking(ready, check)
         } else {
             // A call that may wait must not sit on the inner service's readiness (a `Buffer`
             // slot, a concurrency permit) meanwhile: give it back and get ready again after
             // the wait.
             drop(ready);
             let unready = self.inner.clone();
-            KeyedResponseFuture::checking_unready(unready, check, self.layer.on_error)
+            KeyedResponseFuture::checking_unready(unready, check)
         }
     }
 }
 
-/// Checks until the limiter admits the request, as long as the wait ends by `max_wait` from
-/// now; the decision that admits it, or the one that does not within `max_wait`.
+/// Checks (in `mode`) until the limiter admits the request, as long as the wait ends by
+/// `max_wait` from now; the decision that admits it, or the one that does not within
+/// `max_wait`.
 ///
 /// # Errors
 ///
@@ -104,10 +107,11 @@ async fn check_waiting(
     ids: &[String],
     cost: u64,
     max_wait: Duration,
+    mode: Mode,
 ) -> Result<Decision, Error> {
     let deadline = tokio::time::Instant::now() + max_wait;
     loop {
-        let decision = limiter.check_n(ids, cost).await?;
+        let decision = limiter.run(ids, cost, mode).await?;
         match decision.retry_after() {
             Some(wait) if tokio::time::Instant::now() + wait <= deadline => {
                 tokio::time::sleep(wait).await;

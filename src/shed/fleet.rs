@@ -94,7 +94,7 @@ impl FleetShedder {
         self
     }
 
-    /// How long a slot outlives a process that died holding it (default 60 s).
+    /// How long a slot outlives a process that died holding it (default 15 s).
     pub fn lease(mut self, lease: Duration) -> Self {
         self.lease = lease;
         self
@@ -112,7 +112,9 @@ impl FleetShedder {
     }
 
     /// The layer: a [`RateLimitLayer`] over one global `N concurrent` limit, bypassed by
-    /// critical traffic, answering `503 Service Unavailable` when the share is full.
+    /// critical traffic, answering `503 Service Unavailable` when the share is full. Its
+    /// responses carry no rate-limit fields, which would tell every client the fleet's
+    /// capacity and load (`.headers(…)` on the layer turns them back on).
     ///
     /// # Errors
     ///
@@ -132,6 +134,7 @@ impl FleetShedder {
         Ok(RateLimitLayer::new(limiter)
             .key(move |_: &RequestView<'_>| Some(name.clone()))
             .bypass(move |req| classify(req) == Priority::Critical)
-            .limited_status(StatusCode::SERVICE_UNAVAILABLE))
+            .limited_status(StatusCode::SERVICE_UNAVAILABLE)
+            .headers(crate::layer::HeaderStyle::None))
     }
 }

@@ -1,6 +1,7 @@
 //! What a store reports when it cannot decide, or cannot be built.
 
 use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// A store could not decide: it is unreachable, too slow, or answered nonsense.
@@ -23,11 +24,16 @@ pub enum StoreError {
     /// The store is known to be down (its circuit breaker is open, or it is reconnecting): the
     /// check was answered at once, without calling it.
     Unavailable,
+    /// The server answers but cannot serve the store as configured (a wrong password, an ACL
+    /// user missing a command, a replica, a Cluster node…): unlike a server that is down, this
+    /// does not pass by itself. The message names the cause and the fix. The store keeps
+    /// checking in the background and picks up a fixed server without a restart.
+    Misconfigured(Misconfiguration),
 }
 
 impl StoreError {
     /// A short, stable name of the kind of failure, for logs and metric labels: `timeout`,
-    /// `backend`, `unexpected_reply`, `config` or `unavailable`.
+    /// `backend`, `unexpected_reply`, `config`, `unavailable` or `misconfigured`.
     pub fn kind_label(&self) -> &'static str {
         match self {
             StoreError::Timeout(_) => "timeout",
@@ -35,6 +41,7 @@ impl StoreError {
             StoreError::UnexpectedReply(_) => "unexpected_reply",
             StoreError::Config(_) => "config",
             StoreError::Unavailable => "unavailable",
+            StoreError::Misconfigured(_) => "misconfigured",
         }
     }
 }
@@ -49,6 +56,7 @@ impl fmt::Display for StoreError {
             }
             StoreError::Config(e) => fmt::Display::fmt(e, f),
             StoreError::Unavailable => f.write_str("rate-limit store unavailable"),
+            StoreError::Misconfigured(e) => fmt::Display::fmt(e, f),
         }
     }
 }
@@ -58,6 +66,7 @@ impl std::error::Error for StoreError {
         match self {
             StoreError::Backend(e) => Some(&**e),
             StoreError::Config(e) => e.source(),
+            StoreError::Misconfigured(e) => e.source(),
             _ => None,
         }
     }
@@ -86,6 +95,141 @@ pub enum ConfigErrorKind {
     Timeout,
     /// The URL is not a Redis URL the store can use.
     Url,
+    /// Sentinel credentials were given for a URL without sentinels.
+    SentinelCredentials,
+}
+
+/// The Redis commands the store sends, as an ACL rule: its own calls (`EVALSHA`,
+/// `SCRIPT LOAD` after a `NOSCRIPT`, `ZREM` to release slots, `INFO` in the start-up checks)
+/// and those the Lua scripts call. A unit test checks it against the scripts.
+pub(crate) const ACL_COMMANDS: &str = "+evalsha +script|load +zrem +info +time +get +mget \
+     +set +psetex +pexpire +zadd +zcount +zrange +zrangebyscore +zremrangebyscore +zscore";
+
+/// The server answers, but cannot serve the store as configured: what is wrong, in words that
+/// name the fix. The server's own answer, when there is one, is the
+/// [`source()`](std::error::Error::source).
+#[derive(Debug, Clone)]
+pub struct Misconfiguration {
+    kind: MisconfigurationKind,
+    /// What the message needs besides the kind: the key prefix, the version found, the
+    /// Sentinel service name.
+    context: String,
+    source: Option<Arc<dyn std::error::Error + Send + Sync>>,
+}
+
+/// What is wrong with the server a store was pointed at.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum MisconfigurationKind {
+    /// The server refused the credentials (wrong or missing password or user), or the
+    /// sentinels refused theirs.
+    Authentication,
+    /// The ACL user may not run a command the store sends (or one its scripts call), or the
+    /// command is disabled or renamed.
+    CommandDenied,
+    /// The ACL user's key patterns do not cover the store's keys (`PREFIX:*`).
+    KeyDenied,
+    /// The server is a read-only replica.
+    Replica,
+    /// The address is a Redis Sentinel reached with a `redis://` URL.
+    Sentinel,
+    /// An address in a `redis+sentinel://` URL is not a Sentinel.
+    NotSentinel,
+    /// No Sentinel knows the service name of a `redis+sentinel://` URL.
+    UnknownService,
+    /// The server is a Redis Cluster node (not supported: one check spans hash slots).
+    Cluster,
+    /// The server's Redis is older than 7.0.
+    Version,
+}
+
+impl Misconfiguration {
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub(crate) fn new(kind: MisconfigurationKind, context: impl Into<String>) -> Misconfiguration {
+        Misconfiguration {
+            kind,
+            context: context.into(),
+            source: None,
+        }
+    }
+
+    /// The server's answer behind it, kept for the application's logs.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub(crate) fn with_source(
+        mut self,
+        source: impl std::error::Error + Send + Sync + 'static,
+    ) -> Misconfiguration {
+        self.source = Some(Arc::new(source));
+        self
+    }
+
+    /// What is wrong.
+    pub fn kind(&self) -> MisconfigurationKind {
+        self.kind
+    }
+}
+
+impl fmt::Display for Misconfiguration {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let context = &self.context;
+        match self.kind {
+            MisconfigurationKind::Authentication if context == "sentinel" => f.write_str(
+                "the sentinels refused the credentials: give theirs with \
+                 RedisStoreBuilder::sentinel_password (and sentinel_username); the master's go \
+                 in the URL",
+            ),
+            MisconfigurationKind::Authentication => f.write_str(
+                "Redis refused the credentials: give the user and password in the \
+                 URL (redis://USER:PASSWORD@HOST:PORT, or redis://:PASSWORD@HOST:PORT for the \
+                 default user), or fix the server's ACL or requirepass",
+            ),
+            MisconfigurationKind::CommandDenied => write!(
+                f,
+                "the Redis user may not run a command rate limiting needs: grant them with \
+                 `ACL SETUSER USER {ACL_COMMANDS}` (none of them may be renamed or disabled)"
+            ),
+            MisconfigurationKind::KeyDenied => write!(
+                f,
+                "the Redis user may not access the rate limiter's keys: add the key pattern \
+                 `~{context}:*` to its ACL (`ACL SETUSER USER ~{context}:*`)"
+            ),
+            MisconfigurationKind::Replica => f.write_str(
+                "the Redis server is a read-only replica: give the master's address, or a \
+                 redis+sentinel:// URL so that the store follows failovers",
+            ),
+            MisconfigurationKind::Sentinel => f.write_str(
+                "the address is a Redis Sentinel, not a data server: use \
+                 redis+sentinel://HOST:PORT[,HOST:PORT...]/SERVICE_NAME",
+            ),
+            MisconfigurationKind::NotSentinel => f.write_str(
+                "no address of the redis+sentinel:// URL is a Sentinel: list the sentinels' \
+                 ports (26379 by default), not the data servers'",
+            ),
+            MisconfigurationKind::UnknownService => write!(
+                f,
+                "no Sentinel monitors a service named {context:?}: check the name in \
+                 redis+sentinel://HOSTS/SERVICE_NAME (SENTINEL MASTERS lists them)"
+            ),
+            MisconfigurationKind::Cluster => f.write_str(
+                "the server is a Redis Cluster node, which the store does not support (a check \
+                 spans hash slots): use a standalone server, or Sentinel for failover",
+            ),
+            MisconfigurationKind::Version => write!(
+                f,
+                "Redis {context} is too old: the store needs 7.0 or later (its scripts read \
+                 TIME before writing, which needs effects replication, the only mode since \
+                 7.0, and renew leases with PEXPIRE ... GT, new in 7.0)"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for Misconfiguration {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.source
+            .as_deref()
+            .map(|e| e as &(dyn std::error::Error + 'static))
+    }
 }
 
 impl ConfigError {
@@ -117,10 +261,16 @@ impl fmt::Display for ConfigError {
                 "key prefix {part:?} must be non-empty and contain no braces"
             ),
             ConfigErrorKind::Timeout => write!(f, "{part} must be longer than 0"),
+            ConfigErrorKind::SentinelCredentials => write!(
+                f,
+                "a Sentinel user or password was given, but {part:?} is not a \
+                 redis+sentinel:// URL: give the server's own credentials in the URL"
+            ),
             ConfigErrorKind::Url => write!(
                 f,
                 "{part:?} is not a usable Redis URL (redis://[[user]:password@]host[:port][/db], \
-                 rediss:// for TLS, redis+unix:///path)"
+                 rediss:// for TLS, redis+unix:///path, \
+                 redis+sentinel://[[user]:password@]host:port[,host:port...]/service[/db])"
             ),
         }
     }
@@ -129,17 +279,30 @@ impl fmt::Display for ConfigError {
 impl std::error::Error for ConfigError {}
 
 /// `url` with anything between `scheme://` and the last `@` (the credentials) replaced by
-/// `***`, so that a password never reaches an error message or a log. Works on text that does
-/// not parse as a URL too (a password with `#` or `/` in it).
+/// `***`, and so the value of a `pass=` or `password=` query parameter (`redis+unix://` URLs
+/// carry the password there), so that a password never reaches an error message or a log.
+/// Works on text that does not parse as a URL too (a password with `#` or `/` in it).
 #[cfg_attr(not(feature = "redis"), allow(dead_code))]
 pub(crate) fn redact_url(url: &str) -> String {
-    let Some(start) = url.find("://").map(|i| i + 3) else {
-        return url.to_string();
-    };
-    match url[start..].rfind('@') {
-        Some(at) => format!("{}***{}", &url[..start], &url[start + at..]),
+    let mut out = match url.find("://").map(|i| i + 3) {
+        Some(start) => match url[start..].rfind('@') {
+            Some(at) => format!("{}***{}", &url[..start], &url[start + at..]),
+            None => url.to_string(),
+        },
         None => url.to_string(),
+    };
+    for name in ["pass=", "password="] {
+        let mut from = 0;
+        while let Some(i) = out[from..].find(name).map(|i| i + from) {
+            let value = i + name.len();
+            let end = out[value..].find('&').map_or(out.len(), |e| value + e);
+            if i > 0 && matches!(out.as_bytes()[i - 1], b'?' | b'&') {
+                out.replace_range(value..end, "***");
+            }
+            from = value.min(out.len());
+        }
     }
+    out
 }
 
 #[cfg(test)]
@@ -152,6 +315,18 @@ mod tests {
         assert_eq!(redact_url("redis://:s3cret@h:1/0"), "redis://***@h:1/0");
         assert_eq!(redact_url("redis://u:p#/x@y@h:1"), "redis://***@h:1");
         assert_eq!(redact_url("not a url @ all"), "not a url @ all");
+        assert_eq!(
+            redact_url("redis+unix:///run/r.sock?db=1&pass=s3cret&user=u"),
+            "redis+unix:///run/r.sock?db=1&pass=***&user=u"
+        );
+        assert_eq!(
+            redact_url("redis+unix:///r?password=x#y"),
+            "redis+unix:///r?password=***"
+        );
+        assert_eq!(
+            redact_url("redis+sentinel://:pw@h:1,h:2/mymaster"),
+            "redis+sentinel://***@h:1,h:2/mymaster"
+        );
         let e = ConfigError::new(ConfigErrorKind::Url, redact_url("redis://:pa/ss@h"));
         assert!(!e.to_string().contains("pa/ss"), "{e}");
     }

@@ -7,6 +7,8 @@
 
 use crate::policy::Limit;
 
+#[cfg(feature = "redis")]
+mod breaker;
 mod error;
 pub(crate) mod keyspace;
 pub(crate) mod lease;
@@ -17,7 +19,7 @@ pub(crate) mod redis;
 mod script;
 
 pub(crate) use crate::algorithm::Outcome;
-pub use error::{ConfigError, ConfigErrorKind, StoreError};
+pub use error::{ConfigError, ConfigErrorKind, Misconfiguration, MisconfigurationKind, StoreError};
 use lease::{Backend, Keeper, Lease};
 pub use memory::{MemoryStore, MemoryStoreBuilder};
 #[cfg(feature = "redis")]
@@ -74,6 +76,16 @@ impl Store {
             Store::Memory(m) => Ok(m.check(plan)),
             #[cfg(feature = "redis")]
             Store::Redis(r) => r.check(plan).await,
+        }
+    }
+
+    /// Whether the store is shared by other processes and reads the real clock: the case
+    /// where caching its denials saves round trips and is exact.
+    pub(crate) fn is_remote_on_real_clock(&self) -> bool {
+        match self {
+            Store::Memory(_) => false,
+            #[cfg(feature = "redis")]
+            Store::Redis(r) => r.clock().manual_now().is_none(),
         }
     }
 

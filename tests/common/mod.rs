@@ -12,14 +12,25 @@ use tollgate::{Clock, ManualClock, RedisStore};
 pub struct RedisServer {
     child: Child,
     pub port: u16,
+    /// The `requirepass` it was started with, for [`RedisServer::conn`].
+    password: Option<String>,
+    /// Its working directory, of its own (a replica writes the master's data there, a
+    /// Cluster node its config file), removed on drop.
+    dir: std::path::PathBuf,
 }
 
 impl RedisServer {
     /// Starts a server on a free loopback port. Panics (failing the test, never skipping it)
     /// when `redis-server` is not installed: `scripts/test.sh` installs it.
     pub fn start() -> RedisServer {
+        RedisServer::start_with(&[])
+    }
+
+    /// Starts a server with extra `redis-server` arguments (`--requirepass`, `--replicaof`,
+    /// `--cluster-enabled`…) on a free port.
+    pub fn start_with(args: &[&str]) -> RedisServer {
         for _ in 0..5 {
-            if let Some(server) = RedisServer::try_start(free_port()) {
+            if let Some(server) = RedisServer::try_start(free_port(), args) {
                 return server;
             }
         }
@@ -28,8 +39,13 @@ impl RedisServer {
 
     /// Starts a server on `port` (after a restart, say), retrying while the port is busy.
     pub fn start_on(port: u16) -> RedisServer {
+        RedisServer::start_on_with(port, &[])
+    }
+
+    /// [`RedisServer::start_on`] with extra arguments.
+    pub fn start_on_with(port: u16, args: &[&str]) -> RedisServer {
         for _ in 0..50 {
-            if let Some(server) = RedisServer::try_start(port) {
+            if let Some(server) = RedisServer::try_start(port, args) {
                 return server;
             }
             std::thread::sleep(Duration::from_millis(100));
@@ -37,50 +53,58 @@ impl RedisServer {
         panic!("could not start redis-server on port {port}");
     }
 
-    fn try_start(port: u16) -> Option<RedisServer> {
-        {
-            let child = Command::new("redis-server")
-                .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-                .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
-                .args(["--loglevel", "warning"])
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .expect("redis-server is required for the tests: run scripts/test.sh, which installs it");
-            let mut server = RedisServer { child, port };
-            if server.wait_ready() {
-                return Some(server);
-            }
-            None
+    fn try_start(port: u16, args: &[&str]) -> Option<RedisServer> {
+        let password = args
+            .iter()
+            .position(|a| *a == "--requirepass")
+            .and_then(|i| args.get(i + 1))
+            .map(|p| p.to_string());
+        let dir = temp_dir(&format!("server-{port}"));
+        let mut command = Command::new("redis-server");
+        command
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
+            .args(["--loglevel", "warning", "--dir", dir.to_str().unwrap()])
+            .args(args);
+        let child = command
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect(
+                "redis-server is required for the tests: run scripts/test.sh, which installs it",
+            );
+        let mut server = RedisServer {
+            child,
+            port,
+            password,
+            dir,
+        };
+        if server.wait_ready() {
+            return Some(server);
         }
+        None
     }
 
     fn wait_ready(&mut self) -> bool {
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return false; // exited: port taken meanwhile
-            }
-            if TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
-                if let Ok(mut c) = redis::Client::open(self.url()).and_then(|c| c.get_connection())
-                {
-                    if redis::cmd("PING").query::<String>(&mut c).is_ok() {
-                        return true;
-                    }
-                }
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        false
+        let url = self.admin_url();
+        wait_ready(&mut self.child, self.port, &url)
     }
 
     pub fn url(&self) -> String {
         format!("redis://127.0.0.1:{}/", self.port)
     }
 
+    /// The URL with the server's own password, if it has one.
+    pub fn admin_url(&self) -> String {
+        match &self.password {
+            Some(pw) => format!("redis://:{}@127.0.0.1:{}/", encode(pw), self.port),
+            None => self.url(),
+        }
+    }
+
     /// A plain synchronous connection, to look at what the scripts wrote.
     pub fn conn(&self) -> redis::Connection {
-        redis::Client::open(self.url())
+        redis::Client::open(self.admin_url())
             .unwrap()
             .get_connection()
             .unwrap()
@@ -102,6 +126,134 @@ impl Drop for RedisServer {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Waits until the process answers `PING` (an error reply such as `NOAUTH` counts: the server
+/// is up). `false` if it exited (its port was taken) or never answered.
+fn wait_ready(child: &mut Child, port: u16, url: &str) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while Instant::now() < deadline {
+        if let Ok(Some(_)) = child.try_wait() {
+            return false; // exited: port taken meanwhile
+        }
+        if TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            if let Ok(mut c) = redis::Client::open(url).and_then(|c| c.get_connection()) {
+                match redis::cmd("PING").query::<String>(&mut c) {
+                    Ok(_) => return true,
+                    Err(e) if e.code().is_some() => return true,
+                    Err(_) => {}
+                }
+            }
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    false
+}
+
+/// Percent-encodes everything but letters and digits, for a password in a test URL.
+pub fn encode(text: &str) -> String {
+    text.bytes()
+        .map(|b| {
+            if b.is_ascii_alphanumeric() {
+                (b as char).to_string()
+            } else {
+                format!("%{b:02X}")
+            }
+        })
+        .collect()
+}
+
+/// A fresh directory under the system's temporary directory.
+pub fn temp_dir(name: &str) -> std::path::PathBuf {
+    static N: AtomicU64 = AtomicU64::new(0);
+    let dir = std::env::temp_dir().join(format!(
+        "tollgate-{}-{}-{name}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// A `redis-server --sentinel` of the test's own, with its config file in a directory of its
+/// own; stopped and removed on drop.
+pub struct SentinelServer {
+    child: Child,
+    pub port: u16,
+    dir: std::path::PathBuf,
+}
+
+impl SentinelServer {
+    /// Starts a sentinel whose config file holds `config` (lines such as
+    /// `sentinel monitor mymaster 127.0.0.1 6379 2`) after its port.
+    pub fn start(config: &str) -> SentinelServer {
+        for _ in 0..5 {
+            let port = free_port();
+            let dir = temp_dir(&format!("sentinel-{port}"));
+            let conf = dir.join("sentinel.conf");
+            std::fs::write(
+                &conf,
+                format!(
+                    "port {port}\nbind 127.0.0.1\nloglevel warning\ndir {}\n{config}\n",
+                    dir.display()
+                ),
+            )
+            .unwrap();
+            let mut child = Command::new("redis-server")
+                .arg(&conf)
+                .arg("--sentinel")
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("redis-server is required for the tests");
+            let url = format!("redis://127.0.0.1:{port}/");
+            let password = config
+                .lines()
+                .find_map(|l| l.strip_prefix("requirepass "))
+                .map(|p| format!("redis://:{}@127.0.0.1:{port}/", encode(p)));
+            if wait_ready(&mut child, port, password.as_deref().unwrap_or(&url)) {
+                return SentinelServer { child, port, dir };
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+        panic!("could not start a sentinel");
+    }
+}
+
+impl Drop for SentinelServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Runs `check` until it succeeds, for at most `within`; returns how long that took, or
+/// panics with the last error.
+pub async fn eventually<T, E: std::fmt::Display, F, Fut>(
+    within: Duration,
+    mut check: F,
+) -> (T, Duration)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, E>>,
+{
+    let started = Instant::now();
+    loop {
+        match check().await {
+            Ok(v) => return (v, started.elapsed()),
+            Err(e) => {
+                assert!(
+                    started.elapsed() < within,
+                    "still failing after {within:?}: {e}"
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
     }
 }
 
@@ -121,4 +273,196 @@ pub fn unique_prefix() -> String {
 /// A manual clock at a round, realistic time: 2026-01-01T00:00:00Z (aligned to days).
 pub fn manual_clock() -> ManualClock {
     ManualClock::new(1_767_225_600_000_000)
+}
+
+/// A TCP proxy in front of a server that can stop forwarding (both ways, connections left
+/// open): a server that went silent, as a peer behind a dead network path looks.
+pub struct Proxy {
+    pub port: u16,
+    frozen: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Proxy {
+    pub async fn start(upstream: u16) -> Proxy {
+        use std::sync::atomic::AtomicBool;
+        use std::sync::Arc;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let frozen = Arc::new(AtomicBool::new(false));
+        let flag = frozen.clone();
+        let task = tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let Ok(server) = tokio::net::TcpStream::connect(("127.0.0.1", upstream)).await
+                else {
+                    continue;
+                };
+                let (client_read, client_write) = client.into_split();
+                let (server_read, server_write) = server.into_split();
+                tokio::spawn(pump(client_read, server_write, flag.clone()));
+                tokio::spawn(pump(server_read, client_write, flag.clone()));
+            }
+        });
+        Proxy { port, frozen, task }
+    }
+
+    /// Stops (`true`) or resumes forwarding.
+    pub fn freeze(&self, frozen: bool) {
+        self.frozen.store(frozen, Ordering::SeqCst);
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn pump(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    frozen: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut buf = vec![0; 16 * 1024];
+    loop {
+        if frozen.load(Ordering::SeqCst) {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            continue;
+        }
+        // reading is cancellation-safe: nothing read is lost when the wait ends
+        match tokio::time::timeout(Duration::from_millis(20), from.read(&mut buf)).await {
+            Err(_) => continue,
+            Ok(Ok(0)) | Ok(Err(_)) => return,
+            Ok(Ok(n)) => {
+                // what arrives as the proxy freezes waits until it thaws
+                while frozen.load(Ordering::SeqCst) {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+                if to.write_all(&buf[..n]).await.is_err() {
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// The keys of the concurrency slot sets under `prefix` (for identifiers without `:c`).
+pub fn slot_keys(conn: &mut redis::Connection, prefix: &str) -> Vec<String> {
+    redis::cmd("KEYS")
+        .arg(format!("{prefix}:*:c*"))
+        .query(conn)
+        .unwrap()
+}
+
+/// The entries of the slot sets `keys` (live and expired alike, until a check removes them).
+pub fn slot_entries(conn: &mut redis::Connection, keys: &[String]) -> usize {
+    if keys.is_empty() {
+        return 0;
+    }
+    let mut pipe = redis::pipe();
+    for k in keys {
+        pipe.zcard(k);
+    }
+    let cards: Vec<usize> = pipe.query(conn).unwrap();
+    cards.iter().sum()
+}
+
+/// Keeps a Redis store's keys from expiring in real time while a test runs it on a manual
+/// clock, and tells when one expired before it could be kept.
+///
+/// The scripts set each key's TTL from the manual clock, but Redis counts it down in real time:
+/// where the manual clock moves slower than real time, a key would vanish while its state is
+/// still alive on the manual clock, and the store would start that key afresh. After every
+/// check, [`KeyWatch::settle`] removes the TTL of every key under the store's prefix (a key
+/// kept past its state's lifetime decides like a missing one, so this changes no decision; the
+/// comparisons hold the stores to that) and counts them: every identifier admitted so far must
+/// have one key per sliding log and one packed key for its other rate limits. A key missing expired between its script and `settle` ([`KeyWatch::lost`]): from
+/// then on, the store may differ from a store on the same clock, and such a run proves
+/// nothing. Concurrency slot sets are not counted (giving back the last slot deletes one).
+/// The keys are deleted when the watch is dropped.
+pub struct KeyWatch {
+    conn: redis::Connection,
+    prefix: String,
+    rate_limits: usize,
+    admitted: std::collections::HashSet<String>,
+    lost: bool,
+}
+
+impl KeyWatch {
+    pub fn new(server: &RedisServer, prefix: &str, policy: &tollgate::Policy) -> KeyWatch {
+        KeyWatch {
+            conn: server.conn(),
+            prefix: prefix.to_string(),
+            // A sorted set per sliding log, and one packed key for all the window and GCRA
+            // limits (concurrency sets are not counted).
+            rate_limits: {
+                let limits = policy.limits();
+                let logs = limits
+                    .iter()
+                    .filter(|l| l.algorithm() == tollgate::Algorithm::SlidingLog)
+                    .count();
+                let packed = limits.iter().any(|l| {
+                    !l.is_concurrency() && l.algorithm() != tollgate::Algorithm::SlidingLog
+                });
+                logs + usize::from(packed)
+            },
+            admitted: Default::default(),
+            lost: false,
+        }
+    }
+
+    /// Right after a check of `ids` on the store: keeps every key, and notes whether one that
+    /// should be there is not. Panics on a key that should not be there.
+    pub fn settle(&mut self, ids: &[&str], allowed: bool) {
+        if allowed {
+            self.admitted.extend(ids.iter().map(|id| id.to_string()));
+        }
+        let keys: Vec<String> = redis::cmd("KEYS")
+            .arg(format!("{}:*", self.prefix))
+            .query(&mut self.conn)
+            .unwrap();
+        // (a key listed may expire before its PERSIST: count those still there after it)
+        let mut pipe = redis::pipe();
+        for k in &keys {
+            pipe.persist(k).ignore().exists(k);
+        }
+        let there: Vec<bool> = if keys.is_empty() {
+            Vec::new()
+        } else {
+            pipe.query(&mut self.conn).unwrap()
+        };
+        let rate_keys = keys
+            .iter()
+            .zip(&there)
+            .filter(|(k, &there)| there && !k.rsplit(':').next().unwrap().starts_with('c'))
+            .count();
+        let expected = self.admitted.len() * self.rate_limits;
+        assert!(
+            rate_keys <= expected,
+            "{rate_keys} keys, {expected} expected: {keys:?}"
+        );
+        self.lost |= rate_keys < expected;
+    }
+
+    /// Whether a key expired in real time since the watch began.
+    pub fn lost(&self) -> bool {
+        self.lost
+    }
+}
+
+impl Drop for KeyWatch {
+    fn drop(&mut self) {
+        let keys: Vec<String> = redis::cmd("KEYS")
+            .arg(format!("{}:*", self.prefix))
+            .query(&mut self.conn)
+            .unwrap_or_default();
+        if !keys.is_empty() {
+            let _: redis::RedisResult<()> = redis::cmd("UNLINK").arg(&keys).query(&mut self.conn);
+        }
+    }
 }

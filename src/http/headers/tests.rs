@@ -1,0 +1,259 @@
+use std::time::Duration;
+
+use http::header::RETRY_AFTER;
+use http::{HeaderMap, HeaderValue};
+
+use super::{add_headers, adverts, quota_and_window, Advert, HeaderStyle, RATELIMIT};
+use crate::{Clock, Decision, Limiter, ManualClock, MemoryStore};
+
+/// 2026-01-01T00:00:00Z: the start of every window.
+const EPOCH_ALIGNED_US: u64 = 1_767_225_600_000_000;
+
+fn limiter(policy: &str) -> (Limiter, ManualClock) {
+    let clock = ManualClock::new(EPOCH_ALIGNED_US);
+    let store = MemoryStore::builder()
+        .clock(Clock::Manual(clock.clone()))
+        .build();
+    (Limiter::new(store, policy.parse().unwrap()), clock)
+}
+
+async fn check(limiter: &Limiter) -> Decision {
+    limiter.check(&["k"]).await.unwrap()
+}
+
+fn advert(name: &str, q: u64, w: u64, r: u64, t: u64) -> Advert {
+    Advert {
+        name: name.into(),
+        q,
+        w: Some(w),
+        r,
+        t: Some(t),
+        full: 0,
+    }
+}
+
+/// Name, q, w, r and t of a limit.
+type Figures = (String, u64, Option<u64>, u64, Option<u64>);
+
+/// The figures of each limit, leaving the legacy reset out.
+fn figures(decision: &Decision) -> Vec<Figures> {
+    adverts(decision)
+        .into_iter()
+        .map(|a| (a.name, a.q, a.w, a.r, a.t))
+        .collect()
+}
+
+#[test]
+fn windows_are_whole_seconds_and_quotas_never_grow() {
+    for (text, q, w) in [
+        ("10/s", 10, 1),
+        ("120/min", 120, 60),
+        ("1000/d fixed", 1000, 86_400),
+        // sub-second windows scale to a second when that is exact…
+        ("5/500ms", 10, 1),
+        ("1/250ms log", 4, 1),
+        // …and round down otherwise: 4.29 per second enforced, 4 advertised
+        ("3/700ms", 4, 1),
+        ("1/1500ms", 1, 2),
+        ("10/1500ms", 13, 2),
+        // a bucket or GCRA: its burst, over the time it takes to refill it
+        ("100/s bucket capacity=500", 500, 5),
+        ("5/s gcra burst=20", 20, 4),
+        ("10/s gcra", 10, 1),
+        ("3/s gcra burst=1", 3, 1),
+        ("10/s bucket capacity=2", 10, 1),
+        ("1/h gcra burst=3", 3, 3 * 3600),
+    ] {
+        let limit = text.parse().unwrap();
+        assert_eq!(quota_and_window(&limit), (q, w), "{text}");
+    }
+}
+
+/// `r` never exceeds `q`; `t` is the time until the quota is whole again, never beyond `w`.
+#[tokio::test]
+async fn each_algorithm_reports_r_and_t_within_q_and_w() {
+    let (l, clock) = limiter("10/min fixed");
+    clock.advance(Duration::from_secs(15));
+    let d = check(&l).await;
+    assert_eq!(
+        figures(&d),
+        [("10/min fixed".into(), 10, Some(60), 9, Some(45))]
+    );
+
+    let (l, _) = limiter("100/s bucket capacity=500");
+    let d = check(&l).await;
+    // one token out of 500 refills in 10 ms: t rounds up to a second
+    assert_eq!(
+        figures(&d),
+        [(
+            "100/s bucket capacity=500".into(),
+            500,
+            Some(5),
+            499,
+            Some(1)
+        )]
+    );
+
+    let (l, _) = limiter("5/s gcra burst=20");
+    for _ in 0..10 {
+        let _ = check(&l).await;
+    }
+    let d = check(&l).await;
+    // 11 out of 20 used: full again in 11 × 200 ms
+    assert_eq!(
+        figures(&d),
+        [("5/s gcra burst=20".into(), 20, Some(4), 9, Some(3))]
+    );
+
+    // the sliding-window counter may take up to two windows to empty: t stops at w
+    let (l, clock) = limiter("100/h");
+    let _ = check(&l).await;
+    clock.advance(Duration::from_secs(3000));
+    let d = check(&l).await;
+    let [(_, q, w, r, t)] = &figures(&d)[..] else {
+        panic!()
+    };
+    assert_eq!((*q, *w, *r), (100, Some(3600), 98));
+    assert_eq!(*t, Some(3600));
+    assert!(d.statuses()[0].reset_after > Duration::from_secs(3600));
+
+    let (l, _) = limiter("5/500ms log");
+    let d = check(&l).await;
+    assert_eq!(
+        figures(&d),
+        [("5/500ms log".into(), 10, Some(1), 4, Some(1))]
+    );
+}
+
+#[tokio::test]
+async fn a_concurrency_limit_is_advertised_in_concurrent_requests() {
+    let (l, _) = limiter("10/s, 2 concurrent");
+    let held = check(&l).await;
+    let mut headers = HeaderMap::new();
+    add_headers(&mut headers, &held, HeaderStyle::Ietf);
+    assert_eq!(
+        headers["ratelimit-policy"],
+        r#""10/s";q=10;w=1, "2 concurrent";q=2;qu="concurrent-requests""#
+    );
+    assert_eq!(
+        headers["ratelimit"],
+        r#""10/s";r=9;t=1, "2 concurrent";r=1"#
+    );
+    let _second = check(&l).await;
+    let refused = check(&l).await;
+    assert!(!refused.is_allowed());
+    let mut headers = HeaderMap::new();
+    add_headers(&mut headers, &refused, HeaderStyle::Ietf);
+    assert_eq!(
+        headers["ratelimit"],
+        r#""10/s";r=8;t=1, "2 concurrent";r=0"#
+    );
+    assert_eq!(headers[RETRY_AFTER], "1");
+}
+
+/// On a denial, the denying limit's `t` is its wait, and no `t` goes beyond `Retry-After`.
+#[tokio::test]
+async fn a_denial_never_points_before_the_effective_windows() {
+    let (l, clock) = limiter("2/min log, 1000/d fixed");
+    let _ = check(&l).await;
+    clock.advance(Duration::from_secs(10));
+    let _ = check(&l).await;
+    clock.advance(Duration::from_secs(5));
+    let denied = check(&l).await;
+    assert!(!denied.is_allowed());
+    let mut headers = HeaderMap::new();
+    add_headers(&mut headers, &denied, HeaderStyle::Ietf);
+    // the first entry leaves the log 45 s from now; the day has 86,385 s left, capped at 45
+    assert_eq!(headers[RETRY_AFTER], "45");
+    assert_eq!(
+        headers["ratelimit"],
+        r#""2/min log";r=0;t=45, "1000/d fixed";r=998;t=45"#
+    );
+}
+
+#[tokio::test]
+async fn a_heavier_request_waits_for_its_cost() {
+    let (l, _) = limiter("10/s bucket");
+    let _ = l.check_n(&["k"], 8).await.unwrap();
+    let denied = l.check_n(&["k"], 5).await.unwrap();
+    assert!(!denied.is_allowed());
+    let mut headers = HeaderMap::new();
+    add_headers(&mut headers, &denied, HeaderStyle::Ietf);
+    // 2 left; 5 fit again once 3 tokens have come back, 300 ms from now
+    assert_eq!(headers["ratelimit"], r#""10/s bucket";r=2;t=1"#);
+    assert_eq!(headers[RETRY_AFTER], "1");
+}
+
+#[tokio::test]
+async fn stacked_layers_list_every_limit_once() {
+    let (outer, _) = limiter("100/min, 10/s");
+    let (inner, _) = limiter("10/s, 5 concurrent");
+    let mut headers = HeaderMap::new();
+    for _ in 0..3 {
+        let _ = check(&inner).await;
+    }
+    let inner_d = check(&inner).await;
+    let outer_d = check(&outer).await;
+    add_headers(&mut headers, &inner_d, HeaderStyle::Ietf);
+    add_headers(&mut headers, &outer_d, HeaderStyle::Ietf);
+    assert_eq!(
+        headers["ratelimit-policy"],
+        r#""10/s";q=10;w=1, "5 concurrent";q=5;qu="concurrent-requests", "100/min";q=100;w=60"#
+    );
+    // "10/s" is in both: the tighter state (the inner layer's, with 6 left) is the one shown
+    assert_eq!(
+        headers["ratelimit"],
+        r#""10/s";r=6;t=1, "5 concurrent";r=4, "100/min";r=99;t=60"#
+    );
+    drop(inner_d);
+}
+
+/// A `Retry-After` set further in caps the effective windows of the layers around it.
+#[tokio::test]
+async fn an_inner_retry_after_caps_the_outer_windows() {
+    let (outer, _) = limiter("1000/d fixed");
+    let mut headers = HeaderMap::new();
+    headers.insert(RETRY_AFTER, HeaderValue::from_static("7"));
+    headers.insert(RATELIMIT, HeaderValue::from_static(r#""1/min";r=0;t=7"#));
+    add_headers(&mut headers, &check(&outer).await, HeaderStyle::Ietf);
+    assert_eq!(
+        headers["ratelimit"],
+        r#""1/min";r=0;t=7, "1000/d fixed";r=999;t=7"#
+    );
+    assert_eq!(headers[RETRY_AFTER], "7");
+}
+
+#[tokio::test]
+async fn fields_the_application_broke_are_left_alone() {
+    let (l, _) = limiter("10/s");
+    let mut headers = HeaderMap::new();
+    headers.insert(RATELIMIT, HeaderValue::from_static("not, a ;; list"));
+    add_headers(&mut headers, &check(&l).await, HeaderStyle::Ietf);
+    assert_eq!(headers[RATELIMIT], "not, a ;; list");
+    assert_eq!(headers["ratelimit-policy"], r#""10/s";q=10;w=1"#);
+}
+
+#[tokio::test]
+async fn the_legacy_style_shows_the_limit_closest_to_exhaustion() {
+    let (l, _) = limiter("10/s, 3/min fixed");
+    let d = check(&l).await;
+    let mut headers = HeaderMap::new();
+    add_headers(&mut headers, &d, HeaderStyle::Legacy);
+    assert!(headers.get(RATELIMIT).is_none());
+    assert_eq!(headers["x-ratelimit-limit"], "3");
+    assert_eq!(headers["x-ratelimit-remaining"], "2");
+    assert_eq!(headers["x-ratelimit-reset"], "60");
+    // a layer around it with more left does not replace it
+    let (outer, _) = limiter("100/min");
+    add_headers(&mut headers, &check(&outer).await, HeaderStyle::Both);
+    assert_eq!(headers["x-ratelimit-remaining"], "2");
+    assert_eq!(headers[RATELIMIT], r#""100/min";r=99;t=60"#);
+}
+
+#[test]
+fn adverts_serialize_as_structured_fields() {
+    let mut headers = HeaderMap::new();
+    super::merge_ietf(&mut headers, &[advert("10/s", 10, 1, 3, 1)], None);
+    assert_eq!(headers[RATELIMIT], r#""10/s";r=3;t=1"#);
+    assert_eq!(headers["ratelimit-policy"], r#""10/s";q=10;w=1"#);
+}

@@ -1,0 +1,275 @@
+//! A cache of identifiers the store denied, answered in process until the store said they
+//! could be allowed again.
+//!
+//! When Redis denies an identifier by a rate limit, it says when the same cost would fit
+//! "if nothing else happens". Whatever else happens — other requests, other processes — can
+//! only use more of the quota, never give it back, so until then Redis would deny that
+//! identifier every request of at least that cost. The cache answers those requests without
+//! a round trip, which is what a flood from one client is made of.
+//!
+//! It never denies what the store would allow:
+//! * the deadline is measured from just *before* the check was sent, so it falls no later
+//!   than the store's own (which counts from when it read its clock);
+//! * only costs at least as large as the denied one are answered (a smaller one may fit
+//!   sooner);
+//! * concurrency limits are never cached: slots free up when requests finish, which nobody
+//!   can predict;
+//! * it is used only with the real clock (a manual clock can jump).
+//!
+//! What it gives up: a reset of the identifier in Redis, or a policy change, is seen by this
+//! process only when its entry expires (at most the denied limit's retry time). Memory is
+//! bounded by a number of identifiers; at the bound, expired entries are swept, and new
+//! denials are not cached until there is room.
+
+use std::collections::HashMap;
+use std::sync::{Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use crate::decision::{Decision, LimitStatus, Origin};
+use crate::policy::Limit;
+use crate::store::Outcome;
+
+/// The default bound on the identifiers the cache holds.
+pub(crate) const DEFAULT_CAPACITY: usize = 10_000;
+
+#[derive(Debug)]
+pub(crate) struct DenyCache {
+    entries: Mutex<Entries>,
+    capacity: usize,
+}
+
+#[derive(Debug, Default)]
+struct Entries {
+    map: HashMap<String, Entry>,
+    /// The version of the limiter's policy the entries were denied by.
+    generation: u64,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Entry {
+    /// Until when a cost of at least `cost` is denied.
+    until: Instant,
+    cost: u64,
+    /// When the limit's full quota is back (for headers).
+    reset: Instant,
+    limit_index: usize,
+    limit: Limit,
+    remaining: u64,
+}
+
+impl DenyCache {
+    pub(crate) fn new(capacity: usize) -> DenyCache {
+        DenyCache {
+            entries: Mutex::default(),
+            capacity,
+        }
+    }
+
+    /// A denied decision for a request of `cost` for `ids` (escaped, with the index of each in
+    /// the caller's slice), if the cache knows one of them is denied now.
+    pub(crate) fn lookup(&self, ids: &[String], firsts: &[usize], cost: u64) -> Option<Decision> {
+        let now = Instant::now();
+        let mut entries = self.entries.lock().unwrap_or_else(PoisonError::into_inner);
+        let entries = &mut entries.map;
+        let mut statuses = Vec::new();
+        for (k, id) in ids.iter().enumerate() {
+            let Some(e) = entries.get(id).copied() else {
+                continue;
+            };
+            if e.until <= now {
+                entries.remove(id);
+                continue;
+            }
+            if cost >= e.cost {
+                statuses.push(LimitStatus {
+                    identifier: firsts[k],
+                    limit_index: e.limit_index,
+                    limit: e.limit,
+                    allowed: false,
+                    remaining: e.remaining,
+                    reset_after: e.reset.saturating_duration_since(now),
+                    retry_after: Some(e.until - now),
+                });
+            }
+        }
+        (!statuses.is_empty()).then(|| Decision {
+            allowed: false,
+            shadow: false,
+            cost,
+            statuses,
+            guard: None,
+            origin: Origin::DenyCache,
+        })
+    }
+
+    /// Remembers the rate limits that denied `ids` in `outcome`, for a check of `cost` sent at
+    /// `sent` with the version `generation` of the policy (ignored if that is not the
+    /// current one: the policy changed while the check ran).
+    pub(crate) fn record(
+        &self,
+        ids: &[String],
+        limits: &[Limit],
+        outcome: &Outcome,
+        cost: u64,
+        sent: Instant,
+        generation: u64,
+    ) {
+        let mut entries = self.entries.lock().unwrap_or_else(PoisonError::into_inner);
+        if entries.generation != generation {
+            return;
+        }
+        let entries = &mut entries.map;
+        for (id, pairs) in ids.iter().zip(outcome.entries.chunks(limits.len())) {
+            // The denying rate limit that holds this identifier back longest.
+            let Some((limit_index, e)) = pairs
+                .iter()
+                .enumerate()
+                .filter(|(l, e)| !e.allowed && !limits[*l].is_concurrency())
+                .max_by_key(|(_, e)| e.retry_after_us)
+            else {
+                continue;
+            };
+            if !entries.contains_key(id) && entries.len() >= self.capacity {
+                entries.retain(|_, e| e.until > sent);
+                if entries.len() >= self.capacity {
+                    continue;
+                }
+            }
+            entries.insert(
+                id.clone(),
+                Entry {
+                    until: sent + Duration::from_micros(e.retry_after_us),
+                    cost,
+                    reset: sent + Duration::from_micros(e.reset_after_us),
+                    limit_index,
+                    limit: limits[limit_index],
+                    remaining: e.remaining,
+                },
+            );
+        }
+    }
+
+    /// Forgets every entry: the policy is now its version `generation`.
+    pub(crate) fn reset(&self, generation: u64) {
+        let mut entries = self.entries.lock().unwrap_or_else(PoisonError::into_inner);
+        entries.map.clear();
+        entries.generation = generation;
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.entries.lock().unwrap().map.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::algorithm::Entry as Pair;
+
+    fn denied(retry_us: u64) -> Pair {
+        Pair {
+            allowed: false,
+            remaining: 0,
+            reset_after_us: retry_us * 2,
+            retry_after_us: retry_us,
+        }
+    }
+
+    fn allowed() -> Pair {
+        Pair {
+            allowed: true,
+            remaining: 3,
+            reset_after_us: 10,
+            retry_after_us: 0,
+        }
+    }
+
+    #[test]
+    fn answers_only_what_the_store_would_deny() {
+        let cache = DenyCache::new(10);
+        let limits = [
+            "10/s".parse::<Limit>().unwrap(),
+            "2 concurrent".parse::<Limit>().unwrap(),
+        ];
+        let ids = ["a".to_string(), "b".to_string()];
+        // a: denied by the rate limit for 1 s; b: denied by the concurrency limit only.
+        let outcome = Outcome {
+            allowed: false,
+            entries: vec![denied(1_000_000), allowed(), allowed(), denied(1_000_000)],
+        };
+        cache.record(&ids, &limits, &outcome, 2, Instant::now(), 0);
+        assert_eq!(cache.len(), 1);
+        let d = cache
+            .lookup(&ids[..1], &[0], 2)
+            .expect("a at cost 2 is denied");
+        assert!(!d.is_allowed());
+        assert_eq!(d.origin(), Origin::DenyCache);
+        assert!(d.retry_after().unwrap() <= Duration::from_secs(1));
+        assert!(
+            cache.lookup(&ids[..1], &[0], 3).is_some(),
+            "a larger cost too"
+        );
+        assert!(
+            cache.lookup(&ids[..1], &[0], 1).is_none(),
+            "a smaller cost may fit sooner"
+        );
+        assert!(
+            cache.lookup(&ids[1..], &[0], 2).is_none(),
+            "concurrency is not cached"
+        );
+        // in a request with several identifiers, the cached one's index is reported
+        let d = cache
+            .lookup(&["x".to_string(), ids[0].clone()], &[0, 3], 2)
+            .unwrap();
+        assert_eq!(d.denied_by().unwrap().identifier, 3);
+    }
+
+    #[test]
+    fn entries_expire_and_stay_bounded() {
+        let cache = DenyCache::new(2);
+        let limits = ["10/s".parse::<Limit>().unwrap()];
+        let outcome = Outcome {
+            allowed: false,
+            entries: vec![denied(1)],
+        };
+        for id in ["a", "b", "c"] {
+            cache.record(&[id.to_string()], &limits, &outcome, 1, Instant::now(), 0);
+        }
+        assert!(cache.len() <= 2);
+        std::thread::sleep(Duration::from_millis(2));
+        assert!(
+            cache.lookup(&["a".to_string()], &[0], 1).is_none(),
+            "expired"
+        );
+        let long = Outcome {
+            allowed: false,
+            entries: vec![denied(10_000_000)],
+        };
+        cache.record(&["d".to_string()], &limits, &long, 1, Instant::now(), 0);
+        assert!(
+            cache.lookup(&["d".to_string()], &[0], 1).is_some(),
+            "room was swept"
+        );
+    }
+
+    #[test]
+    fn a_policy_change_empties_it_and_keeps_no_older_denial() {
+        let cache = DenyCache::new(10);
+        let limits = ["10/s".parse::<Limit>().unwrap()];
+        let outcome = Outcome {
+            allowed: false,
+            entries: vec![denied(10_000_000)],
+        };
+        let ids = ["a".to_string()];
+        cache.record(&ids, &limits, &outcome, 1, Instant::now(), 0);
+        assert!(cache.lookup(&ids, &[0], 1).is_some());
+        cache.reset(1);
+        assert!(cache.lookup(&ids, &[0], 1).is_none(), "emptied");
+        // a check that ran on the old policy finishes after the change
+        cache.record(&ids, &limits, &outcome, 1, Instant::now(), 0);
+        assert!(cache.lookup(&ids, &[0], 1).is_none(), "not kept");
+        cache.record(&ids, &limits, &outcome, 1, Instant::now(), 1);
+        assert!(cache.lookup(&ids, &[0], 1).is_some());
+    }
+}

@@ -1,0 +1,399 @@
+//! The limiter: a store and a policy, usable without tower.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
+
+use arc_swap::ArcSwap;
+
+use crate::decision::Decision;
+use crate::observe::{self, ShadowLog};
+use crate::policy::Policy;
+use crate::store::{MemoryStore, Store};
+
+mod check;
+mod deny_cache;
+mod error;
+mod failure;
+mod peek;
+
+use deny_cache::DenyCache;
+
+pub(crate) use check::Mode;
+pub use error::Error;
+pub use failure::{Fallback, OnStoreError};
+
+/// The most distinct identifiers one check may name.
+pub const MAX_IDENTIFIERS: usize = 16;
+
+/// Checks requests against a [`Policy`], with its state in a [`Store`].
+///
+/// A cheap handle: clones share the store and the policy.
+///
+/// ```
+/// # async fn run() -> Result<(), tollgate::Error> {
+/// use tollgate::{Limiter, MemoryStore};
+///
+/// let limiter = Limiter::new(MemoryStore::new(), "10/s, 120/min, 240/h".parse().unwrap());
+/// // The client IP and the user together: allowed only if both are under every limit.
+/// let decision = limiter.check(&["ip:203.0.113.9", "user:42"]).await?;
+/// assert!(decision.is_allowed());
+/// # Ok(()) }
+/// # tokio::runtime::Runtime::new().unwrap().block_on(run()).unwrap();
+/// ```
+#[derive(Clone)]
+pub struct Limiter {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    store: Store,
+    on_error: OnStoreError,
+    /// The name given to the builder; without one, each version is named by its policy.
+    given_name: Option<Arc<str>>,
+    /// Identifiers the store denied a moment ago (remote stores on the real clock only).
+    deny_cache: Option<DenyCache>,
+    /// The in-process store of the fallback, under [`OnStoreError::Fallback`]: it keeps its
+    /// counts across policy changes, as the main store does.
+    fallback_store: Option<Store>,
+    /// Whether checks let every request through, recording what the policy decided.
+    shadow: AtomicBool,
+    shadow_log: ShadowLog,
+    /// The policy in force, swapped whole by [`Limiter::set_policy`]: a check loads it once
+    /// and runs on that version to the end.
+    version: ArcSwap<Version>,
+    /// Serializes policy changes, so that versions are numbered in the order they apply.
+    changing: Mutex<()>,
+}
+
+/// One version of a limiter's policy, with what follows from it.
+struct Version {
+    policy: Policy,
+    /// The limiter's name in logs and metrics.
+    name: Arc<str>,
+    /// The fallback's policy: this one scaled to the process's share.
+    fallback: Option<Policy>,
+    /// Counts the versions, so that the deny cache keeps no denial of an older one.
+    generation: u64,
+}
+
+impl Version {
+    fn new(
+        policy: Policy,
+        given_name: Option<&Arc<str>>,
+        on_error: OnStoreError,
+        generation: u64,
+    ) -> Version {
+        let name = given_name
+            .cloned()
+            .unwrap_or_else(|| policy.to_string().into());
+        let fallback = match on_error {
+            OnStoreError::Fallback(f) => Some(policy.scaled(f.share_of_fleet())),
+            _ => None,
+        };
+        Version {
+            policy,
+            name,
+            fallback,
+            generation,
+        }
+    }
+}
+
+impl fmt::Debug for Limiter {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let version = self.inner.version.load();
+        f.debug_struct("Limiter")
+            .field("name", &version.name)
+            .field("store", &self.inner.store)
+            .field("policy", &version.policy.to_string())
+            .field("on_store_error", &self.inner.on_error)
+            .field("shadow", &self.is_shadow())
+            .finish()
+    }
+}
+
+/// Configures a [`Limiter`]: [`Limiter::builder`].
+#[derive(Debug, Clone)]
+pub struct LimiterBuilder {
+    store: Store,
+    policy: Policy,
+    on_error: OnStoreError,
+    name: Option<String>,
+    deny_cache: usize,
+    shadow: bool,
+}
+
+impl LimiterBuilder {
+    /// How many identifiers the deny cache holds at most (default 10,000; 0 turns it off).
+    ///
+    /// With a Redis store, when Redis denies an identifier by a rate limit until some time,
+    /// the limiter answers that identifier's requests (of at least the same cost) in process
+    /// until then, without a round trip: a client flooding the fleet is answered without
+    /// touching Redis. It never denies a request Redis would allow (others' requests only
+    /// use quota; concurrency limits are never cached); what it gives up is that resetting
+    /// the identifier in Redis is seen here only when the entry expires. The memory store and
+    /// a manual clock never use it.
+    pub fn deny_cache(mut self, max_identifiers: usize) -> Self {
+        self.deny_cache = max_identifiers;
+        self
+    }
+
+    /// What to do with a check the store could not decide (default: [`OnStoreError::Open`]).
+    pub fn on_store_error(mut self, on_error: OnStoreError) -> Self {
+        self.on_error = on_error;
+        self
+    }
+
+    /// The limiter's name in logs and metric labels (default: the policy's text, which
+    /// follows [policy changes](Limiter::set_policy)). Keep the set of names small: it is a
+    /// label value.
+    pub fn name(mut self, name: impl Into<String>) -> Self {
+        self.name = Some(name.into());
+        self
+    }
+
+    /// Shadow mode (default: off): every request is let through, and what the policy
+    /// decided is recorded — to try a policy on real traffic before enforcing it.
+    ///
+    /// Every check is made and charged exactly as when enforcing: a request the policy
+    /// allows is charged, one it would deny is let through *uncharged*, as a denied request
+    /// is. The counts are therefore those the enforced policy would have, and turning
+    /// enforcement on ([`Limiter::set_shadow`]) changes nothing but the answers. Decisions
+    /// are allowed, with [`Decision::would_deny`] and the statuses telling what enforcing
+    /// would have done; would-be denials are counted as `outcome="shadow_denied"` in
+    /// `tollgate_decisions_total` (the `metrics` feature) and logged at most once every
+    /// 10 seconds per limiter, with their number (the `tracing` feature). A check that
+    /// could not be made is let through too (a failed store under
+    /// [`OnStoreError::Closed`], a cost the policy can never admit), as a would-be denial.
+    pub fn shadow(mut self, shadow: bool) -> Self {
+        self.shadow = shadow;
+        self
+    }
+
+    /// Builds the limiter.
+    pub fn build(self) -> Limiter {
+        let fallback_store = matches!(self.on_error, OnStoreError::Fallback(_))
+            .then(|| Store::from(MemoryStore::new()));
+        let given_name: Option<Arc<str>> = self.name.map(Into::into);
+        let version = Version::new(self.policy, given_name.as_ref(), self.on_error, 0);
+        let deny_cache = (self.deny_cache > 0 && self.store.is_remote_on_real_clock())
+            .then(|| DenyCache::new(self.deny_cache));
+        Limiter {
+            inner: Arc::new(Inner {
+                store: self.store,
+                on_error: self.on_error,
+                given_name,
+                deny_cache,
+                fallback_store,
+                shadow: AtomicBool::new(self.shadow),
+                shadow_log: ShadowLog::default(),
+                version: ArcSwap::from_pointee(version),
+                changing: Mutex::new(()),
+            }),
+        }
+    }
+}
+
+impl Limiter {
+    /// A limiter applying `policy`, keeping its state in `store`, failing open when the store
+    /// fails ([`OnStoreError::Open`]). [`Limiter::builder`] configures the rest.
+    pub fn new(store: impl Into<Store>, policy: Policy) -> Limiter {
+        Limiter::builder(store, policy).build()
+    }
+
+    /// Configures a limiter applying `policy`, keeping its state in `store`.
+    pub fn builder(store: impl Into<Store>, policy: Policy) -> LimiterBuilder {
+        LimiterBuilder {
+            store: store.into(),
+            policy,
+            on_error: OnStoreError::default(),
+            name: None,
+            deny_cache: deny_cache::DEFAULT_CAPACITY,
+            shadow: false,
+        }
+    }
+
+    /// What the limiter does with a check the store could not decide.
+    pub fn on_store_error(&self) -> OnStoreError {
+        self.inner.on_error
+    }
+
+    /// The policy in force.
+    pub fn policy(&self) -> Policy {
+        self.inner.version.load().policy.clone()
+    }
+
+    /// The limiter's name in logs and metric labels: the name it was built with, or the
+    /// text of the policy in force.
+    pub fn name(&self) -> String {
+        self.inner.version.load().name.to_string()
+    }
+
+    /// The store.
+    pub fn store(&self) -> &Store {
+        &self.inner.store
+    }
+
+    /// Replaces the policy, for every clone of this limiter, without a restart.
+    ///
+    /// Checks that have started finish on the policy they started with; every check that
+    /// starts afterwards uses the new one. The fallback ([`OnStoreError::Fallback`]) follows
+    /// it, scaled as before, and so does the limiter's name unless it was given one. The
+    /// deny cache is emptied.
+    ///
+    /// What was counted carries over limit by limit, as long as the store keeps the limit's
+    /// state under the same key:
+    ///
+    /// * a limit whose count alone changes keeps what was counted for it: `10/s` raised to
+    ///   `20/s` with 8 used has 12 left; lowered to `5/s`, it denies until the usage has
+    ///   fallen below 5. This holds for the sliding window, sliding log and fixed window;
+    /// * a concurrency limit keeps its held slots whatever its count or lease;
+    /// * a token bucket or GCRA keeps its usage when its burst (capacity) changes, and starts
+    ///   afresh when its rate (count or window) does: its state is a time measured in steps
+    ///   of that rate;
+    /// * a limit whose window or algorithm changes starts afresh (its old state expires by
+    ///   itself); so does a limit that is new to the policy.
+    ///
+    /// Setting the policy in force again changes nothing.
+    pub fn set_policy(&self, policy: Policy) {
+        let _changing = self
+            .inner
+            .changing
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let old = self.inner.version.load_full();
+        if old.policy == policy {
+            return;
+        }
+        let generation = old.generation + 1;
+        let version = Version::new(
+            policy,
+            self.inner.given_name.as_ref(),
+            self.inner.on_error,
+            generation,
+        );
+        observe::policy_changed(&old.name, &old.policy, &version.policy);
+        self.inner.version.store(Arc::new(version));
+        if let Some(cache) = &self.inner.deny_cache {
+            cache.reset(generation);
+        }
+    }
+
+    /// Follows `policies`: applies its current value, then every value sent to it
+    /// ([`set_policy`](Limiter::set_policy)), until the sender is dropped or every clone of
+    /// the limiter is. Spawn the returned future; the channel's sender is the handle that
+    /// changes the policy (a configuration reloader, an admin endpoint).
+    ///
+    /// ```
+    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    /// use tollgate::{Limiter, MemoryStore, Policy};
+    ///
+    /// let policy: Policy = "10/s".parse()?;
+    /// let (reload, policies) = tokio::sync::watch::channel(policy.clone());
+    /// let limiter = Limiter::new(MemoryStore::new(), policy);
+    /// tokio::spawn(limiter.follow(policies));
+    ///
+    /// reload.send("20/s, 600/h".parse()?)?;
+    /// # tokio::task::yield_now().await;
+    /// # Ok(()) }
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(run()).unwrap();
+    /// ```
+    pub fn follow(
+        &self,
+        mut policies: tokio::sync::watch::Receiver<Policy>,
+    ) -> impl Future<Output = ()> + Send + 'static {
+        // Held weakly: the task must not keep a limiter nobody uses alive.
+        let limiter: Weak<Inner> = Arc::downgrade(&self.inner);
+        async move {
+            loop {
+                let policy = policies.borrow_and_update().clone();
+                match limiter.upgrade() {
+                    Some(inner) => Limiter { inner }.set_policy(policy),
+                    None => return,
+                }
+                if policies.changed().await.is_err() {
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Turns shadow mode on or off for every clone of this limiter, at once (see
+    /// [`LimiterBuilder::shadow`]). Counting is the same in both modes, so switching
+    /// changes only the answers.
+    pub fn set_shadow(&self, shadow: bool) {
+        self.inner.shadow.store(shadow, Ordering::Relaxed);
+    }
+
+    /// Whether the limiter is in shadow mode.
+    pub fn is_shadow(&self) -> bool {
+        self.inner.shadow.load(Ordering::Relaxed)
+    }
+
+    /// Checks one request of cost 1 for the given identifiers. See [`Limiter::check_n`].
+    ///
+    /// # Errors
+    ///
+    /// As [`Limiter::check_n`].
+    pub async fn check<I: AsRef<str>>(&self, identifiers: &[I]) -> Result<Decision, Error> {
+        self.check_n(identifiers, 1).await
+    }
+
+    /// Checks one request of cost `cost` (its weight) for the given identifiers: allowed
+    /// only if every limit admits it for every identifier, and then charged everywhere; when
+    /// denied, charged nowhere. On Redis this is one script call.
+    ///
+    /// Identifiers are free text (`"ip:203.0.113.9"`, `"user:42"`); any bytes are safe, long
+    /// ones are hashed. Giving the same identifier twice counts it once.
+    ///
+    /// When the store cannot decide (Redis down, slow, misconfigured), the limiter's
+    /// [`OnStoreError`] answers: an allowed decision ([`Origin::FailOpen`](crate::Origin)),
+    /// the error, or the fallback limiter's decision ([`Origin::Fallback`](crate::Origin)).
+    /// A check whose answer was lost (a timeout) is never retried: it may have been charged
+    /// already.
+    ///
+    /// In [shadow mode](LimiterBuilder::shadow) the decision is always allowed; it is
+    /// charged as it would be when enforcing.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Cost`] when `cost` is 0 or more than some limit could ever admit
+    /// (a request that can never fit is an error, not an eternal denial),
+    /// [`Error::NoIdentifiers`] / [`Error::TooManyIdentifiers`], and [`Error::Store`] when
+    /// the store could not decide and the limiter fails closed ([`OnStoreError::Closed`]).
+    /// In shadow mode, only the identifier errors.
+    pub async fn check_n<I: AsRef<str>>(
+        &self,
+        identifiers: &[I],
+        cost: u64,
+    ) -> Result<Decision, Error> {
+        self.run(identifiers, cost, Mode::CHECK).await
+    }
+
+    /// What a check of cost `cost` would decide now, without charging anything: whether it
+    /// fits, and per (identifier, limit) pair the quota available now and the times of a
+    /// check's decision. The store writes nothing (on Redis, no key, value or TTL changes),
+    /// and no concurrency slot is taken.
+    ///
+    /// It answers as a check does when the store fails (the failure policy, the fallback),
+    /// and in shadow mode. It is not counted in the decision metrics.
+    ///
+    /// Not public yet: the stores need a read-only check for it (a store verb that evaluates
+    /// without writing); until they have one a peek fails as a store error, so nothing that
+    /// users can reach calls it (the HTTP layer's charging by response waits on it too).
+    #[allow(dead_code)]
+    pub(crate) async fn peek_n<I: AsRef<str>>(
+        &self,
+        identifiers: &[I],
+        cost: u64,
+    ) -> Result<Decision, Error> {
+        self.run(identifiers, cost, Mode::PEEK).await
+    }
+}
+
+/// A limiter's check of one request. It owns the request while it runs and hands it back
+/// with the outcome, so that the request can then be passed on (or answered).
+pub(crate) type CheckFuture<R> = Pin<Box<dyn Future<Output = (Result<Decision, Error>, R)> + Send>>;

@@ -1,0 +1,162 @@
+//! A circuit breaker in front of a remote store.
+//!
+//! While the store answers, every check calls it. After [`THRESHOLD`] failures in a row (a
+//! timeout, a refused or lost connection, a server error) the breaker opens: checks stop
+//! calling the store and fail at once with [`StoreError::Unavailable`], which the limiter's
+//! failure policy answers in microseconds instead of after a timeout. One probe task then asks
+//! the store every [`PROBE_EVERY`] whether it is back, and closes the breaker when it is, so
+//! checks go through the store again within that interval of its return.
+//!
+//! A failure count rather than a failure rate: a store that is down fails every call, and a
+//! handful in a row is the clearest signal there is; a healthy store that drops one call in a
+//! while never opens it. While the breaker is closed, a check is never refused by it.
+
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+use super::StoreError;
+use crate::observe;
+
+/// Failures in a row that open the breaker.
+pub(crate) const THRESHOLD: u32 = 3;
+/// How often an open breaker asks the store whether it is back.
+pub(crate) const PROBE_EVERY: Duration = Duration::from_millis(200);
+
+/// The breaker of one store (shared by its clones).
+#[derive(Debug)]
+pub(crate) struct Breaker {
+    /// The store's name in logs and metrics (its key prefix).
+    store: Arc<str>,
+    failures: AtomicU32,
+    open: AtomicBool,
+}
+
+/// What a call's result means for the breaker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Tripped {
+    /// Nothing changed, or the breaker was open already.
+    No,
+    /// This failure opened the breaker: start probing.
+    Opened,
+}
+
+impl Breaker {
+    pub(crate) fn new(store: Arc<str>) -> Breaker {
+        Breaker {
+            store,
+            failures: AtomicU32::new(0),
+            open: AtomicBool::new(false),
+        }
+    }
+
+    /// Runs `call` unless the breaker is open (then fails at once with
+    /// [`StoreError::Unavailable`]), records its latency and result, and when this call opens
+    /// the breaker, starts a task that runs `probe` every [`PROBE_EVERY`] until it succeeds.
+    /// The task holds the breaker weakly: it ends with the store.
+    pub(crate) async fn call<T, P, F>(
+        self: &Arc<Self>,
+        call: impl Future<Output = Result<T, StoreError>>,
+        probe: impl FnOnce() -> P,
+    ) -> Result<T, StoreError>
+    where
+        P: Fn() -> F + Send + 'static,
+        F: Future<Output = Result<(), StoreError>> + Send + 'static,
+    {
+        if !self.is_closed() {
+            observe::store_call(&self.store, None, Err(&StoreError::Unavailable));
+            return Err(StoreError::Unavailable);
+        }
+        let started = Instant::now();
+        let result = call.await;
+        let outcome = result.as_ref().map(|_| ());
+        observe::store_call(&self.store, Some(started.elapsed()), outcome);
+        if self.record(outcome) == Tripped::Opened {
+            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                runtime.spawn(probing(Arc::downgrade(self), probe()));
+            } else {
+                // No runtime to probe from: let the next call find out.
+                self.close();
+            }
+        }
+        result
+    }
+
+    /// Whether calls go to the store (the breaker is closed).
+    pub(crate) fn is_closed(&self) -> bool {
+        !self.open.load(Ordering::Acquire)
+    }
+
+    /// Records the result of a call that went to the store.
+    pub(crate) fn record(&self, result: Result<(), &StoreError>) -> Tripped {
+        match result {
+            Ok(()) => {
+                self.failures.store(0, Ordering::Release);
+                Tripped::No
+            }
+            Err(e) => {
+                let n = self.failures.fetch_add(1, Ordering::AcqRel) + 1;
+                if n >= THRESHOLD && !self.open.swap(true, Ordering::AcqRel) {
+                    observe::breaker_opened(&self.store, e);
+                    Tripped::Opened
+                } else {
+                    Tripped::No
+                }
+            }
+        }
+    }
+
+    /// The store answered a probe: calls go to it again.
+    pub(crate) fn close(&self) {
+        self.failures.store(0, Ordering::Release);
+        if self.open.swap(false, Ordering::AcqRel) {
+            observe::breaker_closed(&self.store);
+        }
+    }
+}
+
+/// Probes until the store answers (or is gone), then closes the breaker.
+async fn probing<F>(breaker: Weak<Breaker>, probe: impl Fn() -> F)
+where
+    F: Future<Output = Result<(), StoreError>>,
+{
+    loop {
+        tokio::time::sleep(PROBE_EVERY).await;
+        if breaker.strong_count() == 0 {
+            return;
+        }
+        if probe().await.is_ok() {
+            if let Some(b) = breaker.upgrade() {
+                b.close();
+            }
+            return;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn opens_after_a_run_of_failures_and_closes_on_probe() {
+        let b = Breaker::new("test".into());
+        let e = StoreError::Timeout(Duration::from_millis(1));
+        assert_eq!(b.record(Err(&e)), Tripped::No);
+        assert_eq!(b.record(Err(&e)), Tripped::No);
+        // a success in between starts the count again
+        assert_eq!(b.record(Ok(())), Tripped::No);
+        for _ in 1..THRESHOLD {
+            assert_eq!(b.record(Err(&e)), Tripped::No);
+            assert!(b.is_closed());
+        }
+        assert_eq!(b.record(Err(&e)), Tripped::Opened);
+        assert!(!b.is_closed());
+        // further failures (calls that were in flight) do not open it twice
+        assert_eq!(b.record(Err(&e)), Tripped::No);
+        b.close();
+        assert!(b.is_closed());
+        assert_eq!(b.record(Err(&e)), Tripped::No);
+    }
+}

@@ -1,0 +1,577 @@
+//! The connection's lifecycle: one current multiplexed connection, shared by every call, and
+//! one background task that replaces it whenever it breaks.
+//!
+//! The `redis` crate's `ConnectionManager` reconnects only after I/O errors and gives up on
+//! others (a failed authentication leaves it without a connection for good), and it cannot
+//! follow Sentinel. So the store owns the lifecycle and builds on the crate's
+//! `MultiplexedConnection`:
+//!
+//! * The current connection lives in a `watch` channel: `Up` (with its generation),
+//!   `Connecting` (the first attempt, or the one after a working connection was lost) or
+//!   `Down` (the last attempt failed, and why).
+//! * A call that fails in a way that condemns the connection (an I/O error, a refused
+//!   authentication, `READONLY` after a failover, `MASTERDOWN`; or no reply at all for a
+//!   while) reports it; so does the connection itself when it closes (a RESP3 push the crate
+//!   sends on disconnection). The first report for a generation turns it `Connecting` and
+//!   wakes the task. Nothing is ever retried: the failed call returns its error.
+//! * The task connects (behind Sentinel: asks the sentinels where the master is), runs the
+//!   start-up checks (`validate`), and on success publishes the connection; on failure it
+//!   publishes why and tries again after a backoff of at most [`MAX_BACKOFF`], so checks work
+//!   again within about half a second of a healthy master answering.
+//! * Callers never wait beyond their own timeout: while `Connecting` they wait for the
+//!   attempt (a killed connection is replaced within a round trip, unnoticed), while `Down`
+//!   they fail at once ([`StoreError::Unavailable`], or the misconfiguration found).
+
+use std::collections::hash_map::RandomState;
+use std::error::Error as StdError;
+use std::fmt;
+use std::hash::BuildHasher;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::time::Duration;
+
+use redis::aio::MultiplexedConnection;
+use redis::{AsyncConnectionConfig, Client, ConnectionInfo, PushInfo, PushKind, RedisError};
+use tokio::sync::{watch, Notify};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use super::sentinel::{Lookup, Sentinels, RECHECK};
+use super::url::{tcp_info, Target};
+use super::validate::{self, Failure};
+use crate::store::error::{Misconfiguration, MisconfigurationKind};
+use crate::store::StoreError;
+
+/// The longest wait between two connection attempts.
+pub(crate) const MAX_BACKOFF: Duration = Duration::from_millis(500);
+/// The first wait after a failed attempt.
+const MIN_BACKOFF: Duration = Duration::from_millis(25);
+/// When calls have kept timing out without any reply for this long (or twice the call
+/// timeout, if longer), the next one to time out condemns the connection: a peer that vanished
+/// without closing it would otherwise hold every call until TCP gives up, minutes later.
+const SILENCE: Duration = Duration::from_secs(1);
+/// No time recorded.
+const NONE: u64 = u64::MAX;
+
+/// The store's handle on its connection. Clones share it; the background task ends when the
+/// last clone is gone.
+#[derive(Clone)]
+pub(crate) struct Link {
+    shared: Arc<Shared>,
+    task: Arc<Task>,
+}
+
+struct Shared {
+    state: watch::Sender<State>,
+    /// Wakes the task when its connection was reported broken.
+    wake: Notify,
+    next_generation: AtomicU64,
+    /// When the first call timed out since the last reply, in ms since `epoch`
+    /// ([`NONE`] when a reply came after the last timeout).
+    first_miss_ms: AtomicU64,
+    epoch: Instant,
+    /// How long a call may take: the longest a caller waits for a connection attempt.
+    timeout: Duration,
+    behind_sentinel: bool,
+    /// The key prefix, for the message of an ACL key pattern that misses it.
+    prefix: Arc<str>,
+    /// The passwords of the URL, scrubbed from any error text kept.
+    secrets: Vec<String>,
+}
+
+#[derive(Clone)]
+enum State {
+    Connecting,
+    Up {
+        conn: MultiplexedConnection,
+        generation: u64,
+    },
+    Down(Cause),
+}
+
+/// Why the last connection attempt failed.
+#[derive(Clone)]
+pub(crate) enum Cause {
+    /// The server cannot serve the store as configured.
+    Misconfigured(Misconfiguration),
+    /// The server could not be reached or answered an error; the details, scrubbed.
+    Failed(Arc<dyn StdError + Send + Sync>),
+    /// An attempt took longer than the connect timeout.
+    Timeout(Duration),
+}
+
+impl Cause {
+    /// The error for the caller that waited for the attempt: the whole cause.
+    pub(crate) fn into_error(self) -> StoreError {
+        match self {
+            Cause::Misconfigured(m) => StoreError::Misconfigured(m),
+            Cause::Failed(e) => StoreError::Backend(Box::new(Kept(e))),
+            Cause::Timeout(d) => StoreError::Timeout(d),
+        }
+    }
+
+    /// The error for a caller that found the store down: answered at once.
+    fn at_once(&self) -> StoreError {
+        match self {
+            Cause::Misconfigured(m) => StoreError::Misconfigured(m.clone()),
+            Cause::Failed(_) | Cause::Timeout(_) => StoreError::Unavailable,
+        }
+    }
+
+    fn label(&self) -> &'static str {
+        match self {
+            Cause::Misconfigured(_) => "down: misconfigured",
+            Cause::Failed(_) => "down",
+            Cause::Timeout(_) => "down: timed out",
+        }
+    }
+}
+
+/// A shared error shown as itself.
+#[derive(Debug)]
+struct Kept(Arc<dyn StdError + Send + Sync>);
+
+impl fmt::Display for Kept {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.0, f)
+    }
+}
+
+impl StdError for Kept {
+    fn source(&self) -> Option<&(dyn StdError + 'static)> {
+        self.0.source()
+    }
+}
+
+/// The text of an error whose own text held a secret, with the secret replaced by `***`.
+#[derive(Debug)]
+struct Scrubbed(String);
+
+impl fmt::Display for Scrubbed {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl StdError for Scrubbed {}
+
+/// A reason of the store's own, for the logs.
+#[derive(Debug)]
+struct Reason(&'static str);
+
+impl fmt::Display for Reason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.0)
+    }
+}
+
+impl StdError for Reason {}
+
+/// The background task, stopped when the last handle goes.
+struct Task {
+    handle: Mutex<Option<JoinHandle<()>>>,
+    /// What the task needs to start, until it has (a lazily built store outside a runtime
+    /// starts it on first use).
+    pending: Mutex<Option<Connector>>,
+    /// Whether `pending` holds it, read without the lock on every call.
+    has_pending: AtomicBool,
+}
+
+impl Drop for Task {
+    fn drop(&mut self) {
+        let handle = self
+            .handle
+            .get_mut()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some(h) = handle.take() {
+            h.abort();
+        }
+    }
+}
+
+impl Shared {
+    /// Keeps an error for the logs: as it is, unless its text holds a password.
+    fn keep(&self, e: impl StdError + Send + Sync + 'static) -> Arc<dyn StdError + Send + Sync> {
+        let text = e.to_string();
+        let secrets = self.secrets.iter().filter(|s| text.contains(s.as_str()));
+        let mut scrubbed = None::<String>;
+        for s in secrets {
+            scrubbed = Some(
+                scrubbed
+                    .unwrap_or_else(|| text.clone())
+                    .replace(s.as_str(), "***"),
+            );
+        }
+        match scrubbed {
+            Some(text) => Arc::new(Scrubbed(text)),
+            None => Arc::new(e),
+        }
+    }
+
+    fn cause(&self, failure: Failure) -> Cause {
+        match failure {
+            Failure::Misconfigured(m) => Cause::Misconfigured(m),
+            Failure::Transient(why) => Cause::Failed(Arc::new(Reason(why))),
+            Failure::Reply(e) => Cause::Failed(Arc::new(e)),
+            Failure::Redis(e) => {
+                let verdict = validate::classify(&e);
+                match verdict.misconfigured {
+                    // Behind Sentinel a replica is a failover under way, not a mistake.
+                    Some(MisconfigurationKind::Replica) if self.behind_sentinel => {
+                        Cause::Failed(self.keep(e))
+                    }
+                    Some(kind) => {
+                        let context = match kind {
+                            MisconfigurationKind::KeyDenied => &*self.prefix,
+                            _ => "",
+                        };
+                        let m =
+                            Misconfiguration::new(kind, context).with_source(Kept(self.keep(e)));
+                        Cause::Misconfigured(m)
+                    }
+                    None => Cause::Failed(self.keep(e)),
+                }
+            }
+        }
+    }
+
+    fn lookup_cause(&self, lookup: Lookup, service: &str) -> Cause {
+        let kind = match lookup {
+            Lookup::Failed(e) => return Cause::Failed(self.keep(e)),
+            Lookup::Misconfigured(kind) => kind,
+        };
+        let context = match kind {
+            MisconfigurationKind::UnknownService => service,
+            MisconfigurationKind::Authentication => "sentinel",
+            _ => "",
+        };
+        Cause::Misconfigured(Misconfiguration::new(kind, context))
+    }
+
+    /// Condemns the connection of `generation`, if it is still the current one.
+    fn broken(&self, generation: u64) {
+        let condemned = self.state.send_if_modified(|state| match state {
+            State::Up { generation: g, .. } if *g == generation => {
+                *state = State::Connecting;
+                true
+            }
+            _ => false,
+        });
+        if condemned {
+            self.wake.notify_one();
+        }
+    }
+
+    fn now_ms(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+}
+
+impl Link {
+    /// Connects now, checks the server, and starts the task that keeps the connection: the
+    /// whole cause when the first attempt fails.
+    pub(crate) async fn connect(mut connector: Connector) -> Result<Link, StoreError> {
+        let link = Link::new(&connector, State::Connecting);
+        let weak = Arc::downgrade(&link.shared);
+        let first = connector
+            .attempt(&link.shared, weak)
+            .await
+            .map_err(Cause::into_error)?;
+        link.shared.state.send_replace(State::Up {
+            conn: first.conn,
+            generation: first.generation,
+        });
+        link.start(connector);
+        Ok(link)
+    }
+
+    /// A link without a connection yet: the task connects as soon as it runs (at once within
+    /// a Tokio runtime, else on first use).
+    pub(crate) fn lazy(connector: Connector) -> Link {
+        let link = Link::new(&connector, State::Connecting);
+        if tokio::runtime::Handle::try_current().is_ok() {
+            link.start(connector);
+        } else {
+            *link
+                .task
+                .pending
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner) = Some(connector);
+            link.task.has_pending.store(true, Ordering::Release);
+        }
+        link
+    }
+
+    fn new(connector: &Connector, state: State) -> Link {
+        let shared = Arc::new(Shared {
+            state: watch::Sender::new(state),
+            wake: Notify::new(),
+            next_generation: AtomicU64::new(0),
+            first_miss_ms: AtomicU64::new(NONE),
+            epoch: Instant::now(),
+            timeout: connector.call_timeout,
+            behind_sentinel: matches!(connector.source, Source::Sentinels(_)),
+            prefix: connector.prefix.clone(),
+            secrets: connector.secrets.clone(),
+        });
+        Link {
+            shared,
+            task: Arc::new(Task {
+                handle: Mutex::new(None),
+                pending: Mutex::new(None),
+                has_pending: AtomicBool::new(false),
+            }),
+        }
+    }
+
+    fn start(&self, connector: Connector) {
+        let connected = match &*self.shared.state.borrow() {
+            State::Up { generation, .. } => Some(*generation),
+            _ => None,
+        };
+        let handle = tokio::spawn(run(self.shared.clone(), connector, connected));
+        *self
+            .task
+            .handle
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(handle);
+    }
+
+    /// The current connection and its generation. While a connection attempt is under way,
+    /// waits for it until `deadline`; while the store is down, fails at once.
+    pub(crate) async fn connection(
+        &self,
+        deadline: Instant,
+    ) -> Result<(MultiplexedConnection, u64), StoreError> {
+        if self.task.has_pending.load(Ordering::Acquire) {
+            let pending = self
+                .task
+                .pending
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .take();
+            if let Some(connector) = pending {
+                self.task.has_pending.store(false, Ordering::Release);
+                self.start(connector);
+            }
+        }
+        let mut rx = self.shared.state.subscribe();
+        let waited = matches!(*rx.borrow_and_update(), State::Connecting);
+        let settled =
+            tokio::time::timeout_at(deadline, rx.wait_for(|s| !matches!(s, State::Connecting)))
+                .await;
+        let state = match settled {
+            Err(_) => return Err(StoreError::Timeout(self.shared.timeout)),
+            Ok(Err(_)) => return Err(StoreError::Unavailable),
+            Ok(Ok(state)) => state.clone(),
+        };
+        match state {
+            State::Up { conn, generation } => Ok((conn, generation)),
+            State::Down(cause) if waited => Err(cause.into_error()),
+            State::Down(cause) => Err(cause.at_once()),
+            State::Connecting => Err(StoreError::Unavailable),
+        }
+    }
+
+    /// A call got its reply.
+    pub(crate) fn replied(&self) {
+        let missed = &self.shared.first_miss_ms;
+        if missed.load(Ordering::Relaxed) != NONE {
+            missed.store(NONE, Ordering::Relaxed);
+        }
+    }
+
+    /// A call on the connection of `generation` got no reply in time: the connection is
+    /// condemned once calls have kept timing out, without any reply, for a while.
+    pub(crate) fn timed_out(&self, generation: u64) {
+        let silence = SILENCE.max(self.shared.timeout * 2);
+        let now = self.shared.now_ms();
+        let missed = &self.shared.first_miss_ms;
+        let first = match missed.compare_exchange(NONE, now, Ordering::Relaxed, Ordering::Relaxed) {
+            Ok(_) => now,
+            Err(first) => first,
+        };
+        if u128::from(now.saturating_sub(first)) >= silence.as_millis() {
+            self.broken(generation);
+        }
+    }
+
+    fn broken(&self, generation: u64) {
+        self.shared.broken(generation);
+    }
+
+    /// A call on the connection of `generation` failed with `err`: condemns the connection if
+    /// the error says so, and turns the error into the store's.
+    pub(crate) fn failed(&self, generation: u64, err: RedisError) -> StoreError {
+        let verdict = validate::classify(&err);
+        if verdict.reconnect {
+            self.broken(generation);
+        } else {
+            // An error reply is a reply: the server is there.
+            self.replied();
+        }
+        match self.shared.cause(Failure::Redis(err)) {
+            Cause::Misconfigured(m) => StoreError::Misconfigured(m),
+            Cause::Failed(e) => StoreError::Backend(Box::new(Kept(e))),
+            Cause::Timeout(d) => StoreError::Timeout(d),
+        }
+    }
+
+    /// The state, in a word, for `Debug`.
+    pub(crate) fn state_label(&self) -> &'static str {
+        match &*self.shared.state.borrow() {
+            State::Connecting => "connecting",
+            State::Up { .. } => "up",
+            State::Down(cause) => cause.label(),
+        }
+    }
+}
+
+/// A connection made, and the generation it was given.
+struct Attempted {
+    conn: MultiplexedConnection,
+    generation: u64,
+}
+
+/// Makes connections: where to (asking the sentinels), with what timeouts, checked how.
+pub(crate) struct Connector {
+    source: Source,
+    secrets: Vec<String>,
+    prefix: Arc<str>,
+    connect_timeout: Duration,
+    call_timeout: Duration,
+}
+
+/// Where the server is.
+enum Source {
+    Fixed(ConnectionInfo),
+    Sentinels(Sentinels),
+}
+
+impl Connector {
+    pub(crate) fn new(
+        target: Target,
+        prefix: Arc<str>,
+        connect_timeout: Duration,
+        call_timeout: Duration,
+    ) -> Connector {
+        let secrets = target.secrets();
+        let source = match target {
+            Target::Standalone(info) => Source::Fixed(info),
+            Target::Sentinel(s) => Source::Sentinels(Sentinels::new(s, connect_timeout)),
+        };
+        Connector {
+            source,
+            secrets,
+            prefix,
+            connect_timeout,
+            call_timeout,
+        }
+    }
+
+    /// One attempt: resolve, connect, check. `notify` hears of the connection's end.
+    async fn attempt(&mut self, shared: &Shared, notify: Weak<Shared>) -> Result<Attempted, Cause> {
+        let generation = shared.next_generation.fetch_add(1, Ordering::Relaxed);
+        let limit = self.connect_timeout;
+        let info = match &mut self.source {
+            Source::Fixed(info) => info.clone(),
+            Source::Sentinels(sentinels) => {
+                let (host, port) = sentinels
+                    .master()
+                    .await
+                    .map_err(|e| shared.lookup_cause(e, &sentinels.target().service))?;
+                let info = tcp_info(&host, port, &sentinels.target().master)
+                    .map_err(|e| shared.cause(e.into()))?;
+                sentinels.current = Some((host, port));
+                info
+            }
+        };
+        let on_push = move |push: PushInfo| {
+            if push.kind == PushKind::Disconnection {
+                if let Some(shared) = notify.upgrade() {
+                    shared.broken(generation);
+                }
+            }
+            Ok::<(), std::convert::Infallible>(())
+        };
+        let config = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(limit))
+            .set_response_timeout(None)
+            .set_push_sender(on_push);
+        let client = Client::open(info).map_err(|e| shared.cause(e.into()))?;
+        let mut conn = client
+            .get_multiplexed_async_connection_with_config(&config)
+            .await
+            .map_err(|e| shared.cause(e.into()))?;
+        let checks = async {
+            validate::check_server(&mut conn, shared.behind_sentinel).await?;
+            validate::probe(&mut conn, &self.prefix).await
+        };
+        match tokio::time::timeout(limit, checks).await {
+            Ok(Ok(())) => Ok(Attempted { conn, generation }),
+            Ok(Err(failure)) => Err(shared.cause(failure)),
+            Err(_) => Err(Cause::Timeout(limit)),
+        }
+    }
+
+    /// Waits until the connection in use is condemned; behind Sentinel, condemns it when the
+    /// sentinels name another master.
+    async fn watch(&mut self, shared: &Shared, generation: u64) {
+        let Source::Sentinels(sentinels) = &mut self.source else {
+            return shared.wake.notified().await;
+        };
+        loop {
+            tokio::select! {
+                () = shared.wake.notified() => return,
+                () = tokio::time::sleep(RECHECK) => {
+                    if sentinels.moved().await {
+                        shared.broken(generation);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The task: keeps a connection, replacing it when it is reported broken; retries failed
+/// attempts with a growing, jittered backoff up to [`MAX_BACKOFF`].
+async fn run(shared: Arc<Shared>, mut connector: Connector, mut connected: Option<u64>) {
+    let mut backoff = MIN_BACKOFF;
+    loop {
+        if let Some(generation) = connected.take() {
+            connector.watch(&shared, generation).await;
+            backoff = MIN_BACKOFF;
+        }
+        match connector.attempt(&shared, Arc::downgrade(&shared)).await {
+            Ok(Attempted { conn, generation }) => {
+                shared.state.send_replace(State::Up { conn, generation });
+                connected = Some(generation);
+            }
+            Err(cause) => {
+                shared.state.send_replace(State::Down(cause));
+                tokio::time::sleep(jittered(backoff)).await;
+                backoff = (backoff * 2).min(MAX_BACKOFF);
+            }
+        }
+    }
+}
+
+/// Between half of `d` and all of it, so that a fleet does not reconnect in step.
+fn jittered(d: Duration) -> Duration {
+    let r = RandomState::new().hash_one(std::time::Instant::now());
+    let half = d / 2;
+    half + Duration::from_nanos(r % (u64::try_from(half.as_nanos()).unwrap_or(1).max(1)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_is_jittered_within_bounds() {
+        for _ in 0..100 {
+            let d = jittered(MAX_BACKOFF);
+            assert!(d >= MAX_BACKOFF / 2 && d <= MAX_BACKOFF, "{d:?}");
+        }
+    }
+}

@@ -1,0 +1,391 @@
+//! The Redis store.
+//!
+//! One multiplexed connection is shared by every task and clone, kept by a background task
+//! that replaces it whenever it breaks (`connection`), and only after the server has passed
+//! the start-up checks (`validate`). The URL names one server, or a service behind Sentinel
+//! (`url`). Each check is one `EVALSHA` of the check script (`lua/`); the script is loaded
+//! only when Redis answers `NOSCRIPT` (after `SCRIPT FLUSH`, a restart or a failover), and a
+//! call is never retried after a timeout or a lost connection, because the script may have
+//! run and a retry would charge twice.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use redis::aio::MultiplexedConnection;
+use redis::{RedisResult, Script, ScriptInvocation};
+use tokio::time::Instant;
+
+use super::breaker::Breaker;
+use super::error::{redact_url, ConfigError, ConfigErrorKind};
+use super::keyspace;
+use super::lease::{KeeperSlot, Lease};
+use super::script;
+use super::{Outcome, Plan, StoreError};
+use crate::clock::Clock;
+
+mod connection;
+mod sentinel;
+mod url;
+mod validate;
+
+use connection::{Connector, Link};
+
+const DEFAULT_PREFIX: &str = "tollgate";
+/// The default per-call timeout. A healthy Redis answers a check in well under a
+/// millisecond on a LAN, and under load (a persistence fork, a busy neighbour) a few
+/// milliseconds; 50 ms is ten times that, yet small against a request's own budget. The
+/// breaker opens after three failures in a row, so a stalled Redis costs a few requests this
+/// much, and the rest nothing.
+const DEFAULT_TIMEOUT: Duration = Duration::from_millis(50);
+const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// State in Redis, shared by every process that uses the same server and prefix.
+///
+/// A cheap handle: clones share one connection. The connection comes back by itself after
+/// any failure (a lost connection, a refused password, a failover, a restart), within about
+/// half a second of a usable master answering; every new connection passes the same checks
+/// as [`RedisStoreBuilder::build`] first.
+#[derive(Clone)]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+pub struct RedisStore {
+    link: Link,
+    renew_script: Arc<Script>,
+    keeper: Arc<KeeperSlot>,
+    breaker: Arc<Breaker>,
+    prefix: Arc<str>,
+    /// The URL with its credentials redacted.
+    url: Arc<str>,
+    clock: Clock,
+    timeout: Duration,
+}
+
+impl fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisStore")
+            .field("url", &self.url)
+            .field("prefix", &self.prefix)
+            .field("connection", &self.link.state_label())
+            .field("clock", &self.clock)
+            .field("timeout", &self.timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Configures a [`RedisStore`].
+#[derive(Clone)]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+pub struct RedisStoreBuilder {
+    url: String,
+    prefix: String,
+    clock: Clock,
+    timeout: Duration,
+    connect_timeout: Duration,
+    sentinel_username: Option<String>,
+    sentinel_password: Option<String>,
+}
+
+impl fmt::Debug for RedisStoreBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisStoreBuilder")
+            .field("url", &redact_url(&self.url))
+            .field("prefix", &self.prefix)
+            .field("clock", &self.clock)
+            .field("timeout", &self.timeout)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("sentinel_username", &self.sentinel_username)
+            .field(
+                "sentinel_password",
+                &self.sentinel_password.as_ref().map(|_| "***"),
+            )
+            .finish()
+    }
+}
+
+impl RedisStoreBuilder {
+    /// The prefix of every key (default `tollgate`), to keep applications that share one
+    /// Redis apart. It may not contain `{` or `}`.
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// How long one check may take, round trip included (default 50 ms). Past it the check
+    /// fails with [`StoreError::Timeout`] and is not retried.
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// How long each step of making a connection may take (default 1 s): asking the
+    /// sentinels, connecting and logging in, the start-up checks.
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// Reads the time from `clock` instead of Redis `TIME`: for tests and replays only.
+    pub fn clock(mut self, clock: Clock) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// The sentinels' own password (Sentinel's `requirepass`), for a `redis+sentinel://` URL
+    /// whose sentinels require one. The URL's credentials are the master's.
+    pub fn sentinel_password(mut self, password: impl Into<String>) -> Self {
+        self.sentinel_password = Some(password.into());
+        self
+    }
+
+    /// The sentinels' own ACL user, with [`sentinel_password`](Self::sentinel_password).
+    pub fn sentinel_username(mut self, username: impl Into<String>) -> Self {
+        self.sentinel_username = Some(username.into());
+        self
+    }
+
+    fn connector(&self) -> Result<Connector, StoreError> {
+        if !keyspace::valid_prefix(&self.prefix) {
+            return Err(ConfigError::new(ConfigErrorKind::Prefix, &self.prefix).into());
+        }
+        if self.timeout.is_zero() {
+            return Err(ConfigError::new(ConfigErrorKind::Timeout, "timeout").into());
+        }
+        if self.connect_timeout.is_zero() {
+            return Err(ConfigError::new(ConfigErrorKind::Timeout, "connect timeout").into());
+        }
+        let mut target = url::parse(&self.url)?;
+        let sentinel_auth = self.sentinel_username.is_some() || self.sentinel_password.is_some();
+        if sentinel_auth
+            && !target.set_sentinel_auth(
+                self.sentinel_username.as_deref(),
+                self.sentinel_password.as_deref(),
+            )
+        {
+            let kind = ConfigErrorKind::SentinelCredentials;
+            return Err(ConfigError::new(kind, redact_url(&self.url)).into());
+        }
+        Ok(Connector::new(
+            target,
+            self.prefix.as_str().into(),
+            self.connect_timeout,
+            self.timeout,
+        ))
+    }
+
+    fn finish(self, link: Link) -> RedisStore {
+        let prefix: Arc<str> = self.prefix.into();
+        RedisStore {
+            breaker: Arc::new(Breaker::new(prefix.clone())),
+            link,
+            renew_script: Arc::new(Script::new(script::RENEW)),
+            keeper: Arc::default(),
+            prefix,
+            url: redact_url(&self.url).into(),
+            clock: self.clock,
+            timeout: self.timeout,
+        }
+    }
+
+    /// Connects and checks that the server can serve the store, with one real round of the
+    /// store's commands on reserved keys (`PREFIX:{tollgate-probe-…}:…`, deleted at the end).
+    /// Must be called within a Tokio runtime, which then runs the task that keeps
+    /// the connection.
+    ///
+    /// # Errors
+    ///
+    /// * [`StoreError::Config`] for an unusable setting (the URL, the prefix, a zero timeout,
+    ///   a Sentinel password without a `redis+sentinel://` URL);
+    /// * [`StoreError::Misconfigured`] when the server answers but cannot serve the store: a
+    ///   refused password, an ACL user missing a command or key pattern, a replica, a
+    ///   Sentinel or Cluster node reached with `redis://`, Redis older than 7.0, a service no
+    ///   sentinel knows; the message names the fix;
+    /// * [`StoreError::Backend`] or [`StoreError::Timeout`] when Redis cannot be reached.
+    pub async fn build(self) -> Result<RedisStore, StoreError> {
+        let link = Link::connect(self.connector()?).await?;
+        Ok(self.finish(link))
+    }
+
+    /// Returns at once and connects in the background: the application starts even while
+    /// Redis is down, and checks fail with a [`StoreError`] until it is back — the same
+    /// [`StoreError::Misconfigured`] as [`build`](Self::build) for a server that cannot serve
+    /// the store. The connection is made at once within a Tokio runtime, else on first use.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::Config`] for an unusable setting, as [`build`](Self::build).
+    pub fn build_lazy(self) -> Result<RedisStore, StoreError> {
+        let link = Link::lazy(self.connector()?);
+        Ok(self.finish(link))
+    }
+}
+
+impl RedisStore {
+    /// Configures a store for the server at `url`:
+    ///
+    /// * `redis://[[USER]:PASSWORD@]HOST[:PORT][/DB]` (`rediss://` for TLS when the `redis`
+    ///   crate is built with it), `redis+unix:///PATH[?db=DB&user=USER&pass=PASSWORD]`;
+    /// * `redis+sentinel://[[USER]:PASSWORD@]HOST[:PORT][,HOST[:PORT]...]/SERVICE[/DB]`: the
+    ///   master of `SERVICE`, asked of the sentinels (port 26379 by default), followed across
+    ///   failovers. The credentials are the master's; the sentinels' own are given with
+    ///   [`RedisStoreBuilder::sentinel_password`].
+    ///
+    /// Passwords may contain any character; the credentials end at the last `@`.
+    pub fn builder(url: impl Into<String>) -> RedisStoreBuilder {
+        RedisStoreBuilder {
+            url: url.into(),
+            prefix: DEFAULT_PREFIX.into(),
+            clock: Clock::Real,
+            timeout: DEFAULT_TIMEOUT,
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            sentinel_username: None,
+            sentinel_password: None,
+        }
+    }
+
+    /// Connects to `url` with the default settings.
+    ///
+    /// # Errors
+    ///
+    /// As [`RedisStoreBuilder::build`].
+    pub async fn connect(url: impl Into<String>) -> Result<RedisStore, StoreError> {
+        RedisStore::builder(url).build().await
+    }
+
+    /// The key prefix.
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    pub(crate) fn clock(&self) -> &Clock {
+        &self.clock
+    }
+
+    /// One check, through the breaker: while Redis is known to be failing it fails at once.
+    pub(crate) async fn check(&self, plan: &Plan<'_>) -> Result<Outcome, StoreError> {
+        let call = async {
+            let compiled = script::check_script(plan.limits, plan.ids.len());
+            let mut call = compiled.script.prepare_invoke();
+            let now = self.clock.manual_now();
+            script::check_args(&mut call, &compiled, &self.prefix, now, plan);
+            let reply: redis::Value = self
+                .run(|mut conn| async move { call.invoke_async(&mut conn).await })
+                .await?;
+            script::parse_reply(reply, &compiled, plan)
+        };
+        self.breaker.call(call, || self.prober()).await
+    }
+
+    /// What the breaker runs to learn whether Redis is back: a `TIME` (a command the store's
+    /// ACL grants anyway) on a connection that passed the start-up checks, under the timeout.
+    /// It holds the connection's handle only, not the store's keeper or breaker.
+    fn prober(&self) -> impl Fn() -> Pin<Box<dyn Future<Output = Result<(), StoreError>> + Send>> {
+        let (link, timeout) = (self.link.clone(), self.timeout);
+        move || {
+            let link = link.clone();
+            Box::pin(async move {
+                let time = redis::cmd("TIME");
+                run_on(&link, timeout, |mut conn| async move {
+                    time.query_async::<redis::Value>(&mut conn).await.map(drop)
+                })
+                .await
+            })
+        }
+    }
+
+    /// Runs one call on the current connection, under the store's timeout (waiting for a
+    /// connection included). Never retried.
+    async fn run<T, F, Fut>(&self, call: F) -> Result<T, StoreError>
+    where
+        F: FnOnce(MultiplexedConnection) -> Fut,
+        Fut: Future<Output = RedisResult<T>>,
+    {
+        run_on(&self.link, self.timeout, call).await
+    }
+
+    /// Extends live leases: one script call per distinct lease time (usually one in all).
+    pub(crate) async fn renew(&self, leases: &[&Lease]) -> Result<(), StoreError> {
+        let mut times: Vec<u64> = leases.iter().map(|l| l.lease_us).collect();
+        times.sort_unstable();
+        times.dedup();
+        for lease_us in times {
+            let now = self.clock.manual_now();
+            let call = renew_invocation(&self.renew_script, now, lease_us, leases);
+            let _: i64 = self
+                .run(|mut conn| async move { call.invoke_async(&mut conn).await })
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// Releases leases: one pipelined `ZREM` per slot, idempotent.
+    pub(crate) async fn release(&self, leases: &[Lease]) -> Result<(), StoreError> {
+        let pipe = release_pipe(leases);
+        self.run(|mut conn| async move { pipe.query_async::<()>(&mut conn).await })
+            .await
+    }
+
+    pub(crate) fn keeper_slot(&self) -> &KeeperSlot {
+        &self.keeper
+    }
+
+    /// The same store without the keeper handle, for the keeper task itself: holding its own
+    /// sender would keep it (and the connection) alive forever.
+    pub(crate) fn detached(&self) -> RedisStore {
+        RedisStore {
+            keeper: Arc::default(),
+            ..self.clone()
+        }
+    }
+}
+
+/// Runs one call on `link`'s current connection within `timeout`, waiting for a connection
+/// included, and tells the link how it went. Never retried.
+async fn run_on<T, F, Fut>(link: &Link, timeout: Duration, call: F) -> Result<T, StoreError>
+where
+    F: FnOnce(MultiplexedConnection) -> Fut,
+    Fut: Future<Output = RedisResult<T>>,
+{
+    let deadline = Instant::now() + timeout;
+    let (conn, generation) = link.connection(deadline).await?;
+    match tokio::time::timeout_at(deadline, call(conn)).await {
+        Err(_) => {
+            link.timed_out(generation);
+            Err(StoreError::Timeout(timeout))
+        }
+        Ok(Ok(value)) => {
+            link.replied();
+            Ok(value)
+        }
+        Ok(Err(e)) => Err(link.failed(generation, e)),
+    }
+}
+
+/// The renew script's call for the leases of lease time `lease_us` among `leases`.
+fn renew_invocation<'a>(
+    renew: &'a Script,
+    now: Option<u64>,
+    lease_us: u64,
+    leases: &[&Lease],
+) -> ScriptInvocation<'a> {
+    let mut call = renew.prepare_invoke();
+    call.arg(lease_us).arg(script::now_arg(now));
+    for lease in leases.iter().filter(|l| l.lease_us == lease_us) {
+        for key in &lease.keys {
+            call.key(key).arg(&lease.id);
+        }
+    }
+    call
+}
+
+/// One `ZREM` per slot of `leases`, pipelined.
+fn release_pipe(leases: &[Lease]) -> redis::Pipeline {
+    let mut pipe = redis::pipe();
+    for lease in leases {
+        for key in &lease.keys {
+            pipe.zrem(key, &lease.id).ignore();
+        }
+    }
+    pipe
+}

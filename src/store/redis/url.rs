@@ -1,0 +1,317 @@
+//! The store's URL: a server of its own (`redis://`, `rediss://`, `redis+unix://`, parsed by
+//! the `redis` crate) or a service behind Sentinel (`redis+sentinel://`, parsed here).
+//!
+//! Credentials may hold any character: those the URL syntax reserves (`#`, `/`, `?`, `@`) are
+//! percent-encoded before the `redis` crate parses the URL, which decodes them again. The
+//! credentials end at the last `@`.
+
+use redis::RedisConnectionInfo;
+use redis::{ConnectionAddr, ConnectionInfo, IntoConnectionInfo, ProtocolVersion};
+
+use crate::store::error::{redact_url, ConfigError, ConfigErrorKind};
+
+/// The port of a Sentinel when the URL gives none.
+const SENTINEL_PORT: u16 = 26379;
+
+/// Where the store's server is.
+#[derive(Clone)]
+pub(crate) enum Target {
+    /// One server at a fixed address.
+    Standalone(ConnectionInfo),
+    /// The master of a service, asked of the sentinels.
+    Sentinel(SentinelTarget),
+}
+
+/// A service behind Sentinel.
+#[derive(Clone)]
+pub(crate) struct SentinelTarget {
+    /// The sentinels' addresses, in the URL's order.
+    pub(crate) sentinels: Vec<(String, u16)>,
+    /// The service (master) name.
+    pub(crate) service: String,
+    /// How to log in to the master: user, password, database.
+    pub(crate) master: RedisConnectionInfo,
+    /// How to log in to the sentinels (their own user and password, if any).
+    pub(crate) auth: RedisConnectionInfo,
+}
+
+impl Target {
+    /// The passwords in the target, to scrub from any error text.
+    pub(crate) fn secrets(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        let infos: Vec<&RedisConnectionInfo> = match self {
+            Target::Standalone(info) => vec![info.redis_settings()],
+            Target::Sentinel(s) => vec![&s.master, &s.auth],
+        };
+        for info in infos {
+            if let Some(pw) = info.password().filter(|p| !p.is_empty()) {
+                out.push(pw.to_string());
+            }
+        }
+        out
+    }
+
+    /// Sets the sentinels' own credentials; `false` for a target without sentinels.
+    pub(crate) fn set_sentinel_auth(&mut self, user: Option<&str>, password: Option<&str>) -> bool {
+        let Target::Sentinel(s) = self else {
+            return false;
+        };
+        let mut auth = RedisConnectionInfo::default().set_skip_set_lib_name();
+        if let Some(user) = user {
+            auth = auth.set_username(user);
+        }
+        if let Some(password) = password {
+            auth = auth.set_password(password);
+        }
+        s.auth = auth;
+        true
+    }
+}
+
+/// The connection settings every data connection gets: RESP3 (the store learns at once when a
+/// connection drops), and no `CLIENT SETINFO` (one command less for an ACL user to need).
+pub(crate) fn data_settings(info: RedisConnectionInfo) -> RedisConnectionInfo {
+    info.set_protocol(ProtocolVersion::RESP3)
+        .set_skip_set_lib_name()
+}
+
+/// Parses the store's URL. Errors quote the URL with its credentials redacted.
+pub(crate) fn parse(url: &str) -> Result<Target, ConfigError> {
+    let bad = || ConfigError::new(ConfigErrorKind::Url, redact_url(url));
+    if let Some(rest) = url.strip_prefix("redis+sentinel://") {
+        return parse_sentinel(rest).ok_or_else(bad).map(Target::Sentinel);
+    }
+    let info = encode_credentials(url)
+        .as_str()
+        .into_connection_info()
+        .map_err(|_| bad())?;
+    let redis = data_settings(info.redis_settings().clone());
+    Ok(Target::Standalone(info.set_redis_settings(redis)))
+}
+
+/// `redis+sentinel://[user:password@]host[:port][,host[:port]…]/service_name[/db]`, after the
+/// scheme.
+fn parse_sentinel(rest: &str) -> Option<SentinelTarget> {
+    let (credentials, rest) = match rest.rfind('@') {
+        Some(at) => (Some(&rest[..at]), &rest[at + 1..]),
+        None => (None, rest),
+    };
+    let (hosts, path) = rest.split_once('/')?;
+    let sentinels = hosts
+        .split(',')
+        .map(host_port)
+        .collect::<Option<Vec<_>>>()?;
+    let mut parts = path.trim_end_matches('/').split('/');
+    let service = decode(parts.next().filter(|s| !s.is_empty())?)?;
+    let db = match parts.next() {
+        Some(db) => db.parse::<i64>().ok()?,
+        None => 0,
+    };
+    if parts.next().is_some() {
+        return None;
+    }
+    let mut master = RedisConnectionInfo::default().set_db(db);
+    if let Some(credentials) = credentials {
+        let (user, password) = match credentials.split_once(':') {
+            Some((user, password)) => (user, Some(password)),
+            None => (credentials, None),
+        };
+        if !user.is_empty() {
+            master = master.set_username(decode(user)?);
+        }
+        if let Some(password) = password {
+            master = master.set_password(decode(password)?);
+        }
+    }
+    Some(SentinelTarget {
+        sentinels,
+        service,
+        master: data_settings(master),
+        auth: RedisConnectionInfo::default().set_skip_set_lib_name(),
+    })
+}
+
+/// `host`, `host:port`, `[v6]` or `[v6]:port`.
+fn host_port(text: &str) -> Option<(String, u16)> {
+    let (host, port) = if let Some(v6) = text.strip_prefix('[') {
+        let (host, after) = v6.split_once(']')?;
+        match after {
+            "" => (host, None),
+            _ => (host, Some(after.strip_prefix(':')?)),
+        }
+    } else {
+        match text.split_once(':') {
+            Some((host, port)) => (host, Some(port)),
+            None => (text, None),
+        }
+    };
+    if host.is_empty() {
+        return None;
+    }
+    let port = match port {
+        Some(p) => p.parse().ok()?,
+        None => SENTINEL_PORT,
+    };
+    Some((host.to_string(), port))
+}
+
+/// The address of a Sentinel or of the master it names, with the given login.
+pub(crate) fn tcp_info(
+    host: &str,
+    port: u16,
+    login: &RedisConnectionInfo,
+) -> redis::RedisResult<ConnectionInfo> {
+    Ok(ConnectionAddr::Tcp(host.to_string(), port)
+        .into_connection_info()?
+        .set_redis_settings(login.clone()))
+}
+
+/// Percent-encodes what the URL syntax reserves inside the credentials of a `redis://` or
+/// `rediss://` URL (between `://` and the last `@`), except the first `:` (user from password)
+/// and `%` (already encoded text stays as it is).
+fn encode_credentials(url: &str) -> String {
+    let Some(start) = url.find("://").map(|i| i + 3) else {
+        return url.to_string();
+    };
+    if !matches!(
+        &url[..start],
+        "redis://" | "rediss://" | "valkey://" | "valkeys://"
+    ) {
+        return url.to_string();
+    }
+    let Some(at) = url[start..].rfind('@').map(|i| i + start) else {
+        return url.to_string();
+    };
+    let mut out = String::with_capacity(url.len() + 16);
+    out.push_str(&url[..start]);
+    let mut seen_colon = false;
+    for c in url[start..at].chars() {
+        let keep = c.is_ascii_alphanumeric()
+            || matches!(c, '-' | '.' | '_' | '~' | '%')
+            || (c == ':' && !seen_colon);
+        seen_colon |= c == ':';
+        if keep {
+            out.push(c);
+        } else {
+            let mut buf = [0; 4];
+            for b in c.encode_utf8(&mut buf).bytes() {
+                out.push_str(&format!("%{b:02X}"));
+            }
+        }
+    }
+    out.push_str(&url[at..]);
+    out
+}
+
+/// Decodes `%XX` escapes; a `%` not followed by two hex digits stays as it is.
+fn decode(text: &str) -> Option<String> {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = bytes
+            .get(i + 1..i + 3)
+            .and_then(|h| std::str::from_utf8(h).ok())
+            .and_then(|h| u8::from_str_radix(h, 16).ok());
+        match (bytes[i], hex) {
+            (b'%', Some(b)) => {
+                out.push(b);
+                i += 3;
+            }
+            (b, _) => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sentinel(url: &str) -> SentinelTarget {
+        match parse(url) {
+            Ok(Target::Sentinel(s)) => s,
+            Ok(Target::Standalone(_)) => panic!("{url}: standalone"),
+            Err(e) => panic!("{url}: {e}"),
+        }
+    }
+
+    #[test]
+    fn sentinel_urls() {
+        let s = sentinel("redis+sentinel://h1:26380,[::1],h3/mymaster");
+        assert_eq!(
+            s.sentinels,
+            [
+                ("h1".to_string(), 26380),
+                ("::1".to_string(), 26379),
+                ("h3".to_string(), 26379)
+            ]
+        );
+        assert_eq!(s.service, "mymaster");
+        assert_eq!(s.master.db(), 0);
+        assert_eq!(s.master.password(), None);
+        assert_eq!(s.master.protocol(), ProtocolVersion::RESP3);
+
+        let s = sentinel("redis+sentinel://app:p%40ss#/w@rd@h:1/svc/3");
+        assert_eq!(s.master.username(), Some("app"));
+        assert_eq!(s.master.password(), Some("p@ss#/w@rd"));
+        assert_eq!(s.master.db(), 3);
+        assert_eq!(s.sentinels, [("h".to_string(), 1)]);
+
+        let s = sentinel("redis+sentinel://:pw@h/svc/");
+        assert_eq!(s.master.username(), None);
+        assert_eq!(s.master.password(), Some("pw"));
+
+        for bad in [
+            "redis+sentinel://h:1",
+            "redis+sentinel://h:1/",
+            "redis+sentinel://h:x/svc",
+            "redis+sentinel://h:1,/svc",
+            "redis+sentinel://h:1/svc/db",
+            "redis+sentinel://h:1/svc/1/2",
+            "redis+sentinel://:s3cret@h:x/svc",
+        ] {
+            let err = parse(bad).err().unwrap_or_else(|| panic!("{bad} parsed"));
+            assert_eq!(err.kind(), ConfigErrorKind::Url);
+            assert!(!err.to_string().contains("s3cret"), "{err}");
+        }
+    }
+
+    #[test]
+    fn passwords_with_reserved_characters() {
+        let Ok(Target::Standalone(info)) = parse("redis://u:p#/x?y:z@w@127.0.0.1:7000/2") else {
+            panic!("did not parse");
+        };
+        let redis = info.redis_settings();
+        assert_eq!(redis.username(), Some("u"));
+        assert_eq!(redis.password(), Some("p#/x?y:z@w"));
+        assert_eq!(redis.db(), 2);
+        assert_eq!(redis.protocol(), ProtocolVersion::RESP3);
+        assert_eq!(
+            info.addr(),
+            &ConnectionAddr::Tcp("127.0.0.1".to_string(), 7000)
+        );
+        // already encoded text is decoded once, as before
+        let Ok(Target::Standalone(info)) = parse("redis://:a%23b@h/") else {
+            panic!("did not parse");
+        };
+        assert_eq!(info.redis_settings().password(), Some("a#b"));
+        let Ok(Target::Standalone(info)) = parse("redis://127.0.0.1:6379/") else {
+            panic!("did not parse");
+        };
+        assert_eq!(info.redis_settings().password(), None);
+    }
+
+    #[test]
+    fn secrets_are_listed_for_scrubbing() {
+        let mut t = parse("redis+sentinel://:mpw@h/svc").unwrap();
+        assert!(t.set_sentinel_auth(None, Some("spw")));
+        assert_eq!(t.secrets(), ["mpw", "spw"]);
+        let mut t = parse("redis://:pw@h/").unwrap();
+        assert!(!t.set_sentinel_auth(None, Some("spw")));
+        assert_eq!(t.secrets(), ["pw"]);
+    }
+}

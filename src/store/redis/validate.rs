@@ -1,0 +1,494 @@
+//! The checks every new connection passes before the store uses it, and what a server's error
+//! says about its configuration.
+//!
+//! A connection is used only once the server has shown that it can serve the store: `INFO`
+//! says it is a standalone master (not a replica, a Sentinel or a Cluster node) of Redis 7.0 or
+//! later, and a probe runs every command the store will send, as the store sends it, on
+//! reserved keys under the store's prefix (`PREFIX:{tollgate-probe-RANDOM}:…`): `SCRIPT LOAD` of both
+//! scripts, the check script once admitted (every algorithm's writes) and once denied (every
+//! algorithm's reads), a lease renewal and a release; then the keys are deleted (they would
+//! expire within seconds anyway). An ACL user missing a command or a key pattern is refused
+//! here, not on the first busy minute.
+
+use std::time::Duration;
+
+use redis::aio::MultiplexedConnection;
+use redis::{ErrorKind, RedisError, RedisResult, Script};
+
+use super::super::error::{Misconfiguration, MisconfigurationKind};
+use super::super::keyspace;
+use super::super::lease::{lease_id, Lease};
+use super::super::script;
+use super::super::{Plan, StoreError};
+use super::{release_pipe, renew_invocation};
+use crate::policy::{Algorithm, Limit};
+
+/// The oldest Redis the scripts run on: they read `TIME` before writing, which needs effects
+/// replication (the default since 5.0, the only mode since 7.0), and renew leases with
+/// `PEXPIRE … GT` (new in 7.0).
+pub(crate) const MIN_VERSION: (u32, u32) = (7, 0);
+
+/// The start of the identifier of the probe's keys (a random part follows).
+pub(crate) const PROBE_ID: &str = "tollgate-probe";
+
+/// Why a connection did not pass.
+#[derive(Debug)]
+pub(crate) enum Failure {
+    /// The server answered a command with an error, or the connection failed.
+    Redis(RedisError),
+    /// The server is not one the store can use, as its `INFO` shows.
+    Misconfigured(Misconfiguration),
+    /// The server cannot serve the store now, but may soon (a failover under way).
+    Transient(&'static str),
+    /// The scripts answered something they never return.
+    Reply(StoreError),
+}
+
+impl From<RedisError> for Failure {
+    fn from(e: RedisError) -> Failure {
+        Failure::Redis(e)
+    }
+}
+
+/// What a failed call says about the connection and the server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Verdict {
+    /// The connection is not worth keeping: make a new one (and, behind Sentinel, ask the
+    /// sentinels again where the master is).
+    pub(crate) reconnect: bool,
+    /// The server cannot serve the store as configured.
+    pub(crate) misconfigured: Option<MisconfigurationKind>,
+}
+
+/// Reads a failed call.
+pub(crate) fn classify(err: &RedisError) -> Verdict {
+    let verdict = |reconnect, misconfigured| Verdict {
+        reconnect,
+        misconfigured,
+    };
+    match err.kind() {
+        ErrorKind::AuthenticationFailed => {
+            return verdict(true, Some(MisconfigurationKind::Authentication))
+        }
+        ErrorKind::RESP3NotSupported => return verdict(true, Some(MisconfigurationKind::Version)),
+        ErrorKind::Io | ErrorKind::Parse | ErrorKind::ClusterConnectionNotFound => {
+            return verdict(true, None)
+        }
+        _ => {}
+    }
+    // A pipeline's error stands for its first failed command.
+    let first = err
+        .clone()
+        .into_server_errors()
+        .and_then(|errors| errors.first().map(|(_, e)| e.clone()));
+    match first {
+        Some(e) => classify_reply(e.code(), e.details().unwrap_or("")),
+        None => verdict(false, None),
+    }
+}
+
+/// Reads a server's error reply: its code and the text after it.
+fn classify_reply(code: &str, detail: &str) -> Verdict {
+    use MisconfigurationKind::*;
+    let detail = detail.to_ascii_lowercase();
+    let (reconnect, misconfigured) = match code {
+        "WRONGPASS" | "NOAUTH" => (true, Some(Authentication)),
+        "NOPERM" if detail.contains("key") => (false, Some(KeyDenied)),
+        "NOPERM" => (false, Some(CommandDenied)),
+        "READONLY" | "MASTERDOWN" => (true, Some(Replica)),
+        "MOVED" | "ASK" | "CROSSSLOT" | "CLUSTERDOWN" | "TRYAGAIN" => (false, Some(Cluster)),
+        // A command the ACL denies inside a script, or one renamed or disabled.
+        "ERR"
+            if detail.contains("can't run this command")
+                || detail.contains("unknown command")
+                || detail.contains("unknown redis command") =>
+        {
+            (false, Some(CommandDenied))
+        }
+        "ERR" if detail.contains("max number of clients") => (true, None),
+        _ => (false, None),
+    };
+    Verdict {
+        reconnect,
+        misconfigured,
+    }
+}
+
+/// What `INFO` tells about a server.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct ServerInfo {
+    version: String,
+    mode: String,
+    role: String,
+    cluster: bool,
+}
+
+impl ServerInfo {
+    fn parse(text: &str) -> ServerInfo {
+        let mut info = ServerInfo::default();
+        for line in text.lines() {
+            let Some((name, value)) = line.trim_end().split_once(':') else {
+                continue;
+            };
+            match name {
+                "redis_version" => info.version = value.to_string(),
+                "redis_mode" => info.mode = value.to_string(),
+                "role" => info.role = value.to_string(),
+                "cluster_enabled" => info.cluster = value == "1",
+                _ => {}
+            }
+        }
+        info
+    }
+
+    /// Whether the version is at least [`MIN_VERSION`] (an unreadable one is given the benefit
+    /// of the doubt: the probe then shows whether the scripts run).
+    fn recent_enough(&self) -> bool {
+        let mut parts = self.version.split('.').map(|p| p.parse::<u32>().ok());
+        match (parts.next().flatten(), parts.next().flatten()) {
+            (Some(major), Some(minor)) => (major, minor) >= MIN_VERSION,
+            _ => true,
+        }
+    }
+}
+
+/// Checks with `INFO` that the server is a standalone master recent enough. Behind Sentinel,
+/// a replica is a failover under way, not a misconfiguration.
+pub(crate) async fn check_server(
+    conn: &mut MultiplexedConnection,
+    behind_sentinel: bool,
+) -> Result<(), Failure> {
+    let text: String = redis::cmd("INFO").query_async(conn).await?;
+    let info = ServerInfo::parse(&text);
+    let wrong = |kind| Err(Failure::Misconfigured(Misconfiguration::new(kind, "")));
+    if info.mode == "sentinel" {
+        return wrong(MisconfigurationKind::Sentinel);
+    }
+    if info.mode == "cluster" || info.cluster {
+        return wrong(MisconfigurationKind::Cluster);
+    }
+    if !info.recent_enough() {
+        return Err(Failure::Misconfigured(Misconfiguration::new(
+            MisconfigurationKind::Version,
+            info.version,
+        )));
+    }
+    if info.role != "master" {
+        if behind_sentinel {
+            return Err(Failure::Transient(
+                "the server the sentinels name as master is a replica (a failover is under way)",
+            ));
+        }
+        return wrong(MisconfigurationKind::Replica);
+    }
+    Ok(())
+}
+
+/// One limit of each algorithm, count 1 over 1 s, for the probe.
+fn probe_limits() -> Vec<Limit> {
+    let second = Duration::from_secs(1);
+    [
+        Algorithm::SlidingLog,
+        Algorithm::SlidingWindow,
+        Algorithm::FixedWindow,
+        Algorithm::Gcra { burst: 1 },
+        Algorithm::Concurrency,
+    ]
+    .into_iter()
+    .filter_map(|a| Limit::new(1, second, a).ok())
+    .collect()
+}
+
+/// A packed limit alone, for the probe's second part: a day long, so that its two checks
+/// fall in one window (the second keeps the key's TTL).
+fn probe_packed() -> Vec<Limit> {
+    Limit::new(3, Duration::from_secs(86_400), Algorithm::FixedWindow)
+        .into_iter()
+        .collect()
+}
+
+/// The second identifier of the probe's second part.
+fn second(probe_id: &str) -> String {
+    format!("{probe_id}-2")
+}
+
+/// Runs every command the store sends, as it sends them, on keys of the probe's own (see the
+/// module documentation), and deletes them, even when the probe fails. The time is always
+/// Redis `TIME`, whatever the store's clock: the ACL user must be allowed to read it.
+pub(crate) async fn probe(conn: &mut MultiplexedConnection, prefix: &str) -> Result<(), Failure> {
+    // An identifier of its own for each probe, so that probes of processes starting together
+    // (or a probe that failed half-way) never deny each other: the first call always admits.
+    let id = lease_id();
+    let probe_id = format!("{PROBE_ID}-{}", &id[..16]);
+    let limits = probe_limits();
+    let result = run_probe(conn, prefix, &probe_id, &id, &limits).await;
+    // Leave nothing behind: a TTL of 0 deletes a key (and needs no command the scripts do
+    // not already need). Should this fail, the keys expire within seconds.
+    let mut clean = redis::pipe();
+    let packed = limits.iter().filter(|l| crate::algorithm::is_packed(l));
+    let day = probe_packed();
+    for key in [
+        keyspace::packed_key(prefix, &probe_id, packed),
+        keyspace::packed_key(prefix, &probe_id, &day),
+        keyspace::packed_key(prefix, &second(&probe_id), &day),
+    ] {
+        clean.cmd("PEXPIRE").arg(key).arg(0).ignore();
+    }
+    for limit in limits.iter().filter(|l| !crate::algorithm::is_packed(l)) {
+        clean
+            .cmd("PEXPIRE")
+            .arg(keyspace::key(prefix, &probe_id, limit))
+            .arg(0)
+            .ignore();
+    }
+    let cleaned: RedisResult<()> = clean.query_async(conn).await;
+    result?;
+    Ok(cleaned?)
+}
+
+async fn run_probe(
+    conn: &mut MultiplexedConnection,
+    prefix: &str,
+    probe_id: &str,
+    lease_id: &str,
+    limits: &[Limit],
+) -> Result<(), Failure> {
+    // The probe's own check script (scripts are generated per policy), and the renew script.
+    let check = script::check_script(limits, 1);
+    let renew = Script::new(script::RENEW);
+    let _: String = check.script.prepare_invoke().load_async(conn).await?;
+    let _: String = renew.prepare_invoke().load_async(conn).await?;
+
+    let ids = [probe_id.to_string()];
+    let plan = Plan {
+        ids: &ids,
+        limits,
+        cost: 1,
+        lease: lease_id,
+    };
+    // The first call admits (every algorithm writes), the second is denied (every algorithm
+    // reads what a full limit holds).
+    for _ in 0..2 {
+        let mut call = check.script.prepare_invoke();
+        script::check_args(&mut call, &check, prefix, None, &plan);
+        let reply: redis::Value = call.invoke_async(conn).await?;
+        script::parse_reply(reply, &check, &plan).map_err(Failure::Reply)?;
+    }
+    // Packed limits alone, for two identifiers: one MGET reads both keys, the first check
+    // creates them (PSETEX), the second keeps their TTLs (SET KEEPTTL).
+    let packed_only = probe_packed();
+    let ids = [probe_id.to_string(), second(probe_id)];
+    let check = script::check_script(&packed_only, ids.len());
+    let _: String = check.script.prepare_invoke().load_async(conn).await?;
+    for _ in 0..2 {
+        let plan = Plan {
+            ids: &ids,
+            limits: &packed_only,
+            cost: 1,
+            lease: "",
+        };
+        let mut call = check.script.prepare_invoke();
+        script::check_args(&mut call, &check, prefix, None, &plan);
+        let reply: redis::Value = call.invoke_async(conn).await?;
+        script::parse_reply(reply, &check, &plan).map_err(Failure::Reply)?;
+    }
+    let lease = Lease {
+        keys: limits
+            .iter()
+            .filter(|l| l.is_concurrency())
+            .map(|l| keyspace::key(prefix, probe_id, l))
+            .collect(),
+        id: lease_id.to_string(),
+        lease_us: 1_000_000,
+    };
+    let _: i64 = renew_invocation(&renew, None, lease.lease_us, &[&lease])
+        .invoke_async(conn)
+        .await?;
+    let () = release_pipe(std::slice::from_ref(&lease))
+        .query_async(conn)
+        .await?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::error::ACL_COMMANDS;
+    use std::collections::BTreeSet;
+
+    /// The ACL rule in the error message (and the README) grants exactly the commands the
+    /// scripts call, plus the store's own.
+    #[test]
+    fn the_acl_rule_covers_the_scripts() {
+        let mut called = BTreeSet::new();
+        for text in [
+            include_str!("../../../lua/prelude.lua"),
+            include_str!("../../../lua/check.lua"),
+            include_str!("../../../lua/sliding_log.lua"),
+            include_str!("../../../lua/sliding_window.lua"),
+            include_str!("../../../lua/fixed_window.lua"),
+            include_str!("../../../lua/gcra.lua"),
+            include_str!("../../../lua/concurrency.lua"),
+            include_str!("../../../lua/renew.lua"),
+        ] {
+            for piece in text.split("redis.call(").skip(1) {
+                let name: String = piece
+                    .trim_start_matches(['\'', '"'])
+                    .chars()
+                    .take_while(|c| c.is_ascii_alphabetic())
+                    .collect();
+                if !name.is_empty() {
+                    called.insert(format!("+{}", name.to_ascii_lowercase()));
+                }
+            }
+        }
+        for own in ["+evalsha", "+script|load", "+zrem", "+info"] {
+            called.insert(own.to_string());
+        }
+        let granted: BTreeSet<String> = ACL_COMMANDS
+            .split_whitespace()
+            .map(str::to_string)
+            .collect();
+        assert_eq!(granted, called);
+        let readme = include_str!("../../../README.md");
+        let line = readme
+            .lines()
+            .find(|l| l.trim_start().starts_with("ACL SETUSER"))
+            .expect("the README shows an ACL line");
+        for command in &granted {
+            assert!(
+                line.split_whitespace().any(|w| w == command),
+                "the README's ACL line lacks {command}"
+            );
+        }
+    }
+
+    #[test]
+    fn info_is_read() {
+        let text = "# Server\r\nredis_version:7.0.15\r\nredis_mode:standalone\r\n\r\n\
+                    # Replication\r\nrole:master\r\n# Cluster\r\ncluster_enabled:0\r\n";
+        let info = ServerInfo::parse(text);
+        assert_eq!(
+            info,
+            ServerInfo {
+                version: "7.0.15".into(),
+                mode: "standalone".into(),
+                role: "master".into(),
+                cluster: false,
+            }
+        );
+        assert!(info.recent_enough());
+        for (version, ok) in [
+            ("6.2.14", false),
+            ("5.0.0", false),
+            ("7.0.0", true),
+            ("7.2.4", true),
+            ("10.0", true),
+            ("", true),
+        ] {
+            let info = ServerInfo {
+                version: version.into(),
+                ..ServerInfo::default()
+            };
+            assert_eq!(info.recent_enough(), ok, "{version}");
+        }
+    }
+
+    #[test]
+    fn errors_are_read() {
+        use MisconfigurationKind::*;
+        let cases = [
+            (
+                "WRONGPASS",
+                "invalid username-password pair",
+                true,
+                Some(Authentication),
+            ),
+            (
+                "NOAUTH",
+                "Authentication required.",
+                true,
+                Some(Authentication),
+            ),
+            (
+                "NOPERM",
+                "this user has no permissions to run the 'evalsha' command",
+                false,
+                Some(CommandDenied),
+            ),
+            (
+                "NOPERM",
+                "this user has no permissions to access one of the keys used as arguments",
+                false,
+                Some(KeyDenied),
+            ),
+            (
+                "ERR",
+                "The user executing the script can't run this command or subcommand script: \
+                 abc, on @user_script:1.",
+                false,
+                Some(CommandDenied),
+            ),
+            (
+                "ERR",
+                "unknown command 'EVALSHA', with args",
+                false,
+                Some(CommandDenied),
+            ),
+            (
+                "READONLY",
+                "You can't write against a read only replica.",
+                true,
+                Some(Replica),
+            ),
+            (
+                "MASTERDOWN",
+                "Link with MASTER is down",
+                true,
+                Some(Replica),
+            ),
+            ("MOVED", "3999 127.0.0.1:6381", false, Some(Cluster)),
+            (
+                "CROSSSLOT",
+                "Keys in request don't hash to the same slot",
+                false,
+                Some(Cluster),
+            ),
+            ("ERR", "max number of clients reached", true, None),
+            (
+                "LOADING",
+                "Redis is loading the dataset in memory",
+                false,
+                None,
+            ),
+            ("ERR", "something else", false, None),
+        ];
+        for (code, detail, reconnect, misconfigured) in cases {
+            assert_eq!(
+                classify_reply(code, detail),
+                Verdict {
+                    reconnect,
+                    misconfigured
+                },
+                "{code} {detail}"
+            );
+        }
+        let io = RedisError::from(std::io::Error::from(std::io::ErrorKind::BrokenPipe));
+        assert_eq!(
+            classify(&io),
+            Verdict {
+                reconnect: true,
+                misconfigured: None
+            }
+        );
+        let ext = redis::make_extension_error("WRONGPASS".into(), Some("no".into()));
+        assert_eq!(classify(&ext).misconfigured, Some(Authentication));
+    }
+
+    #[test]
+    fn the_probe_covers_every_algorithm() {
+        let limits = probe_limits();
+        assert_eq!(limits.len(), 5);
+        assert_eq!(limits.iter().filter(|l| l.is_concurrency()).count(), 1);
+    }
+}

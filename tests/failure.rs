@@ -1,0 +1,324 @@
+//! Failure policies and the circuit breaker against real `redis-server` processes that the
+//! tests kill, restart and stall, with a recording `metrics` recorder and a capturing
+//! `tracing` subscriber to check that every failure is visible.
+//!
+//! Latency bounds here are correctness bounds with wide margins (a request must not pay the
+//! store's timeout once the breaker is open), not performance figures.
+
+mod common;
+#[path = "common/observed.rs"]
+mod observed;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::{Proxy, RedisServer};
+use observed::{log_text, metric, observed};
+use tollgate::{Error, Limiter, OnStoreError, Origin, RedisStore, StoreError};
+
+/// How many log lines contain `text` and name the store `store`.
+fn logged(text: &str, store: &str) -> usize {
+    let tag = format!("store=\"{store}\"");
+    log_text()
+        .lines()
+        .filter(|l| l.contains(text) && l.contains(&tag))
+        .count()
+}
+
+async fn store_at(url: &str, prefix: &str, timeout_ms: u64) -> RedisStore {
+    RedisStore::builder(url)
+        .prefix(prefix)
+        .timeout(Duration::from_millis(timeout_ms))
+        .build_lazy()
+        .unwrap()
+}
+
+fn limiter(store: &RedisStore, policy: &str, name: &str, on_error: OnStoreError) -> Limiter {
+    Limiter::builder(store.clone(), policy.parse().unwrap())
+        .name(name)
+        .on_store_error(on_error)
+        .build()
+}
+
+/// Each policy answers a check the store cannot decide as documented, and counts it.
+#[tokio::test]
+async fn policies_answer_when_redis_is_down() {
+    observed();
+    let dead = format!("redis://127.0.0.1:{}/", common::free_port());
+    let store = store_at(&dead, "down", 100).await;
+
+    let open = limiter(&store, "2/min", "down-open", OnStoreError::Open);
+    let d = open.check(&["a"]).await.unwrap();
+    assert!(d.is_allowed());
+    assert_eq!(d.origin(), Origin::FailOpen);
+    assert!(d.statuses().is_empty());
+
+    let closed = limiter(&store, "2/min", "down-closed", OnStoreError::Closed);
+    match closed.check(&["a"]).await {
+        Err(Error::Store(_)) => {}
+        other => panic!("closed must fail: {other:?}"),
+    }
+
+    // Half of 4/min, 6/h in this process: 2 per minute, then denied by the fallback.
+    let fallback = limiter(
+        &store,
+        "4/min, 6/h",
+        "down-fallback",
+        OnStoreError::fallback(0.5).unwrap(),
+    );
+    let mut allowed = 0;
+    for _ in 0..5 {
+        let d = fallback.check(&["a"]).await.unwrap();
+        assert_eq!(d.origin(), Origin::Fallback);
+        allowed += usize::from(d.is_allowed());
+    }
+    assert_eq!(allowed, 2);
+    assert!(OnStoreError::fallback(0.0).is_none());
+    assert!(OnStoreError::fallback(1.5).is_none());
+
+    for (name, action, n) in [
+        ("down-open", "open", 1.0),
+        ("down-closed", "closed", 1.0),
+        ("down-fallback", "fallback", 5.0),
+    ] {
+        assert_eq!(
+            metric(
+                "tollgate_failure_policy_total",
+                &[("limiter", name), ("action", action)]
+            ),
+            n,
+            "{name}"
+        );
+    }
+    assert_eq!(
+        metric(
+            "tollgate_decisions_total",
+            &[("limiter", "down-fallback"), ("outcome", "denied")]
+        ),
+        3.0
+    );
+}
+
+/// Redis killed under load and restarted on the same port: no panic, no hung request; every
+/// check answered within the timeout plus a margin until the breaker opens, then in a few
+/// milliseconds; checks go through Redis again soon after the restart; one warning each way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outage_under_load() {
+    observed();
+    let server = RedisServer::start();
+    let port = server.port;
+    let timeout = Duration::from_millis(150);
+    let store = RedisStore::builder(server.url())
+        .prefix("outage")
+        .timeout(timeout)
+        .build()
+        .await
+        .unwrap();
+    let limiter = limiter(&store, "1000/s", "outage", OnStoreError::Open);
+
+    // (when the check started, how long it took, who decided)
+    let samples: Arc<Mutex<Vec<(Instant, Duration, Origin)>>> = Arc::default();
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut tasks = Vec::new();
+    for t in 0..16 {
+        let (limiter, samples, stop) = (limiter.clone(), samples.clone(), stop.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut i = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                let started = Instant::now();
+                let d = limiter.check(&[format!("k{t}-{}", i % 50)]).await.unwrap();
+                samples
+                    .lock()
+                    .unwrap()
+                    .push((started, started.elapsed(), d.origin()));
+                i += 1;
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let killed = Instant::now();
+    drop(server);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let server = RedisServer::start_on(port);
+    let restarted = Instant::now();
+    // Wait for checks to go through Redis again (bounded).
+    let deadline = restarted + Duration::from_secs(10);
+    let back = loop {
+        let last_store = samples
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(at, _, o)| *at > restarted && *o == Origin::Store)
+            .map(|(at, _, _)| *at)
+            .min();
+        if let Some(at) = last_store {
+            break at;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "checks never went through Redis again"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    stop.store(true, Ordering::Relaxed);
+    for t in tasks {
+        t.await.expect("no check panicked or hung");
+    }
+    drop(server);
+
+    let samples = samples.lock().unwrap();
+    let during: Vec<_> = samples
+        .iter()
+        .filter(|(at, _, _)| *at > killed && *at < restarted)
+        .collect();
+    assert!(
+        during.len() > 100,
+        "load went on during the outage: {}",
+        during.len()
+    );
+    // Every check: within the timeout plus a wide margin for a loaded machine.
+    let worst = samples.iter().map(|(_, took, _)| *took).max().unwrap();
+    assert!(
+        worst < timeout + Duration::from_millis(400),
+        "worst check {worst:?}"
+    );
+    // From one second into the outage on, the breaker answers: no check waits for Redis.
+    let settled: Vec<Duration> = during
+        .iter()
+        .filter(|(at, _, _)| *at > killed + Duration::from_secs(1))
+        .map(|(_, took, _)| *took)
+        .collect();
+    assert!(!settled.is_empty());
+    let slow = settled
+        .iter()
+        .filter(|t| **t > Duration::from_millis(20))
+        .count();
+    assert!(
+        slow * 100 <= settled.len(),
+        "{slow} of {} checks during the outage took over 20 ms",
+        settled.len()
+    );
+    // The failure policy answered them, and said so.
+    assert!(during
+        .iter()
+        .filter(|(at, _, _)| *at > killed + Duration::from_secs(1))
+        .all(|(_, _, o)| *o == Origin::FailOpen));
+    let back_after = back.saturating_duration_since(restarted);
+    assert!(
+        back_after < Duration::from_secs(2),
+        "checks went through Redis {back_after:?} after the restart"
+    );
+    assert!(
+        metric(
+            "tollgate_failure_policy_total",
+            &[("limiter", "outage"), ("action", "open")]
+        ) > 100.0
+    );
+    assert!(
+        metric(
+            "tollgate_store_errors_total",
+            &[("store", "outage"), ("kind", "unavailable")]
+        ) > 100.0
+    );
+    assert_eq!(
+        metric("tollgate_store_breaker_open", &[("store", "outage")]),
+        0.0
+    );
+    assert_eq!(logged("rate-limit store failing", "outage"), 1);
+    assert_eq!(logged("rate-limit store answers again", "outage"), 1);
+}
+
+/// A stall longer than the timeout: the first checks time out (not retried), the breaker
+/// opens after a few, later checks are answered at once; when the stall ends checks go
+/// through Redis again.
+#[tokio::test]
+async fn a_stall_opens_the_breaker_and_recovery_closes_it() {
+    observed();
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.port).await;
+    let store = store_at(&proxy.url(), "stall", 100).await;
+    let limiter = limiter(&store, "1000/s", "stall", OnStoreError::Closed);
+    assert_eq!(limiter.check(&["a"]).await.unwrap().origin(), Origin::Store);
+
+    proxy.freeze(true);
+    let mut kinds: HashMap<&'static str, usize> = HashMap::new();
+    let mut fast = 0;
+    for _ in 0..50 {
+        let started = Instant::now();
+        match limiter.check(&["a"]).await {
+            Err(Error::Store(e)) => {
+                *kinds.entry(e.kind_label()).or_default() += 1;
+                if matches!(e, StoreError::Unavailable)
+                    && started.elapsed() < Duration::from_millis(20)
+                {
+                    fast += 1;
+                }
+            }
+            other => panic!("a stalled store cannot decide: {other:?}"),
+        }
+    }
+    // A few timeouts open the breaker; everything after is answered without waiting.
+    assert_eq!(kinds.get("timeout"), Some(&3), "{kinds:?}");
+    assert_eq!(kinds.get("unavailable"), Some(&47), "{kinds:?}");
+    assert_eq!(fast, 47);
+
+    proxy.freeze(false);
+    let resumed = Instant::now();
+    loop {
+        if limiter.check(&["a"]).await.is_ok() {
+            break;
+        }
+        assert!(
+            resumed.elapsed() < Duration::from_secs(3),
+            "checks never resumed"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(
+        resumed.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        resumed.elapsed()
+    );
+    assert_eq!(logged("rate-limit store failing", "stall"), 1);
+    assert_eq!(logged("rate-limit store answers again", "stall"), 1);
+}
+
+/// A slot let go while Redis cannot be reached is released once it can: the keeper retries
+/// the release until it succeeds or the lease has expired anyway, so the identifier is not
+/// locked out for the rest of the lease with nothing in flight.
+#[tokio::test]
+async fn a_release_that_failed_is_retried_once_redis_answers() {
+    observed();
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.port).await;
+    let store = store_at(&proxy.url(), "release", 200).await;
+    let limiter = limiter(
+        &store,
+        "1 concurrent lease=20s",
+        "release",
+        OnStoreError::Closed,
+    );
+    let held = limiter.check(&["a"]).await.unwrap();
+    assert!(held.guard().is_some());
+
+    proxy.freeze(true);
+    drop(held); // the release cannot reach Redis
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    proxy.freeze(false);
+
+    // Well within the 20 s lease, the slot is free again.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        match limiter.check(&["a"]).await {
+            Ok(d) if d.is_allowed() => break,
+            _ => {
+                assert!(Instant::now() < deadline, "the slot was never released");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+}

@@ -1,0 +1,376 @@
+//! What operators do with limiters in production: try a policy in shadow mode, change a
+//! policy without a restart, charge only some responses.
+
+mod common;
+
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{manual_clock, RedisServer};
+use http::{Request, Response, StatusCode};
+use http_body_util::Full;
+use tollgate::key::Header;
+use tollgate::{
+    Clock, Error, KeyedRateLimitLayer, Limiter, ManualClock, MemoryStore, OnStoreError, Origin,
+    Policy, RateLimitLayer, RateLimited, RedisStore, Store,
+};
+use tower::{service_fn, Layer, Service, ServiceExt};
+
+fn memory(clock: &ManualClock) -> Store {
+    MemoryStore::builder()
+        .clock(Clock::Manual(clock.clone()))
+        .build()
+        .into()
+}
+
+fn policy(text: &str) -> Policy {
+    text.parse().unwrap()
+}
+
+/// A store whose server is not there: every check fails at once (connection refused).
+fn dead_store() -> RedisStore {
+    let port = common::free_port();
+    RedisStore::builder(format!("redis://127.0.0.1:{port}/"))
+        .timeout(Duration::from_millis(200))
+        .build_lazy()
+        .unwrap()
+}
+
+/// The identifier of user `a`'s requests.
+const USER_A: &str = "header:x-user:a";
+
+/// A request from `user` (the `x-user` header is the key).
+fn request(user: &str, path: &str) -> Request<Full<bytes::Bytes>> {
+    Request::get(path)
+        .header("x-user", user)
+        .body(Full::default())
+        .unwrap()
+}
+
+/// A handler answering `401` on `/fail` and `200` elsewhere, counting its calls.
+fn handler(
+    calls: Arc<AtomicU64>,
+) -> impl Service<
+    Request<Full<bytes::Bytes>>,
+    Response = Response<Full<bytes::Bytes>>,
+    Error = Infallible,
+    Future = impl Send,
+> + Clone
+       + Send
+       + 'static {
+    service_fn(move |req: Request<Full<bytes::Bytes>>| {
+        calls.fetch_add(1, Ordering::SeqCst);
+        let status = if req.uri().path() == "/fail" {
+            StatusCode::UNAUTHORIZED
+        } else {
+            StatusCode::OK
+        };
+        async move {
+            Ok::<_, Infallible>(
+                Response::builder()
+                    .status(status)
+                    .body(Full::default())
+                    .unwrap(),
+            )
+        }
+    })
+}
+
+// ---------------------------------------------------------------------------------------
+// Shadow mode
+// ---------------------------------------------------------------------------------------
+
+#[tokio::test]
+async fn shadow_mode_lets_everything_through_and_counts_as_enforcing_would() {
+    let clock = manual_clock();
+    let shadow = Limiter::builder(memory(&clock), policy("3/s log, 5/min"))
+        .shadow(true)
+        .build();
+    let enforced = Limiter::new(memory(&clock), policy("3/s log, 5/min"));
+    assert!(shadow.is_shadow() && !enforced.is_shadow());
+    for step in 0..40 {
+        let s = shadow.check(&["user:1"]).await.unwrap();
+        let e = enforced.check(&["user:1"]).await.unwrap();
+        assert!(s.is_allowed(), "step {step}: shadow mode never refuses");
+        assert!(s.is_shadow() && !e.is_shadow());
+        // what the policy decided, and the figures, are the enforced limiter's
+        assert_eq!(s.would_deny(), !e.is_allowed(), "step {step}");
+        assert_eq!(s.statuses(), e.statuses(), "step {step}");
+        assert_eq!(s.would_deny_by(), e.denied_by(), "step {step}");
+        // a shadow decision is not a denial: nobody is told to wait
+        assert_eq!(s.retry_after(), None);
+        assert_eq!(s.denied_by(), None);
+        clock.advance(Duration::from_millis(150));
+    }
+    // Switching to enforcement changes the answers, not the counts.
+    shadow.set_shadow(false);
+    let s = shadow.check(&["user:1"]).await.unwrap();
+    let e = enforced.check(&["user:1"]).await.unwrap();
+    assert_eq!(s, e);
+}
+
+#[tokio::test]
+async fn shadow_mode_lets_through_what_the_limiter_could_not_check() {
+    let limiter = Limiter::builder(dead_store(), policy("3/s"))
+        .on_store_error(OnStoreError::Closed)
+        .shadow(true)
+        .build();
+    let d = limiter.check(&["user:1"]).await.unwrap();
+    assert!(d.is_allowed() && d.would_deny(), "closed would refuse");
+    assert_eq!(d.origin(), Origin::FailOpen);
+    assert!(d.statuses().is_empty());
+    // a cost the policy never admits: an error when enforcing, a would-be denial here
+    let d = limiter.check_n(&["user:1"], 50).await.unwrap();
+    assert!(d.is_allowed() && d.would_deny());
+    // errors of the caller stay errors
+    let none: [&str; 0] = [];
+    assert!(matches!(
+        limiter.check(&none).await,
+        Err(Error::NoIdentifiers)
+    ));
+    // open would not have refused
+    let open = Limiter::builder(dead_store(), policy("3/s"))
+        .shadow(true)
+        .build();
+    let d = open.check(&["user:1"]).await.unwrap();
+    assert!(d.is_allowed() && !d.would_deny());
+}
+
+#[tokio::test]
+async fn a_shadow_layer_refuses_nothing_and_shows_nothing() {
+    let clock = manual_clock();
+    let limiter = Limiter::new(memory(&clock), policy("2/min"));
+    let calls = Arc::new(AtomicU64::new(0));
+    let layer = RateLimitLayer::new(limiter.clone())
+        .key(Header::named("x-user").unwrap())
+        .shadow(true);
+    assert!(layer.settings().shadow);
+    let mut svc = layer.layer(handler(calls.clone()));
+    for _ in 0..5 {
+        let res = svc
+            .ready()
+            .await
+            .unwrap()
+            .call(request("a", "/"))
+            .await
+            .unwrap();
+        assert_eq!(res.status(), StatusCode::OK);
+        assert!(
+            res.headers().get("ratelimit").is_none(),
+            "a trial is invisible"
+        );
+        assert!(res.headers().get("ratelimit-policy").is_none());
+        assert!(res.headers().get("retry-after").is_none());
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), 5);
+    // charged as enforcing: the first 2 were, and the quota is used up
+    assert!(!limiter.check(&[USER_A]).await.unwrap().is_allowed());
+}
+
+#[tokio::test]
+async fn a_shadow_route_beside_an_enforced_one_leaves_the_enforced_answers_alone() {
+    let clock = manual_clock();
+    let store = memory(&clock);
+    let enforced = Limiter::new(store.clone(), policy("3/min"));
+    let trial = Limiter::builder(store, policy("1/min fixed"))
+        .shadow(true)
+        .build();
+    let layer = RateLimitLayer::new(enforced)
+        .key(Header::named("x-user").unwrap())
+        .route_adding(|_: &tollgate::key::RequestView<'_>| true, trial);
+    let mut svc = layer.layer(handler(Arc::new(AtomicU64::new(0))));
+    let mut statuses = Vec::new();
+    for _ in 0..5 {
+        let res = svc
+            .ready()
+            .await
+            .unwrap()
+            .call(request("a", "/"))
+            .await
+            .unwrap();
+        if res.status() == StatusCode::OK {
+            // only the enforced limit is advertised
+            let policy = res.headers()["ratelimit-policy"].to_str().unwrap();
+            assert!(
+                policy.contains("3/min") && !policy.contains("1/min"),
+                "{policy}"
+            );
+        }
+        statuses.push(res.status().as_u16());
+    }
+    assert_eq!(statuses, [200, 200, 200, 429, 429]);
+}
+
+#[tokio::test]
+async fn a_shadow_generic_layer_never_fails_a_call() {
+    let clock = manual_clock();
+    let limiter = Limiter::new(memory(&clock), policy("1/min"));
+    let layer = KeyedRateLimitLayer::new(limiter, |_: &u32| "psp:acme".into())
+        .wait_up_to(Duration::from_secs(30))
+        .shadow(true);
+    let mut svc = layer.layer(service_fn(|n: u32| async move { Ok::<_, Infallible>(n) }));
+    for n in 0..4 {
+        // no call waits for a limit in shadow mode
+        let out = tokio::time::timeout(Duration::from_secs(5), svc.ready().await.unwrap().call(n))
+            .await
+            .expect("no wait")
+            .unwrap();
+        assert_eq!(out, n);
+    }
+    let enforced =
+        KeyedRateLimitLayer::new(Limiter::new(memory(&clock), policy("1/min")), |_: &u32| {
+            "psp:acme".into()
+        });
+    let mut svc = enforced.layer(service_fn(|n: u32| async move { Ok::<_, Infallible>(n) }));
+    svc.ready().await.unwrap().call(1).await.unwrap();
+    let err = svc.ready().await.unwrap().call(2).await.unwrap_err();
+    assert!(err.downcast_ref::<RateLimited>().is_some());
+}
+
+// ---------------------------------------------------------------------------------------
+// Live policy changes
+// ---------------------------------------------------------------------------------------
+
+#[tokio::test]
+async fn a_new_policy_applies_to_every_clone_and_renames_the_limiter() {
+    let clock = manual_clock();
+    let limiter = Limiter::new(memory(&clock), policy("2/min"));
+    let clone = limiter.clone();
+    assert_eq!(limiter.name(), "2/min");
+    for _ in 0..2 {
+        assert!(limiter.check(&["a"]).await.unwrap().is_allowed());
+    }
+    assert!(!limiter.check(&["a"]).await.unwrap().is_allowed());
+
+    clone.set_policy(policy("5/min fixed, 100/h"));
+    assert_eq!(limiter.policy(), policy("5/min fixed, 100/h"));
+    assert_eq!(limiter.name(), "5/min fixed, 100/h");
+    let d = limiter.check(&["b"]).await.unwrap();
+    let limits: Vec<String> = d.limits().map(|s| s.limit.to_string()).collect();
+    assert_eq!(limits, ["5/min fixed", "100/h"]);
+    for _ in 0..4 {
+        assert!(limiter.check(&["b"]).await.unwrap().is_allowed());
+    }
+    assert!(!limiter.check(&["b"]).await.unwrap().is_allowed());
+
+    // a given name stays
+    let named = Limiter::builder(memory(&clock), policy("2/min"))
+        .name("api")
+        .build();
+    named.set_policy(policy("3/min"));
+    assert_eq!(named.name(), "api");
+}
+
+#[tokio::test]
+async fn under_load_every_check_started_after_the_change_sees_the_new_policy() {
+    let limiter = Limiter::new(MemoryStore::new(), policy("1000000/s"));
+    let old = policy("1000000/s");
+    let new = policy("999999/s, 5000000/min");
+    let changed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut tasks = Vec::new();
+    for t in 0..4 {
+        let limiter = limiter.clone();
+        let changed = changed.clone();
+        let (old, new) = (old.clone(), new.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut after = 0;
+            for i in 0..4000 {
+                let was_changed = changed.load(Ordering::SeqCst);
+                let d = limiter
+                    .check(&[format!("user:{t}:{}", i % 7)])
+                    .await
+                    .unwrap();
+                assert!(d.is_allowed());
+                let limits: Vec<_> = d.limits().map(|s| s.limit).collect();
+                if was_changed {
+                    assert_eq!(limits, new.limits(), "a check after the change");
+                    after += 1;
+                } else {
+                    assert!(limits == old.limits() || limits == new.limits());
+                }
+                if i % 64 == 0 {
+                    tokio::task::yield_now().await;
+                }
+            }
+            after
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    limiter.set_policy(new.clone());
+    changed.store(true, Ordering::SeqCst);
+    let mut after = 0;
+    for t in tasks {
+        after += t.await.unwrap();
+    }
+    assert!(after > 0, "some checks ran after the change");
+}
+
+#[tokio::test]
+async fn the_fallback_follows_the_new_policy() {
+    let limiter = Limiter::builder(dead_store(), policy("2/min"))
+        .on_store_error(OnStoreError::fallback(1.0).unwrap())
+        .build();
+    for _ in 0..2 {
+        let d = limiter.check(&["a"]).await.unwrap();
+        assert_eq!(d.origin(), Origin::Fallback);
+        assert!(d.is_allowed());
+    }
+    assert!(!limiter.check(&["a"]).await.unwrap().is_allowed());
+    limiter.set_policy(policy("4/h"));
+    let d = limiter.check(&["b"]).await.unwrap();
+    assert_eq!(d.origin(), Origin::Fallback);
+    assert_eq!(d.limits().next().unwrap().limit.to_string(), "4/h");
+    for _ in 0..3 {
+        assert!(limiter.check(&["b"]).await.unwrap().is_allowed());
+    }
+    assert!(!limiter.check(&["b"]).await.unwrap().is_allowed());
+}
+
+#[tokio::test]
+async fn a_watch_channel_drives_the_policy() {
+    let clock = manual_clock();
+    let (reload, policies) = tokio::sync::watch::channel(policy("1/min"));
+    let limiter = Limiter::new(memory(&clock), policy("50/min"));
+    let task = tokio::spawn(limiter.follow(policies));
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    assert_eq!(
+        limiter.policy(),
+        policy("1/min"),
+        "the current value applies at once"
+    );
+    reload.send(policy("3/h")).unwrap();
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    assert_eq!(limiter.policy(), policy("3/h"));
+    drop(reload);
+    tokio::time::timeout(Duration::from_secs(5), task)
+        .await
+        .expect("ends with its sender")
+        .unwrap();
+}
+
+#[tokio::test]
+async fn a_raised_limit_is_not_held_back_by_the_deny_cache() {
+    let server = RedisServer::start();
+    let store = RedisStore::builder(server.url())
+        .prefix(common::unique_prefix())
+        .timeout(Duration::from_secs(5))
+        .build()
+        .await
+        .unwrap();
+    let limiter = Limiter::new(store, policy("1/min"));
+    assert!(limiter.check(&["a"]).await.unwrap().is_allowed());
+    let d = limiter.check(&["a"]).await.unwrap();
+    assert!(!d.is_allowed());
+    assert_eq!(
+        limiter.check(&["a"]).await.unwrap().origin(),
+        Origin::DenyCache
+    );
+    limiter.set_policy(policy("100/min"));
+    let d = limiter.check(&["a"]).await.unwrap();
+    assert!(d.is_allowed(), "{d:?}");
+    assert_eq!(d.origin(), Origin::Store);
+}
+
+// ---------------------------------------------------------------------------------------

@@ -1,0 +1,125 @@
+//! What operators see of shadow mode and of charging by response: the decision counters
+//! through a recording `metrics` recorder, and the bounded log through a capturing `tracing`
+//! subscriber. The process has one recorder and one subscriber, so these tests live in a
+//! binary of their own, and each uses limiters of its own names.
+
+mod common;
+#[path = "common/observed.rs"]
+mod observed;
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+
+use common::manual_clock;
+use http::{Request, Response, StatusCode};
+use http_body_util::Full;
+use observed::{log_text, observed};
+use tollgate::key::Header;
+use tollgate::{Clock, Limiter, MemoryStore, RateLimitLayer};
+use tower::{service_fn, Layer, Service, ServiceExt};
+
+/// `tollgate_decisions_total` for `limiter` and `outcome`, summed over its other labels, and
+/// by limit.
+fn decisions(limiter: &str, outcome: &str) -> (f64, HashMap<String, f64>) {
+    let values = observed().metrics.0.lock().unwrap();
+    let mut total = 0.0;
+    let mut by_limit = HashMap::new();
+    for (key, value) in values.iter() {
+        let label = |name: &str| {
+            key.labels()
+                .find(|l| l.key() == name)
+                .map(|l| l.value().to_string())
+        };
+        if key.name() == "tollgate_decisions_total"
+            && label("limiter").as_deref() == Some(limiter)
+            && label("outcome").as_deref() == Some(outcome)
+        {
+            total += value;
+            *by_limit
+                .entry(label("limit").unwrap_or_default())
+                .or_insert(0.0) += value;
+        }
+    }
+    (total, by_limit)
+}
+
+/// The captured log lines that mention `needle`.
+fn log_lines(needle: &str) -> Vec<String> {
+    log_text()
+        .lines()
+        .filter(|l| l.contains(needle))
+        .map(str::to_string)
+        .collect()
+}
+
+fn memory_limiter(policy: &str, name: &str, shadow: bool) -> Limiter {
+    let store = MemoryStore::builder()
+        .clock(Clock::Manual(manual_clock()))
+        .build();
+    Limiter::builder(store, policy.parse().unwrap())
+        .name(name)
+        .shadow(shadow)
+        .build()
+}
+
+#[tokio::test]
+async fn would_be_denials_are_counted_exactly_apart_from_denials() {
+    observed();
+    let limiter = memory_limiter("3/min, 10/h", "shadow-exact", true);
+    for _ in 0..50 {
+        assert!(limiter.check(&["user:1"]).await.unwrap().is_allowed());
+    }
+    assert_eq!(decisions("shadow-exact", "allowed").0, 3.0);
+    let (shadow_denied, by_limit) = decisions("shadow-exact", "shadow_denied");
+    assert_eq!(shadow_denied, 47.0);
+    assert_eq!(by_limit.get("3/min"), Some(&47.0), "{by_limit:?}");
+    assert_eq!(decisions("shadow-exact", "denied").0, 0.0);
+
+    // enforcing, the same limiter counts denials as such
+    limiter.set_shadow(false);
+    for _ in 0..5 {
+        assert!(!limiter.check(&["user:1"]).await.unwrap().is_allowed());
+    }
+    assert_eq!(decisions("shadow-exact", "denied").0, 5.0);
+    assert_eq!(decisions("shadow-exact", "shadow_denied").0, 47.0);
+}
+
+#[tokio::test]
+async fn would_be_denials_are_logged_once_per_limiter_per_period() {
+    observed();
+    let a = memory_limiter("1/min", "shadow-log-a", true);
+    let b = memory_limiter("1/min", "shadow-log-b", true);
+    for _ in 0..500 {
+        assert!(a.check(&["user:1"]).await.unwrap().is_allowed());
+        assert!(b.check(&["user:1"]).await.unwrap().is_allowed());
+    }
+    for name in ["shadow-log-a", "shadow-log-b"] {
+        let lines = log_lines(&format!("limiter=\"{name}\""));
+        assert_eq!(lines.len(), 1, "{lines:?}");
+        assert!(lines[0].contains("shadow mode"), "{}", lines[0]);
+        assert!(lines[0].contains("would_deny=1"), "{}", lines[0]);
+    }
+    assert_eq!(decisions("shadow-log-a", "shadow_denied").0, 499.0);
+}
+
+#[tokio::test]
+async fn a_shadow_layer_counts_what_it_lets_through() {
+    observed();
+    let limiter = memory_limiter("2/min", "shadow-layer", false);
+    let mut svc = RateLimitLayer::new(limiter)
+        .key(Header::named("x-user").unwrap())
+        .shadow(true)
+        .layer(service_fn(|_: Request<Full<bytes::Bytes>>| async {
+            Ok::<_, Infallible>(Response::new(Full::<bytes::Bytes>::default()))
+        }));
+    for _ in 0..7 {
+        let req = Request::get("/")
+            .header("x-user", "a")
+            .body(Full::default())
+            .unwrap();
+        let res = svc.ready().await.unwrap().call(req).await.unwrap();
+        assert_eq!(res.status(), StatusCode::OK);
+    }
+    assert_eq!(decisions("shadow-layer", "allowed").0, 2.0);
+    assert_eq!(decisions("shadow-layer", "shadow_denied").0, 5.0);
+}
