@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::RedisServer;
-use tollgate::{Limiter, Origin, RedisStore};
+use tollgate::{Clock, Limiter, Origin};
 
 /// How many scripts the server has run (`EVALSHA` and `EVAL` calls).
 fn script_calls(server: &RedisServer) -> u64 {
@@ -32,12 +32,8 @@ fn script_calls(server: &RedisServer) -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flood_is_answered_in_process_without_extra_denials() {
     let server = RedisServer::start();
-    let store = RedisStore::builder(server.url())
-        .prefix(common::unique_prefix())
-        .timeout(Duration::from_secs(5))
-        .build()
-        .await
-        .unwrap();
+    // the real clock: the deny cache is off with a manual one
+    let store = server.store(Clock::Real).await;
     // An exact rolling window: Redis allows 10 in any second, so over a flood of `secs`
     // seconds it allows between 10·secs and 10·(secs + 1).
     let limiter = Limiter::new(store, "10/s log".parse().unwrap());
@@ -110,12 +106,8 @@ async fn a_flood_is_answered_in_process_without_extra_denials() {
 #[tokio::test]
 async fn smaller_costs_go_to_redis() {
     let server = RedisServer::start();
-    let store = RedisStore::builder(server.url())
-        .prefix(common::unique_prefix())
-        .timeout(Duration::from_secs(5))
-        .build()
-        .await
-        .unwrap();
+    // the real clock: the deny cache is off with a manual one
+    let store = server.store(Clock::Real).await;
     let limiter = Limiter::new(store, "10/min log".parse().unwrap());
     assert!(limiter.check_n(&["k"], 8).await.unwrap().is_allowed());
     let d = limiter.check_n(&["k"], 3).await.unwrap();
