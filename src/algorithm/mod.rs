@@ -5,6 +5,7 @@
 //! | `lua/check.lua`            | [`decide`] and [`Layout`], here     |
 //! | `lua/sliding_log.lua`      | `sliding_log.rs`                    |
 //! | `lua/sliding_window.lua`   | `sliding_window.rs`                 |
+//! | `lua/rolling_window.lua`   | `rolling_window.rs`                 |
 //! | `lua/fixed_window.lua`     | `fixed_window.rs`                   |
 //! | `lua/gcra.lua`             | `gcra.rs`                           |
 //! | `lua/concurrency.lua`      | `concurrency.rs`                    |
@@ -27,8 +28,8 @@
 //! # Keys
 //!
 //! Per identifier, a policy keeps its state in a few keys ([`Layout`]): one *packed* key
-//! holding every counter limit (sliding window, fixed window, GCRA and token bucket: a few
-//! integers each), then one key per sorted-set limit (sliding log, concurrency), whose state
+//! holding every counter limit (rolling window, sliding window, fixed window, GCRA and token
+//! bucket: a few integers each), then one key per sorted-set limit (sliding log, concurrency), whose state
 //! grows with its count. The memory store keeps one [`State`] per key, as Redis does.
 //!
 //! # Who computes what
@@ -43,6 +44,7 @@ use crate::policy::{Algorithm, Limit};
 mod concurrency;
 mod fixed_window;
 mod gcra;
+pub(crate) mod rolling_window;
 mod sliding_log;
 mod sliding_window;
 
@@ -63,6 +65,7 @@ pub(crate) enum State {
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Counter {
     Window(sliding_window::Window),
+    Ring(rolling_window::Ring),
     Fixed(fixed_window::Fixed),
     Gcra(gcra::Tat),
 }
@@ -196,6 +199,7 @@ impl Counter {
     fn fresh(limit: &Limit) -> Counter {
         match limit.algorithm() {
             Algorithm::SlidingWindow => Counter::Window(Default::default()),
+            Algorithm::RollingWindow => Counter::Ring(Default::default()),
             Algorithm::FixedWindow => Counter::Fixed(Default::default()),
             _ => Counter::Gcra(Default::default()),
         }
@@ -207,6 +211,7 @@ impl Counter {
     pub(crate) fn load(limit: &Limit, at: u64, fields: &[u64]) -> Counter {
         match limit.algorithm() {
             Algorithm::SlidingWindow => Counter::Window(sliding_window::load(limit, at, fields)),
+            Algorithm::RollingWindow => Counter::Ring(rolling_window::load(limit, at, fields)),
             Algorithm::FixedWindow => Counter::Fixed(fixed_window::load(limit, at, fields)),
             _ => Counter::Gcra(gcra::load(fields)),
         }
@@ -217,6 +222,7 @@ impl Counter {
     pub(crate) fn fields(limit: &Limit) -> &'static [&'static str] {
         match limit.algorithm() {
             Algorithm::SlidingWindow => sliding_window::FIELDS,
+            Algorithm::RollingWindow => rolling_window::FIELDS,
             Algorithm::FixedWindow => fixed_window::FIELDS,
             _ => gcra::FIELDS,
         }
@@ -259,6 +265,7 @@ fn part(st: &mut State, pos: usize) -> Part<'_> {
 fn evaluate(part: Part<'_>, lim: &Limit, now: u64, cost: u64) -> Verdict {
     match part {
         Part::Counter(Counter::Window(s)) => sliding_window::evaluate(s, lim, now, cost),
+        Part::Counter(Counter::Ring(s)) => rolling_window::evaluate(s, lim, now, cost),
         Part::Counter(Counter::Fixed(s)) => fixed_window::evaluate(s, lim, now, cost),
         Part::Counter(Counter::Gcra(s)) => gcra::evaluate(s, lim, now, cost),
         Part::Log(s) => sliding_log::evaluate(s, lim, now, cost),
@@ -271,6 +278,7 @@ fn evaluate(part: Part<'_>, lim: &Limit, now: u64, cost: u64) -> Verdict {
 fn commit(part: Part<'_>, lim: &Limit, now: u64, cost: u64, lease: &str) {
     match part {
         Part::Counter(Counter::Window(s)) => sliding_window::commit(s, lim, now, cost),
+        Part::Counter(Counter::Ring(s)) => rolling_window::commit(s, lim, now, cost),
         Part::Counter(Counter::Fixed(s)) => fixed_window::commit(s, lim, now, cost),
         Part::Counter(Counter::Gcra(s)) => gcra::commit(s, lim, now, cost),
         Part::Log(s) => sliding_log::commit(s, lim, now, cost),
@@ -283,6 +291,7 @@ fn commit(part: Part<'_>, lim: &Limit, now: u64, cost: u64, lease: &str) {
 fn report(part: Part<'_>, lim: &Limit, now: u64) -> Report {
     match part {
         Part::Counter(Counter::Window(s)) => sliding_window::report(s, lim, now),
+        Part::Counter(Counter::Ring(s)) => rolling_window::report(s, lim, now),
         Part::Counter(Counter::Fixed(s)) => fixed_window::report(s, lim, now),
         Part::Counter(Counter::Gcra(s)) => gcra::report(s, lim, now),
         Part::Log(s) => sliding_log::report(s, lim, now),
@@ -304,6 +313,7 @@ pub(crate) fn expires_at(st: &State, layout: &Layout, limits: &[Limit], k: usize
             .zip(counters)
             .map(|(l, c)| match c {
                 Counter::Window(s) => sliding_window::expires_at(s, &limits[l]),
+                Counter::Ring(s) => rolling_window::expires_at(s, &limits[l]),
                 Counter::Fixed(s) => fixed_window::expires_at(s, &limits[l]),
                 Counter::Gcra(s) => gcra::expires_at(s),
             })

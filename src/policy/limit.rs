@@ -23,8 +23,35 @@ pub enum Algorithm {
     /// The O(1) approximation of the rolling window: two aligned fixed windows, the previous one
     /// weighted by how much of it still overlaps the rolling window (Cloudflare's variant).
     /// It assumes the previous window's requests were spread evenly; when they were bunched at
-    /// its end the estimate undercounts. The default algorithm.
+    /// its end the estimate undercounts, and it admits more than `count` in a window: up to
+    /// twice `count` in the worst case. Measured against an exact rolling window on bursty
+    /// traffic (Pareto on/off sources, 40,000–400,000 identifiers, 66 million decisions), it
+    /// decided wrongly on 0.031 % (a light mix) to 11.8 % (an abusive mix) of requests, and some
+    /// 1-second windows held 1.55–1.92 times the limit. It was the default before
+    /// [`Algorithm::RollingWindow`]; write `sliding` to keep it.
     SlidingWindow,
+    /// A rolling window that never admits more than `count` in any interval of length `window`,
+    /// wherever it starts (as [`Algorithm::SlidingLog`]), in a fixed state of five counters.
+    /// The default algorithm.
+    ///
+    /// The window is cut into four sub-windows of `window / 4`, aligned to the Unix epoch
+    /// (windows are whole milliseconds, so a quarter is whole microseconds), and a ring of five counters
+    /// holds what was admitted in the current sub-window and the four before it: every
+    /// sub-window the rolling window `(now - window, now]` touches. The oldest one has partly
+    /// left the rolling window but is still counted in full, so the count is never below the
+    /// exact one: it never over-admits.
+    ///
+    /// What that costs is bounded: the ring counts nothing older than `window + window / 4`,
+    /// so it admits every request that an exact rolling window of `1.25 × window` would admit
+    /// (given what was admitted before). A denied request waits at most `window / 4` longer
+    /// than under an exact window, and under a sustained overload the ring admits at least
+    /// `count` per `1.25 × window` (80 % of the rate; the exact window admits `count` per
+    /// `window`). On bursty traffic far fewer decisions differ (`BENCHMARKS.md`).
+    ///
+    /// `retry_after` is exact (the start of the sub-window from which the cost fits);
+    /// `reset_after` is when the newest counted sub-window leaves the ring, at most
+    /// `1.25 × window` away.
+    RollingWindow,
     /// Counters per window aligned to the Unix epoch (days start at 00:00 UTC). Admits up to
     /// twice `count` around a window boundary.
     FixedWindow,
@@ -51,8 +78,9 @@ pub enum Algorithm {
 /// The identity of each algorithm, written once: its keyword in the text syntax, the code of
 /// its automaton and its letter in store keys.
 impl Algorithm {
-    /// The algorithm used when the text names none: [`Algorithm::SlidingWindow`].
-    pub const DEFAULT: Algorithm = Algorithm::SlidingWindow;
+    /// The algorithm used when the text names none: [`Algorithm::RollingWindow`]. (It was
+    /// [`Algorithm::SlidingWindow`] before; write `sliding` to keep that.)
+    pub const DEFAULT: Algorithm = Algorithm::RollingWindow;
 
     /// The keyword naming the algorithm in the text syntax (`10/s log`, `3 concurrent`), read
     /// by `FromStr` and written by `Display`.
@@ -60,6 +88,7 @@ impl Algorithm {
         match self {
             Algorithm::SlidingLog => "log",
             Algorithm::SlidingWindow => "sliding",
+            Algorithm::RollingWindow => "rolling",
             Algorithm::FixedWindow => "fixed",
             Algorithm::TokenBucket { .. } => "bucket",
             Algorithm::Gcra { .. } => "gcra",
@@ -78,6 +107,7 @@ impl Algorithm {
             Algorithm::FixedWindow => 3,
             Algorithm::TokenBucket { .. } | Algorithm::Gcra { .. } => 4,
             Algorithm::Concurrency => 5,
+            Algorithm::RollingWindow => 6,
         }
     }
 
@@ -87,6 +117,7 @@ impl Algorithm {
         match self {
             Algorithm::SlidingLog => 'l',
             Algorithm::SlidingWindow => 'w',
+            Algorithm::RollingWindow => 'r',
             Algorithm::FixedWindow => 'f',
             Algorithm::TokenBucket { .. } => 'b',
             Algorithm::Gcra { .. } => 'g',

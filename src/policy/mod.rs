@@ -11,9 +11,10 @@
 //! * `COUNT` — how many requests (cost units) the limit admits per window; digits, `_` allowed.
 //! * `[N] UNIT` — the window: `ms`, `s`/`sec`/`second(s)`, `m`/`min`/`minute(s)`,
 //!   `h`/`hr`/`hour(s)`, `d`/`day(s)`, optionally preceded by a multiplier (`5min`, `1500ms`).
-//! * `ALGORITHM` — one of `sliding` (the default, [`Algorithm::SlidingWindow`]), `log`
-//!   ([`Algorithm::SlidingLog`]), `fixed` ([`Algorithm::FixedWindow`]), `bucket`
-//!   ([`Algorithm::TokenBucket`]) or `gcra` ([`Algorithm::Gcra`]).
+//! * `ALGORITHM` — one of `rolling` (the default, [`Algorithm::RollingWindow`]), `sliding`
+//!   ([`Algorithm::SlidingWindow`], the default before), `log` ([`Algorithm::SlidingLog`]),
+//!   `fixed` ([`Algorithm::FixedWindow`]), `bucket` ([`Algorithm::TokenBucket`]) or `gcra`
+//!   ([`Algorithm::Gcra`]).
 //! * `burst=B` (or `capacity=B`) — only for `bucket` and `gcra`: how many requests may arrive at
 //!   once; defaults to `COUNT`.
 //!
@@ -23,7 +24,8 @@
 //!
 //! Examples: `10/s, 120/min, 240/h` (seed-style multi-limit, default algorithm),
 //! `100/s bucket capacity=500` (Stripe's request limiter), `5/s gcra burst=20`,
-//! `10/s log` (exact rolling window), `1000/d fixed` (a daily quota aligned to UTC midnight).
+//! `10/s log` (exact rolling window, one entry per request), `10/s sliding` (the two-counter
+//! estimate), `1000/d fixed` (a daily quota aligned to UTC midnight).
 //!
 //! [`Policy`] and [`Limit`] implement `Display` in this syntax, and parsing what they display
 //! gives back an equal value. With the `serde` feature they serialize as this text too.

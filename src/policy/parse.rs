@@ -81,7 +81,7 @@ impl FromStr for Limit {
             .next()
             .ok_or_else(|| err(PolicyErrorKind::Syntax("missing window unit after '/'")))?;
         let window = parse_window(window_text).map_err(err)?;
-        let mut algorithm = Algorithm::DEFAULT;
+        let mut named: Option<Algorithm> = None;
         let mut burst = None;
         for word in words {
             if let Some((name, value)) = word.split_once('=') {
@@ -94,14 +94,17 @@ impl FromStr for Limit {
                 }
                 continue;
             }
-            if algorithm != Algorithm::DEFAULT || burst.is_some() {
+            if named.is_some() || burst.is_some() {
                 return Err(err(PolicyErrorKind::Syntax(
                     "expected at most one algorithm, before burst=",
                 )));
             }
-            algorithm = window_algorithm(word, count)
-                .ok_or_else(|| err(PolicyErrorKind::UnknownAlgorithm(word.to_string())))?;
+            named = Some(
+                window_algorithm(word, count)
+                    .ok_or_else(|| err(PolicyErrorKind::UnknownAlgorithm(word.to_string())))?,
+            );
         }
+        let mut algorithm = named.unwrap_or(Algorithm::DEFAULT);
         if let Some(b) = burst {
             algorithm = match algorithm {
                 Algorithm::TokenBucket { .. } => Algorithm::TokenBucket { capacity: b },
@@ -118,6 +121,7 @@ impl FromStr for Limit {
 /// one of these.
 fn window_algorithm(keyword: &str, count: u64) -> Option<Algorithm> {
     [
+        Algorithm::RollingWindow,
         Algorithm::SlidingWindow,
         Algorithm::SlidingLog,
         Algorithm::FixedWindow,

@@ -16,8 +16,41 @@ fn parses_the_seed_policy() {
         (l[2].count(), l[2].window()),
         (240, Duration::from_secs(3600))
     );
-    assert!(l.iter().all(|l| l.algorithm() == Algorithm::SlidingWindow));
+    assert!(l.iter().all(|l| l.algorithm() == Algorithm::DEFAULT));
+    assert_eq!(Algorithm::DEFAULT, Algorithm::RollingWindow);
     assert_eq!(p.to_string(), "10/s, 120/min, 240/h");
+    // the sliding-window counter, the default before, by name
+    let p: Policy = "10/s sliding, 120/min sliding, 240/h sliding"
+        .parse()
+        .unwrap();
+    assert!(p
+        .limits()
+        .iter()
+        .all(|l| l.algorithm() == Algorithm::SlidingWindow));
+    assert_eq!(
+        p.to_string(),
+        "10/s sliding, 120/min sliding, 240/h sliding"
+    );
+    assert_eq!(
+        "10/s rolling".parse::<Limit>().unwrap(),
+        Limit::per_second(10).unwrap()
+    );
+}
+
+#[test]
+fn at_most_one_algorithm_whichever_the_default() {
+    for text in [
+        "10/s rolling sliding",
+        "10/s sliding log",
+        "10/s log rolling",
+        "10/s rolling rolling",
+    ] {
+        let e = text.parse::<Limit>().unwrap_err();
+        assert!(
+            matches!(e.kind(), PolicyErrorKind::Syntax(_)),
+            "{text}: {e}"
+        );
+    }
 }
 
 #[test]
@@ -47,6 +80,8 @@ fn display_round_trips() {
         "1/ms",
         "7/90s",
         "2/61min sliding",
+        "2/61min rolling",
+        "3/7ms sliding, 3/7ms",
         "9/25h bucket burst=1",
         "50000000/400d gcra",
         "5/s, 5/s log, 5/s fixed, 5/s bucket, 5/s gcra burst=2",
@@ -144,6 +179,7 @@ fn algorithms_have_distinct_identities() {
     let all = [
         Algorithm::SlidingLog,
         Algorithm::SlidingWindow,
+        Algorithm::RollingWindow,
         Algorithm::FixedWindow,
         Algorithm::TokenBucket { capacity: 1 },
         Algorithm::Gcra { burst: 1 },

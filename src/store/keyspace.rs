@@ -46,7 +46,8 @@ pub(crate) fn escape_identifier(id: &str) -> String {
     out
 }
 
-/// The limit part of a key, e.g. `w10/1s` (sliding window, 10 per second), `g3/1300msb2`
+/// The limit part of a key, e.g. `r10/1s` (rolling window, 10 per second), `w10/1s` (sliding
+/// window), `g3/1300msb2`
 /// (GCRA, 3 per 1.3 s, burst 2): the algorithm's letter, the count, `/`, the window in its
 /// largest whole unit (`d`, `h`, `m`, `s` or `ms`), then a bucket's or GCRA's burst after `b`.
 /// Every limit has exactly one such name, and the name gives the limit back.
@@ -119,7 +120,10 @@ mod tests {
 
     #[test]
     fn identifiers_cannot_inject_tags_or_collide() {
-        let limit = Limit::per_second(10).unwrap();
+        let limit = Limit::per_second(10)
+            .unwrap()
+            .with_algorithm(Algorithm::SlidingWindow)
+            .unwrap();
         let ids = [
             "a",
             "a}",
@@ -168,28 +172,37 @@ mod tests {
 
     #[test]
     fn packed_keys_name_every_limit_and_never_meet_single_limit_keys() {
-        let policy: crate::Policy = "10/s, 120/min, 240/h".parse().unwrap();
+        let policy: crate::Policy = "10/s sliding, 120/min sliding, 240/h sliding"
+            .parse()
+            .unwrap();
         let id = escape_identifier("ip:1.2.3.4");
         let packed = packed_key("rl", &id, policy.limits());
         assert_eq!(packed, "rl:{ip:1.2.3.4}:w10/1s,w120/1m,w240/1h");
+        // the default algorithm, the rolling window
+        let default: crate::Policy = "10/s, 120/min, 240/h".parse().unwrap();
+        assert_eq!(
+            packed_key("rl", &id, default.limits()),
+            "rl:{ip:1.2.3.4}:r10/1s,r120/1m,r240/1h"
+        );
         let log = Limit::per_second(10)
             .unwrap()
             .with_algorithm(Algorithm::SlidingLog)
             .unwrap();
         assert_eq!(key("rl", &id, &log), "rl:{ip:1.2.3.4}:l10/1s");
         // another policy, another key
-        let other: crate::Policy = "10/s, 120/min".parse().unwrap();
+        let other: crate::Policy = "10/s sliding, 120/min sliding".parse().unwrap();
         assert_ne!(packed_key("rl", &id, other.limits()), packed);
     }
 
     #[test]
     fn limit_names_are_short_and_one_to_one() {
         let names: Vec<String> = [
-            "1/ms",
-            "1/1000ms",
-            "1/1001ms",
-            "1/60s",
+            "1/ms sliding",
+            "1/1000ms sliding",
+            "1/1001ms sliding",
+            "1/60s sliding",
             "1/61s",
+            "1/61s sliding",
             "1/90min",
             "1/24h",
             "1/25h",
@@ -210,7 +223,8 @@ mod tests {
         })
         .collect();
         assert_eq!(names[..4], ["w1/1ms", "w1/1s", "w1/1001ms", "w1/1m"]);
-        assert_eq!(names[9], "g3/1300msb2");
+        assert_eq!(names[4], "r1/61s");
+        assert_eq!(names[10], "g3/1300msb2");
         let distinct: HashSet<&String> = names.iter().collect();
         assert_eq!(distinct.len(), names.len(), "{names:?}");
     }

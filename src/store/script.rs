@@ -25,6 +25,7 @@ const PRELUDE: &str = include_str!("../../lua/prelude.lua");
 const DRIVER: &str = include_str!("../../lua/check.lua");
 const SLIDING_LOG: &str = include_str!("../../lua/sliding_log.lua");
 const SLIDING_WINDOW: &str = include_str!("../../lua/sliding_window.lua");
+const ROLLING_WINDOW: &str = include_str!("../../lua/rolling_window.lua");
 const FIXED_WINDOW: &str = include_str!("../../lua/fixed_window.lua");
 const GCRA: &str = include_str!("../../lua/gcra.lua");
 const CONCURRENCY: &str = include_str!("../../lua/concurrency.lua");
@@ -104,7 +105,14 @@ fn section<'a>(file: &'a str, name: &str) -> &'a str {
 }
 
 /// The fragment files, by automaton code ([`Algorithm::code`]).
-const FRAGMENTS: [&str; 5] = [SLIDING_LOG, SLIDING_WINDOW, FIXED_WINDOW, GCRA, CONCURRENCY];
+const FRAGMENTS: [&str; 6] = [
+    SLIDING_LOG,
+    SLIDING_WINDOW,
+    FIXED_WINDOW,
+    GCRA,
+    CONCURRENCY,
+    ROLLING_WINDOW,
+];
 
 /// The fragment file of an algorithm.
 fn fragments(algorithm: Algorithm) -> &'static str {
@@ -150,6 +158,13 @@ fn limit_vars(limits: &[Limit], l: usize, key: usize) -> Vec<(&'static str, Stri
         ("key", format!("KEYS[base + {}]", key + 1)),
         ("ttl", (w.div_ceil(1000) + 1).to_string()),
     ];
+    if limit.algorithm() == Algorithm::RollingWindow {
+        // the sub-window
+        vars.push((
+            "g",
+            algorithm::rolling_window::sub_window_us(limit).to_string(),
+        ));
+    }
     if let Algorithm::TokenBucket { .. } | Algorithm::Gcra { .. } = limit.algorithm() {
         // burst·T as (µs, remainder), as the twin's `times` computes it
         let (q, r, burst) = (w / n, w % n, limit.max_cost());

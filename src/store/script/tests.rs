@@ -8,7 +8,7 @@ fn limits(policy: &str) -> Vec<Limit> {
 }
 
 /// Every algorithm, once, in its Lua file, its Rust twin and a sample limit.
-fn algorithms() -> [(&'static str, &'static str, &'static str); 6] {
+fn algorithms() -> [(&'static str, &'static str, &'static str); 7] {
     [
         (
             "10/s log",
@@ -16,9 +16,14 @@ fn algorithms() -> [(&'static str, &'static str, &'static str); 6] {
             include_str!("../../algorithm/sliding_log.rs"),
         ),
         (
-            "10/s",
+            "10/s sliding",
             SLIDING_WINDOW,
             include_str!("../../algorithm/sliding_window.rs"),
+        ),
+        (
+            "10/s",
+            ROLLING_WINDOW,
+            include_str!("../../algorithm/rolling_window.rs"),
         ),
         (
             "10/s fixed",
@@ -164,7 +169,8 @@ fn packed_fields_match_the_twins() {
 /// time.
 #[test]
 fn the_reference_policy_makes_a_straight_script() {
-    let (text, layout, packed, wire) = generate(&limits("10/s, 120/min, 240/h"), 2);
+    let sliding = "10/s sliding, 120/min sliding, 240/h sliding";
+    let (text, layout, packed, wire) = generate(&limits(sliding), 2);
     assert_eq!(layout.keys_per_id(), 1);
     assert_eq!(packed, [0, 1, 2]);
     assert_eq!(wire.len(), 7);
@@ -192,17 +198,44 @@ fn the_reference_policy_makes_a_straight_script() {
     assert!(text.contains("elseif not got1 and cost <= 10 then"));
 
     // one identifier: one GET, and a fresh state charged without evaluating it
-    let (one, ..) = generate(&limits("10/s, 120/min, 240/h"), 1);
+    let (one, ..) = generate(&limits(sliding), 1);
     assert!(one.contains("local got1 = redis.call('GET', KEYS[1])"));
     assert!(one.contains("elseif not got1 and cost <= 10 then"));
     assert!(!one.contains("MGET"));
+}
+
+/// The reference policy with the default algorithm, the rolling window: five counters per
+/// limit, the sub-window written in, the ring moved on without a loop, the same one read and
+/// one write per identifier.
+#[test]
+fn the_reference_policy_with_the_rolling_window() {
+    let (text, layout, packed, wire) = generate(&limits("10/s, 120/min, 240/h"), 2);
+    assert_eq!(layout.keys_per_id(), 1);
+    assert_eq!(packed, [0, 1, 2]);
+    // T, then five counters per limit: 8 + 3 × 20 bytes
+    assert_eq!(wire.len(), 16);
+    assert_eq!(wire.iter().map(|w| w.len()).sum::<usize>(), 68);
+    assert!(!text.contains('$'), "a placeholder is left:\n{text}");
+    assert!(text.contains("struct.unpack('<dI4I4I4I4I4I4I4I4I4I4I4I4I4I4I4', got2)"));
+    // 1 h in quarters
+    assert!(text.contains("local s3 = now - now % 900000000"));
+    assert!(text.contains("local life3 = s3 + 3600000000 + 900000000"));
+    assert!(text.contains("if ra2 + rb2 + rc2 + rd2 + re2 + cost > 120 then"));
+    assert!(text.contains("ra1, rb1, rc1, rd1, re1 = 0, 0, ra1, rb1, rc1"));
+    assert_eq!(text.matches("redis.call(").count(), 6);
+    for absent in ["function", "cjson"] {
+        assert!(!text.contains(absent), "{absent}");
+    }
+    // no loop at run time
+    let lines = || text.lines().map(str::trim_start);
+    assert!(!lines().any(|l| l.starts_with("for ") || l.starts_with("while ")));
 }
 
 /// Every algorithm, and all of them in one policy, generate complete scripts for one and for
 /// several identifiers; sorted sets get keys of their own after the packed key.
 #[test]
 fn every_shape_fills_every_placeholder() {
-    let all = "10/s, 5/s log, 20/min fixed, 2 concurrent, 7/3s gcra burst=2, 4/s bucket";
+    let all = "10/s sliding, 5/s log, 20/min fixed, 2 concurrent, 7/3s gcra burst=2, 4/s bucket";
     for policy in algorithms().map(|a| a.0).into_iter().chain([all]) {
         for ids in [1, 2, 16] {
             let (text, layout, ..) = generate(&limits(policy), ids);
@@ -296,7 +329,7 @@ fn pack(wire: &[Wire], values: &[u64]) -> Vec<u8> {
 /// entries are taken as the script reported them, and the verdicts must agree.
 #[test]
 fn replies_are_derived_with_the_twin() {
-    let l = limits("2/s, 5/s log");
+    let l = limits("2/s sliding, 5/s log");
     let compiled = check_script(&l, 1);
     let now = 1_767_225_600_250_000u64;
     let ids = vec!["a".to_string()];
@@ -340,7 +373,7 @@ fn replies_are_derived_with_the_twin() {
     assert!(parse_reply(Value::Int(1), &compiled, &plan).is_err());
 
     // without sorted sets the reply is the string alone
-    let l = limits("2/s");
+    let l = limits("2/s sliding");
     let compiled = check_script(&l, 1);
     let plan = Plan { limits: &l, ..plan };
     let mut head = b"10,1767225600250000;".to_vec();

@@ -1,0 +1,192 @@
+//! Rolling window (the default algorithm): never more than `n` admitted in any interval of
+//! length `w`, wherever it starts, in five counters. Twin of `lua/rolling_window.lua`,
+//! function for function: `FIELDS` and `load` are its `fields`, `evaluate` and `commit` its
+//! fragments of the same names, `expires_at` its `expires`; `report`, and the retry time in
+//! `evaluate`, are derived here from the state the script returns.
+//!
+//! The window is cut into [`SUB_WINDOWS`] sub-windows of `g = w / 4` µs, aligned to the Unix
+//! epoch, and a ring of `SUB_WINDOWS + 1` counters holds what was admitted in the current
+//! sub-window and the ones before it: every sub-window the rolling window `(now - w, now]`
+//! touches. The oldest has partly left the rolling window but is counted in full.
+//!
+//! * Never over: every admitted unit in `(t - w, t]` lies in one of the sub-windows counted at
+//!   `t`, so no interval of length `w` ever holds more than `n`.
+//! * Under-admission bounded by one sub-window: the ring counts nothing before the start of
+//!   the oldest sub-window, which is later than `now - w - g`; so it admits whatever an exact
+//!   rolling window of `w + g` would admit (given what was admitted before), a denied cost
+//!   waits at most `g` longer than under an exact window of `w`, and a sustained overload is
+//!   admitted at `n` per `w + g` at least.
+//!
+//! The count only changes at sub-window starts, so a denied cost fits again at the start of
+//! the first sub-window from which the ring holds little enough: the retry time is exact.
+
+use super::{Report, Verdict};
+use crate::policy::Limit;
+
+/// How many sub-windows a window is cut into (`k`); the ring holds one more counter.
+/// Windows are whole milliseconds, so `w / 4` is a whole number of microseconds.
+pub(crate) const SUB_WINDOWS: u64 = 4;
+
+/// The ring's counters.
+const SLOTS: usize = SUB_WINDOWS as usize + 1;
+
+/// The ring: the index of the sub-window of slot 0, and the counts of that sub-window and the
+/// ones before it, newest first.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Ring {
+    idx: u64,
+    slots: [u32; SLOTS],
+}
+
+/// The fields the script packs: the ring, newest first. The newest sub-window's index is the
+/// packed key's time of the last charge divided by `g` (every limit of the key is charged at
+/// that time, and each keeps the later of its index and now's).
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
+pub(crate) const FIELDS: &[&str] = &["ra", "rb", "rc", "rd", "re"];
+
+/// The sub-window of `lim`, in µs.
+pub(crate) fn sub_window_us(lim: &Limit) -> u64 {
+    lim.window_us() / SUB_WINDOWS
+}
+
+/// The state from the packed fields and the time `at` of the key's last charge.
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
+pub(crate) fn load(lim: &Limit, at: u64, fields: &[u64]) -> Ring {
+    let mut slots = [0; SLOTS];
+    for (slot, f) in slots.iter_mut().zip(fields) {
+        *slot = u32::try_from(*f).unwrap_or(u32::MAX);
+    }
+    Ring {
+        idx: at / sub_window_us(lim),
+        slots,
+    }
+}
+
+/// The ring seen from sub-window `i` (or from its own, when that is later: the clock went
+/// back): the index it is seen from, and the counts, newest first.
+fn view(st: &Ring, i: u64) -> (u64, [u64; SLOTS]) {
+    let e = i.max(st.idx);
+    let shift = e - st.idx;
+    let mut out = [0; SLOTS];
+    for (m, slot) in out.iter_mut().enumerate() {
+        if let Some(from) = (m as u64).checked_sub(shift) {
+            *slot = u64::from(st.slots[from as usize]);
+        }
+    }
+    (e, out)
+}
+
+pub(crate) fn evaluate(st: &Ring, lim: &Limit, now: u64, cost: u64) -> Verdict {
+    let (n, g) = (lim.count(), sub_window_us(lim));
+    let (e, ring) = view(st, now / g);
+    if ring.iter().sum::<u64>() + cost <= n {
+        return Verdict::ADMIT;
+    }
+    // At the start of sub-window e + d, the d oldest counters have left the ring; with all of
+    // them gone the cost fits (cost <= n), so some d in 1..=SLOTS does.
+    let mut kept = ring.iter().sum::<u64>();
+    for d in 1..=SLOTS {
+        kept -= ring[SLOTS - d];
+        if kept + cost <= n {
+            return Verdict::deny((e + d as u64) * g);
+        }
+    }
+    Verdict::deny((e + SLOTS as u64) * g)
+}
+
+pub(crate) fn commit(st: &mut Ring, lim: &Limit, now: u64, cost: u64) {
+    let (e, ring) = view(st, now / sub_window_us(lim));
+    st.idx = e;
+    for (slot, count) in st.slots.iter_mut().zip(ring) {
+        *slot = u32::try_from(count).unwrap_or(u32::MAX);
+    }
+    // counts stay below MAX_COUNT, far below u32::MAX
+    st.slots[0] = st.slots[0].saturating_add(u32::try_from(cost).unwrap_or(u32::MAX));
+}
+
+pub(crate) fn report(st: &Ring, lim: &Limit, now: u64) -> Report {
+    let g = sub_window_us(lim);
+    let (e, ring) = view(st, now / g);
+    let used: u64 = ring.iter().sum();
+    // the quota is whole again when the newest counted sub-window leaves the ring
+    let reset_after = match ring.iter().position(|&c| c > 0) {
+        Some(m) => (e - m as u64 + SLOTS as u64) * g - now,
+        None => 0,
+    };
+    Report {
+        remaining: lim.count().saturating_sub(used),
+        reset_after,
+    }
+}
+
+/// When the state stops mattering: its newest sub-window has left the ring. (The script's TTL
+/// in `expires`.)
+pub(crate) fn expires_at(st: &Ring, lim: &Limit) -> u64 {
+    if st.slots.iter().all(|&c| c == 0) {
+        return 0;
+    }
+    (st.idx + SLOTS as u64) * sub_window_us(lim)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limit(text: &str) -> Limit {
+        text.parse().unwrap()
+    }
+
+    const S: u64 = 1_000_000;
+
+    #[test]
+    fn the_oldest_sub_window_counts_until_it_has_left_the_ring() {
+        let l = limit("10/s rolling");
+        let mut st = Ring::default();
+        // 10 at 100 s + 0.999: the sub-window [100.75, 101)
+        let t0 = 100 * S + 999_000;
+        assert_eq!(evaluate(&st, &l, t0, 10), Verdict::ADMIT);
+        commit(&mut st, &l, t0, 10);
+        // full until that sub-window leaves the ring at 102 s, one sub-window after the
+        // exact window would admit again (101.999)
+        let v = evaluate(&st, &l, t0 + 1, 1);
+        assert_eq!(v, Verdict::deny(102 * S));
+        assert!(!evaluate(&st, &l, 102 * S - 1, 1).allowed);
+        assert!(evaluate(&st, &l, 102 * S, 10).allowed);
+        let r = report(&st, &l, t0);
+        assert_eq!((r.remaining, r.reset_after), (0, 102 * S - t0));
+        assert_eq!(expires_at(&st, &l), 102 * S);
+    }
+
+    #[test]
+    fn a_denied_cost_waits_for_just_enough_sub_windows() {
+        let l = limit("8/s rolling");
+        let mut st = Ring::default();
+        // 2 in each quarter of second 50: the ring is full
+        for q in 0..4 {
+            commit(&mut st, &l, 50 * S + q * 250_000 + 10, 2);
+        }
+        let now = 50 * S + 900_000;
+        // a cost of 3 needs two quarters' counts gone: the first leaves at 51.25, the second
+        // at 51.5
+        assert_eq!(evaluate(&st, &l, now, 3), Verdict::deny(51 * S + 500_000));
+        assert_eq!(evaluate(&st, &l, now, 1), Verdict::deny(51 * S + 250_000));
+        assert_eq!(evaluate(&st, &l, now, 8), Verdict::deny(52 * S));
+        let r = report(&st, &l, now);
+        assert_eq!((r.remaining, r.reset_after), (0, 52 * S - now));
+        // seen from later, the ring has moved on
+        let r = report(&st, &l, 51 * S + 600_000);
+        assert_eq!(r.remaining, 4);
+    }
+
+    #[test]
+    fn a_clock_that_goes_back_sees_the_ring_from_its_newest_sub_window() {
+        let l = limit("4/s rolling");
+        let mut st = Ring::default();
+        commit(&mut st, &l, 10 * S, 4);
+        assert_eq!(evaluate(&st, &l, 9 * S, 1), Verdict::deny(11 * S + 250_000));
+        commit(&mut st, &l, 11 * S + 250_000, 1);
+        commit(&mut st, &l, 11 * S, 1);
+        assert_eq!(st.idx, 45);
+        assert_eq!(st.slots[0], 2);
+    }
+}
