@@ -89,6 +89,10 @@ conformance!(
     impossible_costs_are_errors,
     duplicate_identifiers_count_once,
     long_and_hostile_identifiers,
+    rolling_window_boundaries,
+    rolling_window_weighted_costs,
+    rolling_window_all_or_nothing,
+    rolling_window_never_over_admits,
 );
 
 /// Seed 002's test: a burst of `capacity` admitted, the next denied; one second later exactly
@@ -183,7 +187,7 @@ async fn seed_003_fixed_windows_two_identifiers(env: Env) {
 /// with each of its three limits, and never admits more than 10 in a second, 120 in a minute
 /// or 240 in the hour.
 async fn seed_003_every_limit_binds(env: Env) {
-    for alg in ["log", "sliding", "fixed"] {
+    for alg in ["log", "sliding", "fixed", "rolling"] {
         let l = env.limiter(&format!("10/s {alg}, 120/min {alg}, 240/h {alg}"));
         let ids = [&*format!("ip:{alg}"), "user:x"];
         let mut binding = [0u32; 3];
@@ -216,22 +220,36 @@ async fn seed_003_every_limit_binds(env: Env) {
 async fn rolling_window_edge(env: Env) {
     let log = env.limiter("10/s log");
     let fixed = env.limiter("10/s fixed");
+    let rolling = env.limiter("10/s rolling");
     env.advance_ms(999);
     assert_eq!(admitted_of(&log, &["a"], 10).await, 10);
     assert_eq!(admitted_of(&fixed, &["a"], 10).await, 10);
+    assert_eq!(admitted_of(&rolling, &["a"], 10).await, 10);
     env.advance_ms(1);
     assert_eq!(admitted_of(&log, &["a"], 10).await, 0);
     assert_eq!(admitted_of(&fixed, &["a"], 10).await, 10);
+    assert_eq!(admitted_of(&rolling, &["a"], 10).await, 0);
     // the log admits again exactly when the first entries leave the window
     env.advance_ms(998);
     assert_eq!(admitted_of(&log, &["a"], 1).await, 0);
     env.advance_ms(1);
     assert_eq!(admitted_of(&log, &["a"], 20).await, 10);
+    // the rolling window once their sub-window (0.75–1 s) has left its ring, at 2 s: a
+    // quarter of a window later at most
+    assert_eq!(admitted_of(&rolling, &["a"], 1).await, 0);
+    env.advance_ms(1);
+    assert_eq!(admitted_of(&rolling, &["a"], 20).await, 10);
 }
 
 /// 100 requests within the same microsecond are all counted.
 async fn same_microsecond_requests_all_count(env: Env) {
-    for policy in ["100/s log", "100/s", "100/s fixed", "100/s gcra"] {
+    for policy in [
+        "100/s log",
+        "100/s sliding",
+        "100/s fixed",
+        "100/s gcra",
+        "100/s rolling",
+    ] {
         let l = env.limiter(policy);
         assert_eq!(admitted_of(&l, &["same"], 100).await, 100, "{policy}");
         let d = check(&l, &["same"]).await;
@@ -242,7 +260,7 @@ async fn same_microsecond_requests_all_count(env: Env) {
 
 /// A denied request leaves every other limit and identifier as it was.
 async fn denied_requests_charge_nothing(env: Env) {
-    let l = env.limiter("2/s fixed, 10/s log, 10/s, 10/s gcra, 10/s bucket capacity=20");
+    let l = env.limiter("2/s fixed, 10/s log, 10/s sliding, 10/s gcra, 10/s bucket capacity=20");
     assert_eq!(admitted_of(&l, &["a", "b"], 2).await, 2);
     let before = check(&l, &["a", "b"]).await;
     assert_eq!(before.denied_by().unwrap().limit_index, 0);
@@ -265,13 +283,17 @@ async fn retry_after_is_exact(env: Env) {
     let policies = [
         "5/s log",
         "4/700ms log",
-        "5/s",
-        "7/1300ms",
+        "5/s sliding",
+        "7/1300ms sliding",
+        "5/s rolling",
+        "7/1300ms rolling",
         "5/s fixed",
         "3/s gcra burst=2",
         "7/s bucket capacity=3",
         "11/min gcra burst=4",
+        "5/s sliding, 9/3s log, 20/min fixed",
         "5/s, 9/3s log, 20/min fixed",
+        "5/s, 12/3s, 20/min gcra burst=3",
     ];
     // an irregular but reproducible walk
     let mut seed = 0x2545_f491_4f6c_dd1du64;
@@ -321,7 +343,14 @@ async fn retry_after_is_exact(env: Env) {
 
 /// A request may cost more than 1.
 async fn weighted_costs(env: Env) {
-    for policy in ["10/s log", "10/s", "10/s fixed", "10/s gcra", "10/s bucket"] {
+    for policy in [
+        "10/s log",
+        "10/s sliding",
+        "10/s fixed",
+        "10/s gcra",
+        "10/s bucket",
+        "10/s rolling",
+    ] {
         let l = env.limiter(policy);
         let d = l.check_n(&["w"], 7).await.unwrap();
         assert!(d.is_allowed(), "{policy}");
@@ -380,6 +409,122 @@ async fn long_and_hostile_identifiers(env: Env) {
     }
     for id in ids {
         assert!(!check(&l, &[id]).await.is_allowed(), "{id:.20}");
+    }
+}
+
+/// The rolling window at its boundaries: a charge counts, in full, until its sub-window (a
+/// quarter of the window, aligned to the epoch) has left the ring, and not a microsecond
+/// longer; the report says when the whole quota is back.
+async fn rolling_window_boundaries(env: Env) {
+    let l = env.limiter("8/s");
+    // 2 per quarter of a second: 0.0, 0.25, 0.5, 0.75 (the manual clock starts on a second)
+    for q in 0..4 {
+        assert_eq!(admitted_of(&l, &["q"], 2).await, 2, "quarter {q}");
+        env.advance_ms(250);
+    }
+    // at 1.0 s the ring holds all four quarters: the first has just left the exact window
+    // but its sub-window is still in the ring (0.0–0.25 leaves at 1.25)
+    let d = check(&l, &["q"]).await;
+    assert!(!d.is_allowed());
+    assert_eq!(d.retry_after(), Some(Duration::from_millis(250)));
+    assert_eq!(d.statuses()[0].remaining, 0);
+    // the whole quota is back when the newest charge (0.75–1.0) has left the ring, at 2.0 s
+    assert_eq!(d.statuses()[0].reset_after, Duration::from_secs(1));
+    env.advance_us(249_999);
+    assert!(!check(&l, &["q"]).await.is_allowed());
+    env.advance_us(1);
+    // 1.25 s: the first quarter is gone, two fit
+    assert_eq!(admitted_of(&l, &["q"], 3).await, 2);
+    let d = check(&l, &["q"]).await;
+    assert_eq!(d.retry_after(), Some(Duration::from_millis(250)));
+    // a long silence: the ring is empty again
+    env.advance_ms(1_250);
+    let d = check(&l, &["q"]).await;
+    assert!(d.is_allowed());
+    assert_eq!(d.statuses()[0].remaining, 7);
+    // reset: this sub-window (2.5–2.75) leaves the ring at 3.75
+    assert_eq!(d.statuses()[0].reset_after, Duration::from_millis(1_250));
+}
+
+/// Costs above 1: a cost fits only whole, and a denied one waits for as many sub-windows as
+/// it takes to leave room for all of it.
+async fn rolling_window_weighted_costs(env: Env) {
+    let l = env.limiter("10/s rolling");
+    assert!(l.check_n(&["w"], 4).await.unwrap().is_allowed());
+    env.advance_ms(300);
+    assert!(l.check_n(&["w"], 4).await.unwrap().is_allowed());
+    env.advance_ms(300);
+    let d = l.check_n(&["w"], 3).await.unwrap();
+    assert!(!d.is_allowed());
+    assert_eq!(d.statuses()[0].remaining, 2);
+    // 4 at 0.0 leave the ring at 1.25 s: 0.65 s from 0.6
+    assert_eq!(d.retry_after(), Some(Duration::from_millis(650)));
+    // a cost of 9 must wait for the 4 at 0.3 s too: they leave at 1.5 s
+    let d = l.check_n(&["w"], 9).await.unwrap();
+    assert_eq!(d.retry_after(), Some(Duration::from_millis(900)));
+    assert!(l.check_n(&["w"], 2).await.unwrap().is_allowed());
+    env.advance_ms(650);
+    assert!(!l.check_n(&["w"], 7).await.unwrap().is_allowed());
+    assert!(l.check_n(&["w"], 4).await.unwrap().is_allowed());
+}
+
+/// With other limits, in one check for two identifiers: all or nothing, and each pair reports
+/// its own figures.
+async fn rolling_window_all_or_nothing(env: Env) {
+    let l = env.limiter("3/s, 5/min, 4/s log");
+    let ids = ["ip:1", "user:1"];
+    assert_eq!(admitted_of(&l, &ids, 5).await, 3);
+    // "user:2" behind the exhausted IP: denied by the IP's 3/s, charged nothing
+    let d = check(&l, &["ip:1", "user:2"]).await;
+    assert!(!d.is_allowed());
+    let by = d.denied_by().unwrap();
+    assert_eq!((by.identifier, by.limit_index), (0, 0));
+    for s in d.statuses().iter().filter(|s| s.identifier == 1) {
+        assert!(s.allowed);
+        assert_eq!(s.remaining, s.limit.count(), "user:2 charged nothing");
+    }
+    // after the ring has let go of the three, the minute binds: 2 more
+    env.advance_ms(1_250);
+    assert_eq!(admitted_of(&l, &ids, 3).await, 2);
+    let d = check(&l, &ids).await;
+    assert_eq!(d.denied_by().unwrap().limit_index, 1);
+    // the minute's first quarter (0–15 s) leaves its ring at 75 s
+    assert_eq!(d.retry_after(), Some(Duration::from_millis(75_000 - 1_250)));
+    assert!(check(&l, &["user:2"]).await.is_allowed());
+}
+
+/// Bursts at every offset around the sub-window edges: no interval of one window ever holds
+/// more than the limit.
+async fn rolling_window_never_over_admits(env: Env) {
+    let l = env.limiter("6/s");
+    let mut admitted = Vec::new();
+    let mut now = 0u64;
+    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+    for _ in 0..400 {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        // around sub-window edges (250 ms), or anywhere
+        let dt = match seed % 4 {
+            0 => 250_000 - now % 250_000 - 1,
+            1 => 250_000 - now % 250_000,
+            2 => seed % 1_000,
+            _ => seed % 300_000,
+        };
+        env.advance_us(dt);
+        now += dt;
+        let cost = 1 + (seed >> 20) % 3;
+        if l.check_n(&["o"], cost).await.unwrap().is_allowed() {
+            admitted.extend(std::iter::repeat_n(now, cost as usize));
+        }
+    }
+    assert!(admitted.len() > 100, "{}", admitted.len());
+    for (i, &t) in admitted.iter().enumerate() {
+        let inside = admitted[i..]
+            .iter()
+            .take_while(|&&u| u < t + 1_000_000)
+            .count();
+        assert!(inside <= 6, "{inside} admitted in the second from {t} µs");
     }
 }
 

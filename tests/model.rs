@@ -38,17 +38,23 @@ macro_rules! assert_same {
 const POLICIES: &[&str] = &[
     "5/s log",
     "4/300ms log",
-    "5/s",
-    "3/250ms",
-    "7/1300ms",
+    "5/s sliding",
+    "3/250ms sliding",
+    "7/1300ms sliding",
     "3/200ms fixed",
     "6/s fixed",
     "3/s gcra burst=2",
     "7/s gcra",
     "5/700ms bucket capacity=3",
     "2/90ms bucket capacity=4",
-    "3/100ms, 7/s log, 12/2s fixed",
-    "4/s gcra, 6/1500ms, 9/3s log",
+    "3/100ms sliding, 7/s log, 12/2s fixed",
+    "4/s gcra, 6/1500ms sliding, 9/3s log",
+    "5/s",
+    "3/250ms",
+    "7/1300ms rolling",
+    "2/1ms",
+    "3/100ms, 7/s log, 12/2s",
+    "4/s gcra, 6/1500ms, 9/3s log, 4/s sliding",
 ];
 const IDS: [&str; 3] = ["a", "b", "c"];
 
@@ -163,6 +169,17 @@ fn bucket_tokens(limit: &Limit, burst: u64, ev: &[(u64, u64)], now: u64) -> u128
     tokens
 }
 
+/// The rolling window's sub-windows per window: a quarter of the window each.
+const SUB_WINDOWS: u64 = 4;
+
+/// What the rolling window counts at `at`: every admitted cost in the sub-window of `at` and
+/// the four before it (the oldest in full, though part of it has left `(at - w, at]`).
+fn ring_count(w: u64, ev: &[(u64, u64)], at: u64) -> u64 {
+    let g = w / SUB_WINDOWS;
+    let oldest = (at / g).saturating_sub(SUB_WINDOWS) * g;
+    sum_in(ev, oldest as i128 - 1, at as i128)
+}
+
 /// `None` when `limit` admits `cost` at `now`; else the wait (µs) until it would.
 fn admits(limit: &Limit, ev: &[(u64, u64)], now: u64, cost: u64) -> Option<u64> {
     let (n, w) = (limit.count(), limit.window().as_micros() as u64);
@@ -185,6 +202,18 @@ fn admits(limit: &Limit, ev: &[(u64, u64)], now: u64, cost: u64) -> Option<u64> 
             let i = now / w;
             let used = sum_in(ev, (i * w) as i128 - 1, ((i + 1) * w) as i128 - 1);
             (used + cost > n).then(|| (i + 1) * w - now)
+        }
+        Algorithm::RollingWindow => {
+            if ring_count(w, ev, now) + cost <= n {
+                return None;
+            }
+            // the count only falls at sub-window starts: the first one where it fits
+            let g = w / SUB_WINDOWS;
+            let at = (now / g + 1..)
+                .map(|j| j * g)
+                .find(|&t| ring_count(w, ev, t) + cost <= n)
+                .unwrap();
+            Some(at - now)
         }
         Algorithm::SlidingWindow => {
             if window_ok(n, w, ev, now, cost) {
@@ -224,6 +253,14 @@ fn report(limit: &Limit, ev: &[(u64, u64)], now: u64) -> (u64, u64) {
             let i = now / w;
             let used = sum_in(ev, (i * w) as i128 - 1, ((i + 1) * w) as i128 - 1);
             (n - used, if used > 0 { (i + 1) * w - now } else { 0 })
+        }
+        Algorithm::RollingWindow => {
+            // whole again once the newest counted charge's sub-window has left the ring
+            let used = ring_count(w, ev, now);
+            let g = w / SUB_WINDOWS;
+            let newest = ev.iter().map(|e| e.0).max().filter(|_| used > 0);
+            let reset = newest.map_or(0, |t| (t / g + SUB_WINDOWS + 1) * g - now);
+            (n - used, reset)
         }
         Algorithm::SlidingWindow => {
             // the largest k in 0..=n that fits (0 when none does): the test only fails more
@@ -705,16 +742,24 @@ fn bound_policies() -> Vec<(String, bool)> {
     }
     let b7 = largest_burst("7/h gcra", "burst");
     let mut policies = vec![
+        (format!("{n}/{w} sliding"), true),
         (format!("{n}/{w}"), true),
         (format!("{n}/{w} fixed"), true),
         (format!("{n}/{w} gcra"), true),
         (format!("{n}/{w} bucket"), true),
+        (format!("{n}/s sliding"), true),
         (format!("{n}/s"), true),
         (format!("{log}/{w} log"), true),
         (format!("{log}/min log"), true),
+        (
+            format!("{n}/{w} sliding, {log}/{w} log, 7/h gcra burst={b7}"),
+            true,
+        ),
         (format!("{n}/{w}, {log}/{w} log, 7/h gcra burst={b7}"), true),
         (format!("{log}/s log"), false),
+        (format!("{n}/ms sliding"), false),
         (format!("{n}/ms"), false),
+        ("1/ms".to_string(), false),
         (format!("{n}/s fixed"), false),
         (format!("{n}/ms fixed"), false),
         (format!("{n}/s gcra"), false),
