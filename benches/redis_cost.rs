@@ -456,7 +456,13 @@ async fn groups(server: &Server) -> Vec<Group> {
                     SEED_003,
                     &["2", id0, id1, "[[1,10],[60,120],[3600,240]]", NOW_S],
                 ),
-                t("tollgate, default algorithm", "10/s, 120/min, 240/h", 2).await,
+                t("tollgate, default (rolling)", "10/s, 120/min, 240/h", 2).await,
+                t(
+                    "tollgate sliding (default before)",
+                    "10/s sliding, 120/min sliding, 240/h sliding",
+                    2,
+                )
+                .await,
                 Row::seed(c, "trivial script (return 1)", TRIVIAL, &["0"]),
             ],
             fill: 10,
@@ -483,7 +489,20 @@ async fn groups(server: &Server) -> Vec<Group> {
                     SEED_004_STYLE,
                     &["1", id0, "10", "1", "1767225600.25"],
                 ),
-                t("tollgate sliding", "10/s", 1).await,
+                t("tollgate sliding", "10/s sliding", 1).await,
+            ],
+            fill: 10,
+        },
+        Group {
+            title: "rolling: 10/s, one identifier",
+            rows: vec![
+                Row::seed(
+                    c,
+                    "seed-001-style sorted set",
+                    SEED_001_STYLE,
+                    &["1", id0, "1767225600.25", "1", "10", "UNIQUE"],
+                ),
+                t("tollgate rolling", "10/s rolling", 1).await,
             ],
             fill: 10,
         },
