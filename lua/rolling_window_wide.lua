@@ -7,15 +7,17 @@
 -- anything older than w + g (admits whatever an exact window of w + g would).
 -- Rust twin: src/algorithm/rolling_window.rs.
 --
+-- This file is the form for counts over 1550, whose five counters do not fit in one number
+-- (rolling_window.lua, which runs the smaller ones, says how they are packed there): five
+-- fields of four bytes.
+--
 -- Fragments of the generated check script (see check.lua), for the limit $x: $n its count,
 -- $w its window and $g its sub-window (µs). Its fields in the identifier's packed state are
 -- the ring, newest first: ra counts the sub-window T falls in (T / g), rb the one before, and
 -- so on to re, four sub-windows before T's. The retry time and the report are derived by the
 -- client from the state the script returns (the twin's `evaluate` and `report`).
 --
--- Four sub-windows, not more: each one more is a counter more per limit in every packed state
--- (4 bytes, packed and unpacked on every check) and a branch more in the shift, against an
--- under-admission that shrinks as 1 / (k + 1). See DESIGN.md ("The rolling window").
+-- Four sub-windows: see rolling_window.lua and DESIGN.md ("The rolling window").
 
 --@ fields
 ra:I4 rb:I4 rc:I4 rd:I4 re:I4

@@ -760,6 +760,8 @@ fn bound_policies() -> Vec<(String, bool)> {
         (format!("{n}/ms sliding"), false),
         (format!("{n}/ms"), false),
         ("1/ms".to_string(), false),
+        // the largest ring packed into one number, and the smallest in five
+        ("1550/s, 1551/min".to_string(), true),
         (format!("{n}/s fixed"), false),
         (format!("{n}/ms fixed"), false),
         (format!("{n}/s gcra"), false),

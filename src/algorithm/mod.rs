@@ -5,7 +5,8 @@
 //! | `lua/check.lua`            | [`decide`] and [`Layout`], here     |
 //! | `lua/sliding_log.lua`      | `sliding_log.rs`                    |
 //! | `lua/sliding_window.lua`   | `sliding_window.rs`                 |
-//! | `lua/rolling_window.lua`   | `rolling_window.rs`                 |
+//! | `lua/rolling_window.lua`   | `rolling_window.rs` (counts ≤ 1550) |
+//! | `lua/rolling_window_wide.lua` | `rolling_window.rs` (larger)     |
 //! | `lua/fixed_window.lua`     | `fixed_window.rs`                   |
 //! | `lua/gcra.lua`             | `gcra.rs`                           |
 //! | `lua/concurrency.lua`      | `concurrency.rs`                    |
@@ -222,7 +223,7 @@ impl Counter {
     pub(crate) fn fields(limit: &Limit) -> &'static [&'static str] {
         match limit.algorithm() {
             Algorithm::SlidingWindow => sliding_window::FIELDS,
-            Algorithm::RollingWindow => rolling_window::FIELDS,
+            Algorithm::RollingWindow => rolling_window::fields(limit),
             Algorithm::FixedWindow => fixed_window::FIELDS,
             _ => gcra::FIELDS,
         }

@@ -1,8 +1,11 @@
 //! Rolling window (the default algorithm): never more than `n` admitted in any interval of
-//! length `w`, wherever it starts, in five counters. Twin of `lua/rolling_window.lua`,
-//! function for function: `FIELDS` and `load` are its `fields`, `evaluate` and `commit` its
-//! fragments of the same names, `expires_at` its `expires`; `report`, and the retry time in
-//! `evaluate`, are derived here from the state the script returns.
+//! length `w`, wherever it starts, in five counters. Twin of `lua/rolling_window.lua` (counts
+//! up to [`COMPACT_MAX`], the ring packed into one number) and `lua/rolling_window_wide.lua`
+//! (larger counts, five fields), function for function: `fields` and `load` are their
+//! `fields`, `evaluate` and `commit` their fragments of the same names, `expires_at` their
+//! `expires`; `report`, and the retry time in `evaluate`, are derived here from the state the
+//! script returns. Both files run the same automaton on the same numbers; only the packing
+//! differs.
 //!
 //! The window is cut into [`SUB_WINDOWS`] sub-windows of `g = w / 4` µs, aligned to the Unix
 //! epoch, and a ring of `SUB_WINDOWS + 1` counters holds what was admitted in the current
@@ -38,11 +41,28 @@ pub(crate) struct Ring {
     slots: [u32; SLOTS],
 }
 
-/// The fields the script packs: the ring, newest first. The newest sub-window's index is the
-/// packed key's time of the last charge divided by `g` (every limit of the key is charged at
-/// that time, and each keeps the later of its index and now's).
+/// The largest count whose ring the script packs into one number: the five counters are the
+/// digits of an integer in base `count + 2`, below `(count + 2)^5`, which must stay within
+/// 2^53 (where doubles are exact).
+pub(crate) const COMPACT_MAX: u64 = 1550;
+
+/// The base of a compact ring: each counter, and their sum, is at most `count`, below
+/// `base - 1`; `None` for a count over [`COMPACT_MAX`] (the wide form).
+pub(crate) fn base(lim: &Limit) -> Option<u64> {
+    (lim.count() <= COMPACT_MAX).then(|| lim.count() + 2)
+}
+
+/// The fields the script packs: the ring in one number (`ring`), or for a count over
+/// [`COMPACT_MAX`] its five counters, newest first. The newest sub-window's index is the packed
+/// key's time of the last charge divided by `g` (every limit of the key is charged at that
+/// time, and each keeps the later of its index and now's).
 #[cfg_attr(not(feature = "redis"), allow(dead_code))]
-pub(crate) const FIELDS: &[&str] = &["ra", "rb", "rc", "rd", "re"];
+pub(crate) fn fields(lim: &Limit) -> &'static [&'static str] {
+    match base(lim) {
+        Some(_) => &["ring"],
+        None => &["ra", "rb", "rc", "rd", "re"],
+    }
+}
 
 /// The sub-window of `lim`, in µs.
 pub(crate) fn sub_window_us(lim: &Limit) -> u64 {
@@ -53,8 +73,20 @@ pub(crate) fn sub_window_us(lim: &Limit) -> u64 {
 #[cfg_attr(not(feature = "redis"), allow(dead_code))]
 pub(crate) fn load(lim: &Limit, at: u64, fields: &[u64]) -> Ring {
     let mut slots = [0; SLOTS];
-    for (slot, f) in slots.iter_mut().zip(fields) {
-        *slot = u32::try_from(*f).unwrap_or(u32::MAX);
+    match base(lim) {
+        Some(b) => {
+            // the digits, lowest (newest) first
+            let mut ring = fields.first().copied().unwrap_or(0);
+            for slot in &mut slots {
+                *slot = u32::try_from(ring % b).unwrap_or(u32::MAX);
+                ring /= b;
+            }
+        }
+        None => {
+            for (slot, f) in slots.iter_mut().zip(fields) {
+                *slot = u32::try_from(*f).unwrap_or(u32::MAX);
+            }
+        }
     }
     Ring {
         idx: at / sub_window_us(lim),
@@ -176,6 +208,31 @@ mod tests {
         // seen from later, the ring has moved on
         let r = report(&st, &l, 51 * S + 600_000);
         assert_eq!(r.remaining, 4);
+    }
+
+    /// The compact ring read back as the script's arithmetic leaves it: digits in base n + 2,
+    /// the sum by casting out (n + 1)s, a shift by multiplying.
+    #[test]
+    fn the_compact_ring_is_five_digits() {
+        let l = limit("10/s");
+        let b = base(&l).unwrap();
+        assert_eq!(b, 12);
+        // counters 3, 0, 2, 4, 1 (newest first)
+        let ring = 3 + 2 * b.pow(2) + 4 * b.pow(3) + b.pow(4);
+        assert_eq!(ring % (b - 1), 10);
+        let st = load(&l, 40 * 250_000 + 7, &[ring]);
+        assert_eq!((st.idx, st.slots), (40, [3, 0, 2, 4, 1]));
+        // moved on by two sub-windows: (ring % B^3) * B^2
+        let moved = ring % b.pow(3) * b.pow(2);
+        let (e, seen) = view(&st, 42);
+        assert_eq!(e, 42);
+        assert_eq!(load(&l, 42 * 250_000, &[moved]).slots.map(u64::from), seen);
+        // the largest compact count fits in 2^53, the next one would not
+        assert!((COMPACT_MAX + 2).pow(5) <= 1 << 53);
+        assert!((COMPACT_MAX + 3).pow(5) > 1 << 53);
+        assert_eq!(fields(&limit("1551/s")).len(), 5);
+        let wide = load(&limit("1551/s"), 0, &[1, 2, 3, 4, 5]);
+        assert_eq!(wide.slots, [1, 2, 3, 4, 5]);
     }
 
     #[test]

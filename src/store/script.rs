@@ -18,7 +18,7 @@ use redis::{Script, ScriptInvocation, Value};
 
 use super::keyspace;
 use super::{Outcome, Plan, StoreError};
-use crate::algorithm::{self, Counter, Entry, Layout, State};
+use crate::algorithm::{self, rolling_window, Counter, Entry, Layout, State};
 use crate::policy::{Algorithm, Limit};
 
 const PRELUDE: &str = include_str!("../../lua/prelude.lua");
@@ -26,6 +26,7 @@ const DRIVER: &str = include_str!("../../lua/check.lua");
 const SLIDING_LOG: &str = include_str!("../../lua/sliding_log.lua");
 const SLIDING_WINDOW: &str = include_str!("../../lua/sliding_window.lua");
 const ROLLING_WINDOW: &str = include_str!("../../lua/rolling_window.lua");
+const ROLLING_WINDOW_WIDE: &str = include_str!("../../lua/rolling_window_wide.lua");
 const FIXED_WINDOW: &str = include_str!("../../lua/fixed_window.lua");
 const GCRA: &str = include_str!("../../lua/gcra.lua");
 const CONCURRENCY: &str = include_str!("../../lua/concurrency.lua");
@@ -114,14 +115,19 @@ const FRAGMENTS: [&str; 6] = [
     ROLLING_WINDOW,
 ];
 
-/// The fragment file of an algorithm.
-fn fragments(algorithm: Algorithm) -> &'static str {
+/// The fragment file of a limit: its algorithm's, except that a rolling window whose ring does
+/// not fit in one number runs the wide form.
+fn fragments(limit: &Limit) -> &'static str {
+    let algorithm = limit.algorithm();
+    if algorithm == Algorithm::RollingWindow && rolling_window::base(limit).is_none() {
+        return ROLLING_WINDOW_WIDE;
+    }
     FRAGMENTS[usize::from(algorithm.code()).clamp(1, FRAGMENTS.len()) - 1]
 }
 
 /// The packed fields of `limit` as declared by its fragment file: `name:format` pairs.
 fn fields(limit: &Limit) -> impl Iterator<Item = (&'static str, Option<Wire>)> {
-    section(fragments(limit.algorithm()), "fields")
+    section(fragments(limit), "fields")
         .split_whitespace()
         .map(|f| {
             let (name, code) = f.split_once(':').unwrap_or((f, ""));
@@ -159,11 +165,14 @@ fn limit_vars(limits: &[Limit], l: usize, key: usize) -> Vec<(&'static str, Stri
         ("ttl", (w.div_ceil(1000) + 1).to_string()),
     ];
     if limit.algorithm() == Algorithm::RollingWindow {
-        // the sub-window
-        vars.push((
-            "g",
-            algorithm::rolling_window::sub_window_us(limit).to_string(),
-        ));
+        // the sub-window; for a compact ring, base - 1 and the powers of the base
+        vars.push(("g", rolling_window::sub_window_us(limit).to_string()));
+        if let Some(b) = rolling_window::base(limit) {
+            vars.push(("m", (b - 1).to_string()));
+            for (name, power) in [("pa", 1), ("pb", 2), ("pc", 3), ("pd", 4)] {
+                vars.push((name, b.pow(power).to_string()));
+            }
+        }
     }
     if let Algorithm::TokenBucket { .. } | Algorithm::Gcra { .. } = limit.algorithm() {
         // burst·T as (µs, remainder), as the twin's `times` computes it
@@ -187,7 +196,7 @@ fn fragments_of(
     scoped: bool,
 ) {
     for &l in ls {
-        let text = section(fragments(limits[l].algorithm()), name);
+        let text = section(fragments(&limits[l]), name);
         if scoped && !text.trim().is_empty() {
             out.push_str("do\n");
             fill(out, text, &vars[l]);

@@ -8,7 +8,7 @@ fn limits(policy: &str) -> Vec<Limit> {
 }
 
 /// Every algorithm, once, in its Lua file, its Rust twin and a sample limit.
-fn algorithms() -> [(&'static str, &'static str, &'static str); 7] {
+fn algorithms() -> [(&'static str, &'static str, &'static str); 8] {
     [
         (
             "10/s log",
@@ -23,6 +23,11 @@ fn algorithms() -> [(&'static str, &'static str, &'static str); 7] {
         (
             "10/s",
             ROLLING_WINDOW,
+            include_str!("../../algorithm/rolling_window.rs"),
+        ),
+        (
+            "1551/s",
+            ROLLING_WINDOW_WIDE,
             include_str!("../../algorithm/rolling_window.rs"),
         ),
         (
@@ -66,7 +71,7 @@ fn fragments_mirror_their_twins() {
     for (policy, lua, rust) in algorithms() {
         let limit = limits(policy)[0];
         // the automaton's code picks this file
-        assert_eq!(fragments(limit.algorithm()), lua, "{policy}");
+        assert_eq!(fragments(&limit), lua, "{policy}");
         let packed = algorithm::is_packed(&limit);
         let sections = section_names(lua);
         let expected: &[&str] = if packed {
@@ -212,16 +217,24 @@ fn the_reference_policy_with_the_rolling_window() {
     let (text, layout, packed, wire) = generate(&limits("10/s, 120/min, 240/h"), 2);
     assert_eq!(layout.keys_per_id(), 1);
     assert_eq!(packed, [0, 1, 2]);
-    // T, then five counters per limit: 8 + 3 × 20 bytes
-    assert_eq!(wire.len(), 16);
-    assert_eq!(wire.iter().map(|w| w.len()).sum::<usize>(), 68);
+    // T, then each limit's ring in one number: 8 + 3 × 8 bytes
+    assert_eq!(wire.len(), 4);
+    assert_eq!(wire.iter().map(|w| w.len()).sum::<usize>(), 32);
     assert!(!text.contains('$'), "a placeholder is left:\n{text}");
-    assert!(text.contains("struct.unpack('<dI4I4I4I4I4I4I4I4I4I4I4I4I4I4I4', got2)"));
+    assert!(text.contains("T, ring1, ring2, ring3 = struct.unpack('<dddd', got2)"));
     // 1 h in quarters
     assert!(text.contains("local s3 = now - now % 900000000"));
     assert!(text.contains("local life3 = s3 + 3600000000 + 900000000"));
-    assert!(text.contains("if ra2 + rb2 + rc2 + rd2 + re2 + cost > 120 then"));
-    assert!(text.contains("ra1, rb1, rc1, rd1, re1 = 0, 0, ra1, rb1, rc1"));
+    // 120/min: base 122, the sum modulo 121
+    assert!(text.contains("if ring2 % 121 + cost > 120 then"));
+    // 10/s, base 12, moved on by two sub-windows
+    assert!(text.contains("ring1 = ring1 % 1728 * 144"));
+
+    // a count too large for one number: five counters
+    let (wide, _, _, wire) = generate(&limits("2000/s, 120/min"), 1);
+    assert_eq!(wire.len(), 1 + 5 + 1);
+    assert!(wide.contains("if ra1 + rb1 + rc1 + rd1 + re1 + cost > 2000 then"));
+    assert!(wide.contains("ra1, rb1, rc1, rd1, re1 = 0, 0, ra1, rb1, rc1"));
     assert_eq!(text.matches("redis.call(").count(), 6);
     for absent in ["function", "cjson"] {
         assert!(!text.contains(absent), "{absent}");
