@@ -411,6 +411,21 @@ async fn traffic(
     Ok(())
 }
 
+/// The most requests admitted within any one second, wherever it starts (`times` ascending),
+/// and where that second starts: the figure a per-second limit promises to keep.
+fn busiest_second(times: &[Duration]) -> (usize, Duration) {
+    let (mut most, mut from, mut lo) = (0, Duration::ZERO, 0);
+    for hi in 0..times.len() {
+        while times[hi] - times[lo] >= Duration::from_secs(1) {
+            lo += 1;
+        }
+        if hi - lo + 1 > most {
+            (most, from) = (hi - lo + 1, times[lo]);
+        }
+    }
+    (most, from)
+}
+
 /// Sends `rate` requests per second for `seconds` seconds and prints what happened.
 async fn drive(addr: SocketAddr, args: &Args) -> ExitCode {
     println!(
@@ -426,13 +441,18 @@ async fn drive(addr: SocketAddr, args: &Args) -> ExitCode {
     let start = Instant::now();
     let (mut total_ok, mut total_limited, mut total_unavailable) = (0, 0, 0);
     let mut last_limited = Vec::new();
+    // when each admitted request was answered, for the busiest rolling second
+    let mut admitted_at = Vec::new();
     for second in 1..=args.seconds {
         let (mut ok, mut limited, mut unavailable) = (0, 0, 0);
         let mut by: BTreeMap<String, u32> = BTreeMap::new();
         while start.elapsed() < Duration::from_secs(second) {
             ticker.tick().await;
             match send(&client, addr, &args.key).await {
-                Ok(Outcome::Admitted) => ok += 1,
+                Ok(Outcome::Admitted) => {
+                    ok += 1;
+                    admitted_at.push(start.elapsed());
+                }
                 Ok(Outcome::Unavailable) => unavailable += 1,
                 Ok(Outcome::Limited(limit, fields)) => {
                     limited += 1;
@@ -456,6 +476,13 @@ async fn drive(addr: SocketAddr, args: &Args) -> ExitCode {
     }
     println!(
         "\ntotal: {total_ok} admitted, {total_limited} limited, {total_unavailable} unavailable"
+    );
+    // The table counts by calendar second; a rolling second can straddle two of them.
+    let (most, from) = busiest_second(&admitted_at);
+    println!(
+        "most admitted in any rolling second: {most} (from {:.3} s to {:.3} s)",
+        from.as_secs_f64(),
+        (from + Duration::from_secs(1)).as_secs_f64(),
     );
     if !last_limited.is_empty() {
         println!("\nthe last 429 said:");

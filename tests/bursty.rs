@@ -8,8 +8,9 @@
 //! `w + w/4` would make too, given what was admitted (the documented bound on
 //! under-admission). Printed: how many decisions an exact window of `w` would have made
 //! otherwise (the under-admission rate, per decision, given the ring's own history), and how
-//! many requests were admitted in all next to an exact sliding log on the same trace, which
-//! must be at least the 80 % the ring guarantees under sustained overload.
+//! many requests were admitted in all next to an exact sliding log on the same trace (at least
+//! 80 % here, what the ring admits of a demand that never lets up; not a bound for every
+//! trace: demand that comes only at instants can miss the ring's later release).
 
 mod common;
 
@@ -225,7 +226,7 @@ async fn check(store: &str, t: &Tally, requests: &[Request]) {
     assert_busy(t);
     assert_eq!(t.over, 0, "{t:?}");
     assert_eq!(t.beyond_bound, 0, "{t:?}");
-    // the ring does cost something, and never below a sustained overload's 80 %
+    // the ring does cost something, and on this trace no more than under a steady overload
     assert!(t.under > 0, "{t:?}");
     assert!(
         t.admitted * 5 >= exact * 4,

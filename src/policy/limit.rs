@@ -41,12 +41,15 @@ pub enum Algorithm {
     /// left the rolling window but is still counted in full, so the count is never below the
     /// exact one: it never over-admits.
     ///
-    /// What that costs is bounded: the ring counts nothing older than `window + window / 4`,
-    /// so it admits every request that an exact rolling window of `1.25 × window` would admit
-    /// (given what was admitted before). A denied request waits at most `window / 4` longer
-    /// than under an exact window, and under a sustained overload the ring admits at least
-    /// `count` per `1.25 × window` (80 % of the rate; the exact window admits `count` per
-    /// `window`). On bursty traffic far fewer decisions differ (`BENCHMARKS.md`).
+    /// What that costs is bounded by one sub-window: the ring counts nothing older than
+    /// `window + window / 4`, so it admits every request that an exact rolling window of
+    /// `1.25 × window` would admit (given what was admitted before), and a denied request fits
+    /// at most `window / 4` later than under an exact window. A client that never stops
+    /// sending gets `count` per `1.25 × window`: 80 % of the limit, where the exact window
+    /// gives 100 % (and [`Algorithm::SlidingWindow`] about 100 %, over-admitting at times).
+    /// On bursty traffic over many identifiers it admitted 95–99 % of what an exact window
+    /// admits (`BENCHMARKS.md`). Where the last fifth of a steady client's rate matters more
+    /// than an exact ceiling, use `sliding`; where both matter, `log`.
     ///
     /// `retry_after` is exact (the start of the sub-window from which the cost fits);
     /// `reset_after` is when the newest counted sub-window leaves the ring, at most
