@@ -240,7 +240,7 @@ async fn a_missing_key_is_rejected_or_allowed_as_configured() {
 #[tokio::test]
 async fn a_custom_rejection_and_the_legacy_headers() {
     let clock = manual_clock();
-    let limiter = Limiter::new(memory(&clock), "1/min".parse().unwrap());
+    let limiter = Limiter::new(memory(&clock), "1/min sliding".parse().unwrap());
     let layer = RateLimitLayer::new(limiter)
         .key(Header::named("x-api-key").unwrap())
         .headers(HeaderStyle::Both)

@@ -88,12 +88,14 @@ async fn ttls_cover_the_state_lifetime() {
     // key lives as long as the longest-lived of them. Lifetime from the decision, in ms.
     let expected = [
         ("10/h log", "l", 3_600_000), // the entry leaves the log after the window
-        ("10/h", "w", 2 * 3_600_000 - 60_000), // the count weighs on the next window too
+        ("10/h sliding", "w", 2 * 3_600_000 - 60_000), // the count weighs on the next window too
+        // its sub-window (the hour's first quarter) leaves the ring after 1 h 15 min
+        ("10/h", "r", 3_600_000 + 900_000 - 60_000),
         ("10/h fixed", "f", 3_600_000 - 60_000), // the window ends
-        ("10/h gcra", "g", 360_000),  // one emission interval of debt
+        ("10/h gcra", "g", 360_000),             // one emission interval of debt
         ("4/h bucket capacity=2", "b", 900_000),
         (
-            "10/h fixed, 10/h gcra, 10/h, 4/h bucket capacity=2",
+            "10/h fixed, 10/h gcra, 10/h sliding, 4/h bucket capacity=2",
             "f",
             2 * 3_600_000 - 60_000,
         ),
