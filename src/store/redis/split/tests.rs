@@ -294,8 +294,13 @@ fn split_checks_agree_with_the_memory_store() {
                 assert_eq!(p.probe("a").await, before, "{policy}: a as it was");
                 // all deny: a full too
                 while p.check(&["a"], cost).await.0.allowed {}
+                let before = p.probe("a").await;
                 let out = p.split(&["a", "b"], &each_alone(), cost).await;
-                assert!(!out.allowed && out.entries.iter().any(|e| !e.allowed));
+                assert!(!out.allowed);
+                for per_id in out.entries.chunks(l) {
+                    assert!(per_id.iter().any(|e| !e.allowed), "{policy}: both deny");
+                }
+                assert_eq!(p.probe("a").await, before, "{policy}: nothing charged");
                 // later, the windows moved on: the states still agree
                 p.advance(150_000_000);
                 assert_eq!(p.probe("a").await.len(), p.max_cost().min(6) as usize);
