@@ -535,3 +535,101 @@ async fn run_sequence(server: &Server, policy: &str, ops: Vec<Op>) {
         let _ = p.probe(id).await;
     }
 }
+
+/// A `metrics` recorder keeping counters' totals by name and labels (gauges and histograms
+/// are dropped).
+#[cfg(feature = "metrics")]
+#[derive(Default)]
+struct Counted(std::sync::Arc<std::sync::Mutex<Vec<(metrics::Key, u64)>>>);
+
+#[cfg(feature = "metrics")]
+struct CountedHandle(
+    metrics::Key,
+    std::sync::Arc<std::sync::Mutex<Vec<(metrics::Key, u64)>>>,
+);
+
+#[cfg(feature = "metrics")]
+impl metrics::CounterFn for CountedHandle {
+    fn increment(&self, value: u64) {
+        self.1.lock().unwrap().push((self.0.clone(), value));
+    }
+    fn absolute(&self, _: u64) {}
+}
+
+#[cfg(feature = "metrics")]
+impl metrics::Recorder for Counted {
+    fn describe_counter(
+        &self,
+        _: metrics::KeyName,
+        _: Option<metrics::Unit>,
+        _: metrics::SharedString,
+    ) {
+    }
+    fn describe_gauge(
+        &self,
+        _: metrics::KeyName,
+        _: Option<metrics::Unit>,
+        _: metrics::SharedString,
+    ) {
+    }
+    fn describe_histogram(
+        &self,
+        _: metrics::KeyName,
+        _: Option<metrics::Unit>,
+        _: metrics::SharedString,
+    ) {
+    }
+    fn register_counter(&self, key: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Counter {
+        metrics::Counter::from_arc(std::sync::Arc::new(CountedHandle(
+            key.clone(),
+            self.0.clone(),
+        )))
+    }
+    fn register_gauge(&self, _: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Gauge {
+        metrics::Gauge::noop()
+    }
+    fn register_histogram(
+        &self,
+        _: &metrics::Key,
+        _: &metrics::Metadata<'_>,
+    ) -> metrics::Histogram {
+        metrics::Histogram::noop()
+    }
+}
+
+/// A refund that fails is counted (and logged), not lost in silence; the denial still comes.
+#[cfg(feature = "metrics")]
+#[test]
+fn a_refund_that_fails_is_counted() {
+    let recorder = Counted::default();
+    metrics::with_local_recorder(&recorder, || {
+        runtime().block_on(async {
+            let server = Server::start();
+            let p = Pair::new(&server, "5/min").await;
+            let ids = vec!["a".to_string()];
+            let plan = Plan {
+                ids: &ids,
+                limits: &p.limits,
+                cost: 1,
+                lease: "",
+            };
+            let out = p.redis.check(&plan).await.unwrap();
+            assert!(out.allowed);
+            // Redis goes away before the refund
+            drop(server);
+            p.redis
+                .refund_groups(&plan, vec![(ids.clone(), out.at_us)])
+                .await;
+        });
+    });
+    let counted = recorder.0.lock().unwrap();
+    let failures: Vec<_> = counted
+        .iter()
+        .filter(|(k, _)| k.name() == "tollgate_refund_failures_total")
+        .collect();
+    assert_eq!(failures.len(), 1, "{counted:?}");
+    assert!(failures[0]
+        .0
+        .labels()
+        .any(|l| l.key() == "store" && l.value().starts_with("split")));
+}
