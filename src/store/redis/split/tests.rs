@@ -391,7 +391,7 @@ fn groups_must_partition_the_identifiers() {
 #[derive(Debug, Clone)]
 enum Op {
     Advance(u64),
-    /// A check of one identifier (0: a, 1: b).
+    /// A check in one call: of a (0), of b (1), of both (2).
     One(usize, u64),
     /// A split check of a and b, in the plan order given (`true`: b first).
     Split(bool, u64),
@@ -405,7 +405,7 @@ fn op() -> impl Strategy<Value = Op> {
         (0u64..3_000).prop_map(Op::Advance),
         // several checks in one microsecond
         Just(Op::Advance(0)),
-        (0usize..2, 1u64..4).prop_map(|(i, c)| Op::One(i, c)),
+        (0usize..3, 1u64..4).prop_map(|(i, c)| Op::One(i, c)),
         (any::<bool>(), 1u64..4).prop_map(|(b, c)| Op::Split(b, c)),
         Just(Op::RefundLast),
     ]
@@ -431,6 +431,9 @@ fn random_sequences_agree_with_the_memory_store() {
         .unwrap();
 }
 
+/// The identifiers of a check in one call, by `Op::One`'s index.
+const CALLS: [&[&str]; 3] = [&["a"], &["b"], &["a", "b"]];
+
 async fn run_sequence(server: &Server, policy: &str, ops: Vec<Op>) {
     let mut p = Pair::new(server, policy).await;
     let most = p.max_cost();
@@ -440,7 +443,7 @@ async fn run_sequence(server: &Server, policy: &str, ops: Vec<Op>) {
             Op::Advance(us) => p.advance(us),
             Op::One(i, cost) => {
                 let cost = cost.min(most);
-                let (out, lease) = p.check(&[["a", "b"][i]], cost).await;
+                let (out, lease) = p.check(CALLS[i], cost).await;
                 if out.allowed {
                     last = Some((i, cost, lease, out.at_us));
                 }
@@ -452,7 +455,7 @@ async fn run_sequence(server: &Server, policy: &str, ops: Vec<Op>) {
             }
             Op::RefundLast => {
                 if let Some((i, cost, lease, at)) = last.take() {
-                    p.refund(&[["a", "b"][i]], cost, &lease, at).await;
+                    p.refund(CALLS[i], cost, &lease, at).await;
                 }
             }
         }
