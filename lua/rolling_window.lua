@@ -88,3 +88,24 @@ local life$x = s$x + $w + $g
       if o > old then
         old = o
       end
+
+--@ refund
+    -- Twin: `refund`. The charge at `at` counts in its sub-window: the counter (digit) d
+    -- sub-windows older than T's, lowered by the cost (never below zero), or nothing once
+    -- that sub-window has left the ring (d > 4).
+    local d = ((T - T % $g) - (at - at % $g)) / $g
+    local p = 0
+    if d == 0 then
+      p = 1
+    elseif d == 1 then
+      p = $pa
+    elseif d == 2 then
+      p = $pb
+    elseif d == 3 then
+      p = $pc
+    elseif d == 4 then
+      p = $pd
+    end
+    if p > 0 then
+      ring$x = ring$x - math.min(math.floor(ring$x / p) % $pa, cost) * p
+    end

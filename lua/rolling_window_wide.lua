@@ -76,3 +76,20 @@ local life$x = s$x + $w + $g
       if o > old then
         old = o
       end
+
+--@ refund
+    -- Twin: `refund`. The charge at `at` counts in its sub-window: the counter d sub-windows
+    -- older than T's, lowered by the cost (never below zero), or nothing once that
+    -- sub-window has left the ring (d > 4).
+    local d = ((T - T % $g) - (at - at % $g)) / $g
+    if d == 0 then
+      ra$x = math.max(ra$x - cost, 0)
+    elseif d == 1 then
+      rb$x = math.max(rb$x - cost, 0)
+    elseif d == 2 then
+      rc$x = math.max(rc$x - cost, 0)
+    elseif d == 3 then
+      rd$x = math.max(rd$x - cost, 0)
+    elseif d == 4 then
+      re$x = math.max(re$x - cost, 0)
+    end

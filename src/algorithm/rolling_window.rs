@@ -160,6 +160,27 @@ pub(crate) fn expires_at(st: &Ring, lim: &Limit) -> u64 {
     (st.idx + SLOTS as u64) * sub_window_us(lim)
 }
 
+/// Gives back `cost` charged at `at`: the twin of the `refund` fragment. The charge counts in
+/// the sub-window `at` falls in; its counter goes down by the cost (never below zero), or
+/// nothing once that sub-window has left the ring. (A charge made while the clock stood behind
+/// the state's time was counted in a later sub-window; giving it back from `at`'s then takes
+/// from an older counter, which leaves the ring first: every later count stays at least what
+/// it would have been without the check, so the refund never over-admits.)
+pub(crate) fn refund(st: &mut Ring, lim: &Limit, at: u64, cost: u64) {
+    let charged = at / sub_window_us(lim);
+    if let Some(m) = st.idx.checked_sub(charged).filter(|&m| m < SLOTS as u64) {
+        let slot = &mut st.slots[m as usize];
+        *slot = slot.saturating_sub(u32::try_from(cost).unwrap_or(u32::MAX));
+    }
+}
+
+/// The counters seen from sub-window `i`, newest first, and the sub-window they are seen from.
+#[cfg(test)]
+pub(super) fn counts_for_tests(st: &Ring, i: u64) -> (Vec<u64>, u64) {
+    let (e, ring) = view(st, i);
+    (ring.to_vec(), e)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -28,6 +28,7 @@ use crate::clock::Clock;
 
 mod connection;
 mod sentinel;
+mod split;
 mod url;
 mod validate;
 
