@@ -3,7 +3,8 @@
 //!
 //! A connection is used only once the server has shown that it can serve the store: `INFO`
 //! says it is a standalone master (not a replica, a Sentinel or a Cluster node) of Redis 7.0 or
-//! later, and a probe runs every command the store will send, as the store sends it, on
+//! later — in a cluster, that every master is a cluster master of 7.0 or later, each probed in
+//! one of its own slots (`cluster`) — and a probe runs every command the store will send, as the store sends it, on
 //! reserved keys under the store's prefix (`PREFIX:{tollgate-probe-RANDOM}:…`): `SCRIPT LOAD` of both
 //! scripts, the check script once admitted (every algorithm's writes) and once denied (every
 //! algorithm's reads), a lease renewal and a release; then the keys are deleted (they would
@@ -12,7 +13,7 @@
 
 use std::time::Duration;
 
-use redis::aio::MultiplexedConnection;
+use redis::aio::ConnectionLike;
 use redis::{ErrorKind, RedisError, RedisResult, Script};
 
 use super::super::error::{Misconfiguration, MisconfigurationKind};
@@ -60,6 +61,22 @@ pub(crate) struct Verdict {
     pub(crate) misconfigured: Option<MisconfigurationKind>,
 }
 
+/// Reads a failed call on a cluster connection. The cluster client repairs node connections and
+/// follows the slot map itself, so nothing condemns the connection; a redirection, a slot
+/// without a master (`CLUSTERDOWN`, `TRYAGAIN`, a `READONLY` replica, `MASTERDOWN`) is a
+/// failover or a migration under way, not a misconfiguration.
+pub(crate) fn classify_cluster(err: &RedisError) -> Verdict {
+    let verdict = classify(err);
+    let misconfigured = match verdict.misconfigured {
+        Some(MisconfigurationKind::Cluster | MisconfigurationKind::Replica) => None,
+        other => other,
+    };
+    Verdict {
+        reconnect: false,
+        misconfigured,
+    }
+}
+
 /// Reads a failed call.
 pub(crate) fn classify(err: &RedisError) -> Verdict {
     let verdict = |reconnect, misconfigured| Verdict {
@@ -97,6 +114,8 @@ fn classify_reply(code: &str, detail: &str) -> Verdict {
         "NOPERM" => (false, Some(CommandDenied)),
         "READONLY" | "MASTERDOWN" => (true, Some(Replica)),
         "MOVED" | "ASK" | "CROSSSLOT" | "CLUSTERDOWN" | "TRYAGAIN" => (false, Some(Cluster)),
+        // CLUSTER SLOTS on a server without cluster mode (a redis+cluster:// URL).
+        "ERR" if detail.contains("cluster support disabled") => (false, Some(NotCluster)),
         // A command the ACL denies inside a script, or one renamed or disabled.
         "ERR"
             if detail.contains("can't run this command")
@@ -152,20 +171,45 @@ impl ServerInfo {
     }
 }
 
+/// What the store expects a server to be.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Role {
+    /// A standalone master (`redis://`).
+    Standalone,
+    /// The master a sentinel named: a replica there is a failover under way.
+    BehindSentinel,
+    /// A master of a Redis Cluster, as `CLUSTER SLOTS` named it.
+    ClusterMaster,
+}
+
 /// Checks with `INFO` that the server is a standalone master recent enough. Behind Sentinel,
 /// a replica is a failover under way, not a misconfiguration.
 pub(crate) async fn check_server(
-    conn: &mut MultiplexedConnection,
+    conn: &mut impl ConnectionLike,
     behind_sentinel: bool,
 ) -> Result<(), Failure> {
     let text: String = redis::cmd("INFO").query_async(conn).await?;
-    let info = ServerInfo::parse(&text);
+    let role = match behind_sentinel {
+        true => Role::BehindSentinel,
+        false => Role::Standalone,
+    };
+    judge_server(&text, role)
+}
+
+/// Judges a server by its `INFO` text: what it is, against what the store expects.
+pub(crate) fn judge_server(text: &str, expected: Role) -> Result<(), Failure> {
+    let info = ServerInfo::parse(text);
     let wrong = |kind| Err(Failure::Misconfigured(Misconfiguration::new(kind, "")));
     if info.mode == "sentinel" {
         return wrong(MisconfigurationKind::Sentinel);
     }
-    if info.mode == "cluster" || info.cluster {
-        return wrong(MisconfigurationKind::Cluster);
+    let cluster = info.mode == "cluster" || info.cluster;
+    match (cluster, expected) {
+        (true, Role::Standalone | Role::BehindSentinel) => {
+            return wrong(MisconfigurationKind::Cluster)
+        }
+        (false, Role::ClusterMaster) => return wrong(MisconfigurationKind::NotCluster),
+        _ => {}
     }
     if !info.recent_enough() {
         return Err(Failure::Misconfigured(Misconfiguration::new(
@@ -174,12 +218,15 @@ pub(crate) async fn check_server(
         )));
     }
     if info.role != "master" {
-        if behind_sentinel {
-            return Err(Failure::Transient(
+        return match expected {
+            Role::BehindSentinel => Err(Failure::Transient(
                 "the server the sentinels name as master is a replica (a failover is under way)",
-            ));
-        }
-        return wrong(MisconfigurationKind::Replica);
+            )),
+            Role::ClusterMaster => Err(Failure::Transient(
+                "a server the cluster names as master is a replica (a failover is under way)",
+            )),
+            Role::Standalone => wrong(MisconfigurationKind::Replica),
+        };
     }
     Ok(())
 }
@@ -207,37 +254,59 @@ fn probe_packed() -> Vec<Limit> {
         .collect()
 }
 
-/// The second identifier of the probe's second part.
-fn second(probe_id: &str) -> String {
-    format!("{probe_id}-2")
+/// The identifiers a probe runs on: its first part on `first`, its second part on both (in
+/// one call: in a cluster, both in one slot).
+#[derive(Debug, Clone)]
+pub(crate) struct ProbeIds {
+    pub(crate) first: String,
+    pub(crate) second: String,
+}
+
+/// The start of a probe's identifiers: of its own for each probe, so that probes of processes
+/// starting together (or a probe that failed half-way) never deny each other: the first call
+/// always admits.
+pub(crate) fn probe_base() -> String {
+    let id = lease_id();
+    format!("{PROBE_ID}-{}", &id[..16])
+}
+
+/// The identifiers of a probe on a single server.
+pub(crate) fn probe_ids() -> ProbeIds {
+    let first = probe_base();
+    ProbeIds {
+        second: format!("{first}-2"),
+        first,
+    }
 }
 
 /// Runs every command the store sends, as it sends them, on keys of the probe's own (see the
 /// module documentation), and deletes them, even when the probe fails. The time is always
 /// Redis `TIME`, whatever the store's clock: the ACL user must be allowed to read it.
-pub(crate) async fn probe(conn: &mut MultiplexedConnection, prefix: &str) -> Result<(), Failure> {
-    // An identifier of its own for each probe, so that probes of processes starting together
-    // (or a probe that failed half-way) never deny each other: the first call always admits.
+pub(crate) async fn probe(
+    conn: &mut (impl ConnectionLike + Send),
+    prefix: &str,
+    ids: &ProbeIds,
+) -> Result<(), Failure> {
     let id = lease_id();
-    let probe_id = format!("{PROBE_ID}-{}", &id[..16]);
+    let probe_id = ids.first.as_str();
     let limits = probe_limits();
-    let result = run_probe(conn, prefix, &probe_id, &id, &limits).await;
+    let result = run_probe(conn, prefix, ids, &id, &limits).await;
     // Leave nothing behind: a TTL of 0 deletes a key (and needs no command the scripts do
     // not already need). Should this fail, the keys expire within seconds.
     let mut clean = redis::pipe();
     let packed = limits.iter().filter(|l| crate::algorithm::is_packed(l));
     let day = probe_packed();
     for key in [
-        keyspace::packed_key(prefix, &probe_id, packed),
-        keyspace::packed_key(prefix, &probe_id, &day),
-        keyspace::packed_key(prefix, &second(&probe_id), &day),
+        keyspace::packed_key(prefix, probe_id, packed),
+        keyspace::packed_key(prefix, probe_id, &day),
+        keyspace::packed_key(prefix, &ids.second, &day),
     ] {
         clean.cmd("PEXPIRE").arg(key).arg(0).ignore();
     }
     for limit in limits.iter().filter(|l| !crate::algorithm::is_packed(l)) {
         clean
             .cmd("PEXPIRE")
-            .arg(keyspace::key(prefix, &probe_id, limit))
+            .arg(keyspace::key(prefix, probe_id, limit))
             .arg(0)
             .ignore();
     }
@@ -247,12 +316,13 @@ pub(crate) async fn probe(conn: &mut MultiplexedConnection, prefix: &str) -> Res
 }
 
 async fn run_probe(
-    conn: &mut MultiplexedConnection,
+    conn: &mut (impl ConnectionLike + Send),
     prefix: &str,
-    probe_id: &str,
+    probe_ids: &ProbeIds,
     lease_id: &str,
     limits: &[Limit],
 ) -> Result<(), Failure> {
+    let probe_id = probe_ids.first.as_str();
     // The probe's own check script (scripts are generated per policy), and the renew script.
     let check = script::check_script(limits, 1);
     let renew = Script::new(script::RENEW);
@@ -277,7 +347,7 @@ async fn run_probe(
     // Packed limits alone, for two identifiers: one MGET reads both keys, the first check
     // creates them (PSETEX), the second keeps their TTLs (SET KEEPTTL).
     let packed_only = probe_packed();
-    let ids = [probe_id.to_string(), second(probe_id)];
+    let ids = [probe_id.to_string(), probe_ids.second.clone()];
     let check = script::check_script(&packed_only, ids.len());
     let _: String = check.script.prepare_invoke().load_async(conn).await?;
     for _ in 0..2 {
@@ -483,6 +553,60 @@ mod tests {
         );
         let ext = redis::make_extension_error("WRONGPASS".into(), Some("no".into()));
         assert_eq!(classify(&ext).misconfigured, Some(Authentication));
+        assert_eq!(
+            classify_reply("ERR", "This instance has cluster support disabled").misconfigured,
+            Some(NotCluster)
+        );
+        // On a cluster connection, nothing condemns the connection, and a redirection or a
+        // slot without a master is not a misconfiguration.
+        for (code, misconfigured) in [
+            ("MOVED", None),
+            ("CLUSTERDOWN", None),
+            ("TRYAGAIN", None),
+            ("READONLY", None),
+            ("WRONGPASS", Some(Authentication)),
+            ("NOPERM", Some(CommandDenied)),
+        ] {
+            let e = redis::make_extension_error(code.into(), Some("x".into()));
+            let verdict = classify_cluster(&e);
+            assert_eq!(verdict.misconfigured, misconfigured, "{code}");
+            assert!(!verdict.reconnect, "{code}");
+        }
+        let io = RedisError::from(std::io::Error::from(std::io::ErrorKind::BrokenPipe));
+        assert!(!classify_cluster(&io).reconnect);
+    }
+
+    #[test]
+    fn cluster_masters_are_judged() {
+        let info = |mode: &str, role: &str, cluster: u8| {
+            format!(
+                "redis_version:7.2.0\r\nredis_mode:{mode}\r\nrole:{role}\r\n\
+                 cluster_enabled:{cluster}\r\n"
+            )
+        };
+        assert!(judge_server(&info("cluster", "master", 1), Role::ClusterMaster).is_ok());
+        let kind = |r: Result<(), Failure>| match r {
+            Err(Failure::Misconfigured(m)) => Some(m.kind()),
+            _ => None,
+        };
+        assert_eq!(
+            kind(judge_server(
+                &info("cluster", "master", 1),
+                Role::Standalone
+            )),
+            Some(MisconfigurationKind::Cluster)
+        );
+        assert_eq!(
+            kind(judge_server(
+                &info("standalone", "master", 0),
+                Role::ClusterMaster
+            )),
+            Some(MisconfigurationKind::NotCluster)
+        );
+        assert!(matches!(
+            judge_server(&info("cluster", "slave", 1), Role::ClusterMaster),
+            Err(Failure::Transient(_))
+        ));
     }
 
     #[test]
