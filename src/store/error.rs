@@ -224,7 +224,7 @@ impl fmt::Display for Misconfiguration {
                  redis+sentinel://HOSTS/SERVICE_NAME (SENTINEL MASTERS lists them)"
             ),
             MisconfigurationKind::Cluster => f.write_str(
-                "the server is a Redis Cluster node: use \
+                "the server is a Redis Cluster node, not a standalone server: use \
                  redis+cluster://[[USER]:PASSWORD@]HOST:PORT[,HOST:PORT...] (any of its nodes)",
             ),
             MisconfigurationKind::NotCluster => f.write_str(

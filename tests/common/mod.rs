@@ -475,11 +475,13 @@ pub struct ClusterNode {
     /// The `redis-server` process (the shell's child).
     pub pid: u32,
     shell: Child,
+    alive: bool,
 }
 
 impl ClusterNode {
     /// Kills the node at once (SIGKILL): no goodbye to the cluster or the clients.
     pub fn kill(&mut self) {
+        self.alive = false;
         let _ = Command::new("kill")
             .args(["-9", &self.pid.to_string()])
             .status();
@@ -567,6 +569,10 @@ impl ClusterServer {
             node_dir.to_str().unwrap(),
             "--loglevel",
             "warning",
+            // A replica syncs at once (not 5 s later): one that never synced does not take
+            // over from its master.
+            "--repl-diskless-sync-delay",
+            "0",
         ]
         .iter()
         .map(|s| s.to_string())
@@ -602,7 +608,12 @@ impl ClusterServer {
             .lines()
             .find_map(|l| l.strip_prefix("process_id:"))
             .and_then(|p| p.trim().parse().ok())?;
-        Some(ClusterNode { port, pid, shell })
+        Some(ClusterNode {
+            port,
+            pid,
+            shell,
+            alive: true,
+        })
     }
 
     fn node_url(&self, port: u16) -> String {
@@ -612,10 +623,11 @@ impl ClusterServer {
         }
     }
 
-    /// Waits until every live node says `cluster_state:ok` and serves all 16384 slots.
+    /// Waits until every live node says `cluster_state:ok` and serves all 16384 slots, and
+    /// every replica has synced with its master.
     pub fn wait_ok(&self) {
         let deadline = Instant::now() + Duration::from_secs(20);
-        for node in &self.nodes {
+        for node in self.nodes.iter().filter(|n| n.alive) {
             loop {
                 let info = self.node_conn(node.port).and_then(|mut c| {
                     redis::cmd("CLUSTER")
@@ -623,9 +635,19 @@ impl ClusterServer {
                         .query::<String>(&mut c)
                         .ok()
                 });
-                let ok = info.as_deref().is_some_and(|i| {
-                    i.contains("cluster_state:ok") && i.contains("cluster_slots_ok:16384")
+                let replication = self.node_conn(node.port).and_then(|mut c| {
+                    redis::cmd("INFO")
+                        .arg("replication")
+                        .query::<String>(&mut c)
+                        .ok()
                 });
+                let synced = replication.as_deref().is_some_and(|r| {
+                    r.contains("role:master") || r.contains("master_link_status:up")
+                });
+                let ok = synced
+                    && info.as_deref().is_some_and(|i| {
+                        i.contains("cluster_state:ok") && i.contains("cluster_slots_ok:16384")
+                    });
                 if ok {
                     break;
                 }
@@ -656,24 +678,36 @@ impl ClusterServer {
             .ok()
     }
 
-    /// The ports of the masters, as the node on `via` sees them.
+    /// The ports of the masters, as the first live node sees them.
     pub fn masters(&self) -> Vec<u16> {
         self.slot_masters().into_iter().map(|(_, _, p)| p).collect()
     }
 
     /// Each slot range and its master's port, as the first live node sees them.
     pub fn slot_masters(&self) -> Vec<(u16, u16, u16)> {
-        for node in &self.nodes {
+        for node in self.nodes.iter().filter(|n| n.alive) {
             let Some(mut conn) = self.node_conn(node.port) else {
                 continue;
             };
             let Ok(ranges) = redis::cmd("CLUSTER")
                 .arg("SLOTS")
-                .query::<Vec<(u16, u16, (String, u16))>>(&mut conn)
+                .query::<Vec<Vec<redis::Value>>>(&mut conn)
             else {
                 continue;
             };
-            return ranges.into_iter().map(|(a, b, (_, p))| (a, b, p)).collect();
+            let int = |v: &redis::Value| match v {
+                redis::Value::Int(n) => u16::try_from(*n).unwrap(),
+                other => panic!("{other:?}"),
+            };
+            return ranges
+                .iter()
+                .map(|r| {
+                    let redis::Value::Array(master) = &r[2] else {
+                        panic!("{r:?}");
+                    };
+                    (int(&r[0]), int(&r[1]), int(&master[1]))
+                })
+                .collect();
         }
         panic!("no node answers CLUSTER SLOTS");
     }
@@ -727,7 +761,7 @@ impl ClusterServer {
 
 impl Drop for ClusterServer {
     fn drop(&mut self) {
-        for node in &mut self.nodes {
+        for node in self.nodes.iter_mut().filter(|n| n.alive) {
             node.kill();
         }
         let _ = std::fs::remove_dir_all(&self.dir);

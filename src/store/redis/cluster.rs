@@ -30,6 +30,7 @@ use redis::{
 
 use super::url::{tcp_info, ClusterTarget};
 use super::validate::{self, Failure, ProbeIds, Role};
+use crate::store::error::MisconfigurationKind;
 
 /// The most redirections one call follows: a slot moves once at a time, and an `ASK` may be
 /// followed by a `MOVED` when the migration ends meanwhile.
@@ -262,6 +263,25 @@ pub(crate) async fn connect(
         inner,
         last_key: None,
     })
+}
+
+/// What a failure to open the cluster client says about the configuration. The client reports
+/// a node's refusal inside an I/O error of its own ("Failed to create initial connections -
+/// Io: WRONGPASS ..."), so its text is read for the server's error codes.
+pub(crate) fn misconfiguration(err: &RedisError) -> Option<MisconfigurationKind> {
+    if err.code().is_some() {
+        return None;
+    }
+    let text = err.to_string();
+    if text.contains("WRONGPASS") || text.contains("NOAUTH") {
+        Some(MisconfigurationKind::Authentication)
+    } else if text.contains("cluster support disabled") {
+        Some(MisconfigurationKind::NotCluster)
+    } else if text.contains("NOPERM") {
+        Some(MisconfigurationKind::CommandDenied)
+    } else {
+        None
+    }
 }
 
 /// A master and the slots it serves.

@@ -574,7 +574,20 @@ async fn attempt_cluster(
 ) -> Result<cluster::ClusterConn, Cause> {
     let mut conn = match tokio::time::timeout(limit, cluster::connect(target, limit)).await {
         Ok(Ok(conn)) => conn,
-        Ok(Err(e)) => return Err(shared.cause(e.into())),
+        Ok(Err(e)) => {
+            return Err(match cluster::misconfiguration(&e) {
+                Some(kind) => {
+                    let context = if kind == MisconfigurationKind::CommandDenied {
+                        "cluster"
+                    } else {
+                        ""
+                    };
+                    let m = Misconfiguration::new(kind, context).with_source(Kept(shared.keep(e)));
+                    Cause::Misconfigured(m)
+                }
+                None => shared.cause(e.into()),
+            })
+        }
         Err(_) => return Err(Cause::Timeout(limit)),
     };
     match tokio::time::timeout(limit, cluster::check(&mut conn, prefix)).await {
