@@ -47,3 +47,7 @@ local L$x = {}
     end
     head = head .. struct.pack('<dddd', retry == 0 and 1 or 0, math.max($n - used, 0), 0, retry > 0 and retry - now or 0)
   end
+
+--@ refund
+  -- Twin: `refund`. Gives back the slot the check took: its lease id.
+  redis.call('ZREM', $key, lease)

@@ -49,3 +49,11 @@ local life$x = s$x + $w
       if o > old then
         old = o
       end
+
+--@ refund
+    -- Twin: `refund`. The charge at `at` counts in the window at falls in: while the state is
+    -- still that window's, its count goes down by the cost (never below zero); once a later
+    -- window was charged, the charge no longer counts.
+    if T - T % $w == at - at % $w then
+      c$x = math.max(c$x - cost, 0)
+    end

@@ -71,3 +71,25 @@ end
       if l > life then
         life = l
       end
+
+--@ refund
+    -- Twin: `refund`. The charge moved the arrival time to max(tat, at) + cost*T. With nothing
+    -- charged since (T == at), moving it back by cost*T is the exact inverse (a result before
+    -- now is as good as now: a full bucket). A later charge, at T, may have started from our
+    -- arrival time instead of its own time, taking up to T - at of our cost*T: give back
+    -- cost*T - (T - at), nothing when that is not positive, and never before T.
+    if T >= at then
+      local kr = cost * $r
+      local kq = math.floor(kr / $n)
+      local gu, gr = cost * $q + kq - (T - at), kr - kq * $n
+      if gu > 0 or (gu == 0 and gr > 0) then
+        local t, r = t$x - gu, r$x - gr
+        if r < 0 then
+          t, r = t - 1, r + $n
+        end
+        if t < T then
+          t, r = T, 0
+        end
+        t$x, r$x = t, r
+      end
+    end

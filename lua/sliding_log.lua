@@ -81,3 +81,22 @@ local L$x = {}
     end
     head = head .. struct.pack('<dddd', retry == 0 and 1 or 0, remaining, reset, retry > 0 and retry - now or 0)
   end
+
+--@ refund
+  -- Twin: `refund`. Removes up to `cost` entries scored `at` (entries of one time are
+  -- interchangeable): the newest-numbered ones, so that the members of that time stay
+  -- "<at>-1" .. "<at>-<count>" and the next charge numbers its own after them.
+  do
+    local t = string.format('%d', at)
+    local k = redis.call('ZCOUNT', $key, t, t)
+    local m = math.min(cost, k)
+    while m > 0 do
+      -- in batches: unpack() of a large cost would overflow Lua's C stack
+      local args = {}
+      for u = 1, math.min(m, 500) do
+        args[u] = t .. '-' .. (k - u + 1)
+      end
+      redis.call('ZREM', $key, unpack(args))
+      k, m = k - #args, m - #args
+    end
+  end

@@ -63,3 +63,14 @@ local life$x = s$x + 2 * $w
       if o > old then
         old = o
       end
+
+--@ refund
+    -- Twin: `refund`. The charge at `at` counts in the window at falls in: the state's
+    -- current window while no later one was charged, its previous window once the next one
+    -- was (never below zero); older, it weighs on no estimate any more.
+    local i, k = T - T % $w, at - at % $w
+    if i == k then
+      c$x = math.max(c$x - cost, 0)
+    elseif i == k + $w then
+      p$x = math.max(p$x - cost, 0)
+    end

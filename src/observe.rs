@@ -13,6 +13,7 @@
 //! | `tollgate_store_errors_total` | counter | `store`, `kind` ([`StoreError::kind_label`]) |
 //! | `tollgate_store_breaker_open` | gauge (0 or 1) | `store` |
 //! | `tollgate_store_call_seconds` | histogram | `store` |
+//! | `tollgate_refund_failures_total` | counter | `store`, `kind` ([`StoreError::kind_label`]) |
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
@@ -62,6 +63,30 @@ pub(crate) fn store_call(store: &str, took: Option<Duration>, result: Result<(),
         tracing::debug!(target: "tollgate", store, kind = e.kind_label(), error = %chain(e), "rate-limit store call failed");
     }
     let _ = (store, took, result);
+}
+
+/// A charge could not be given back (a check split across Redis Cluster slots was denied by
+/// one slot and admitted by another): it stays until its state expires, and may deny a few
+/// requests it should not have (never admit one). The failed call itself is counted with the
+/// store's other failures too.
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
+pub(crate) fn refund_failed(store: &str, e: &StoreError) {
+    #[cfg(feature = "metrics")]
+    metrics::counter!(
+        "tollgate_refund_failures_total",
+        "store" => store.to_string(),
+        "kind" => e.kind_label()
+    )
+    .increment(1);
+    #[cfg(feature = "tracing")]
+    tracing::warn!(
+        target: "tollgate",
+        store,
+        kind = e.kind_label(),
+        error = %chain(e),
+        "rate-limit store could not give back a charge: it holds until its state expires"
+    );
+    let _ = (store, e);
 }
 
 /// A store's breaker opened: it is failing, and checks are answered by the failure policies.

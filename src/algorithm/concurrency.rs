@@ -63,3 +63,9 @@ pub(crate) fn renew(st: &mut Leases, id: &str, now: u64, lease_us: u64) -> bool 
 pub(crate) fn release(st: &mut Leases, id: &str) {
     st.held.retain(|(lease, _)| lease != id);
 }
+
+/// Gives back the slot a check took: the twin of the `refund` fragment (the lease `id` is
+/// removed, as [`release`] does).
+pub(crate) fn refund(st: &mut Leases, id: &str) {
+    release(st, id);
+}

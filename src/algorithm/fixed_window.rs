@@ -64,3 +64,19 @@ pub(crate) fn report(st: &Fixed, lim: &Limit, now: u64) -> Report {
 pub(crate) fn expires_at(st: &Fixed, lim: &Limit) -> u64 {
     (st.idx + 1) * lim.window_us()
 }
+
+/// Gives back `cost` charged at `at`: the twin of the `refund` fragment. The charge counts in
+/// the window `at` falls in; while the state is still that window's, its count goes down by
+/// the cost (never below zero). Once a later window was charged, the charge no longer counts
+/// and there is nothing to give back.
+pub(crate) fn refund(st: &mut Fixed, lim: &Limit, at: u64, cost: u64) {
+    if st.idx == at / lim.window_us() {
+        st.count = st.count.saturating_sub(cost);
+    }
+}
+
+/// The count seen from window `i`, and the state's window.
+#[cfg(test)]
+pub(super) fn counts_for_tests(st: &Fixed, i: u64) -> (u64, u64) {
+    (if st.idx >= i { st.count } else { 0 }, st.idx.max(i))
+}

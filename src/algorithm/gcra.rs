@@ -15,24 +15,27 @@ use crate::policy::Limit;
 /// A time `us + rem / n` µs.
 type Rational = (u64, u64);
 
-/// The theoretical arrival time.
+/// The theoretical arrival time, and the time of the last charge (the packed key's `T`,
+/// which only a refund reads).
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct Tat {
     tat: Rational,
+    last: u64,
 }
 
 /// The fields the script packs: the theoretical arrival time's µs and remainder.
 #[cfg_attr(not(feature = "redis"), allow(dead_code))]
 pub(crate) const FIELDS: &[&str] = &["t", "r"];
 
-/// The state from the packed fields.
+/// The state from the packed fields and the time `at` of the key's last charge.
 #[cfg_attr(not(feature = "redis"), allow(dead_code))]
-pub(crate) fn load(fields: &[u64]) -> Tat {
+pub(crate) fn load(at: u64, fields: &[u64]) -> Tat {
     Tat {
         tat: (
             fields.first().copied().unwrap_or(0),
             fields.get(1).copied().unwrap_or(0),
         ),
+        last: at,
     }
 }
 
@@ -84,6 +87,7 @@ pub(crate) fn evaluate(st: &Tat, lim: &Limit, now: u64, cost: u64) -> Verdict {
 
 pub(crate) fn commit(st: &mut Tat, lim: &Limit, now: u64, cost: u64) {
     st.tat = add(lim, later(st.tat, (now, 0)), times(lim, cost));
+    st.last = st.last.max(now);
 }
 
 pub(crate) fn report(st: &Tat, lim: &Limit, now: u64) -> Report {
@@ -109,4 +113,39 @@ pub(crate) fn report(st: &Tat, lim: &Limit, now: u64) -> Report {
 /// TTL in `commit`.)
 pub(crate) fn expires_at(st: &Tat) -> u64 {
     st.tat.0 + u64::from(st.tat.1 > 0)
+}
+
+/// Gives back `cost` charged at `at`: the twin of the `refund` fragment.
+///
+/// The charge moved the arrival time to `max(tat, at) + cost·T`. Moving it back by `cost·T`
+/// is the exact inverse when nothing was charged since (then `last == at`, and the result,
+/// `max(tat, at)`, decides like the state before the charge at any time from `at` on; if it
+/// is before now it is as good as now: a full bucket). A charge at `t` after ours may have
+/// started from our arrival time where it would otherwise have started from `t`, taking up to
+/// `t - at` of our `cost·T` for itself. So the refund gives back `cost·T - (last - at)` (nothing
+/// when that is not positive), which is never more than what the charge still adds to the
+/// arrival time, and never moves it before `last` (where any state charged at `last` is).
+pub(crate) fn refund(st: &mut Tat, lim: &Limit, at: u64, cost: u64) {
+    if st.last < at {
+        // the state was not charged at `at`: it was replaced since
+        return;
+    }
+    let c = times(lim, cost);
+    let since = st.last - at;
+    if c <= (since, 0) {
+        return;
+    }
+    let give = (c.0 - since, c.1);
+    let floor = (st.last, 0);
+    st.tat = if le(add(lim, floor, give), st.tat) {
+        sub(lim, st.tat, give)
+    } else {
+        floor
+    };
+}
+
+/// The theoretical arrival time.
+#[cfg(test)]
+pub(super) fn tat_for_tests(st: &Tat) -> (u64, u64) {
+    st.tat
 }

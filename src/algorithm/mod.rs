@@ -9,6 +9,7 @@
 //! | `lua/gcra.lua`             | `gcra.rs`                           |
 //! | `lua/concurrency.lua`      | `concurrency.rs`                    |
 //! | `lua/renew.lua`            | `concurrency::renew`                |
+//! | `lua/refund.lua`           | [`refund`], each file's `refund`    |
 //! | `lua/prelude.lua`          | none: the script's clock            |
 //!
 //! The Redis check script is generated per policy from those files (`src/store/script.rs`):
@@ -181,6 +182,10 @@ impl Report {
 pub(crate) struct Outcome {
     pub(crate) allowed: bool,
     pub(crate) entries: Vec<Entry>,
+    /// When the check was decided (µs): the memory store's clock reading, or the time the
+    /// Redis script read (`TIME`, or the caller's clock). A charge is given back at this time
+    /// ([`refund`]).
+    pub(crate) at_us: u64,
 }
 
 /// One (identifier, limit) pair of an [`Outcome`].
@@ -208,7 +213,7 @@ impl Counter {
         match limit.algorithm() {
             Algorithm::SlidingWindow => Counter::Window(sliding_window::load(limit, at, fields)),
             Algorithm::FixedWindow => Counter::Fixed(fixed_window::load(limit, at, fields)),
-            _ => Counter::Gcra(gcra::load(fields)),
+            _ => Counter::Gcra(gcra::load(at, fields)),
         }
     }
 
@@ -381,7 +386,48 @@ pub(crate) fn decide(
             });
         }
     }
-    Outcome { allowed, entries }
+    Outcome {
+        allowed,
+        entries,
+        at_us: now,
+    }
+}
+
+/// Gives back the charge of one admitted check: the twin of `lua/refund.lua`.
+///
+/// `states` holds the check's keys as [`decide`] takes them; `at` is the check's time
+/// ([`Outcome::at_us`]), `cost` and `lease` its own. Each limit's `refund` takes back from its
+/// state what the charge added, never more, and nothing once the state has moved past it; a
+/// missing state has nothing to give back and stays missing. After a refund with nothing
+/// charged in between, every state decides, from `at` on, as it did before the check.
+pub(crate) fn refund(
+    states: &mut [Option<State>],
+    layout: &Layout,
+    limits: &[Limit],
+    at: u64,
+    cost: u64,
+    lease: &str,
+) {
+    let per_id = layout.keys_per_id();
+    for keys in states.chunks_mut(per_id) {
+        for (l, lim) in limits.iter().enumerate() {
+            if let Some(st) = &mut keys[layout.key_of(l)] {
+                refund_part(part(st, layout.slots[l].1), lim, at, cost, lease);
+            }
+        }
+    }
+}
+
+fn refund_part(part: Part<'_>, lim: &Limit, at: u64, cost: u64, lease: &str) {
+    match part {
+        Part::Counter(Counter::Window(s)) => sliding_window::refund(s, lim, at, cost),
+        Part::Counter(Counter::Fixed(s)) => fixed_window::refund(s, lim, at, cost),
+        Part::Counter(Counter::Gcra(s)) => gcra::refund(s, lim, at, cost),
+        Part::Log(s) => sliding_log::refund(s, at, cost),
+        Part::Leases(s) => concurrency::refund(s, lease),
+        // the script gave it back itself
+        Part::Settled(_) => {}
+    }
 }
 
 /// Extends the lease `id` held in `st` (a concurrency state) to `now + lease_us`, if it is
@@ -399,6 +445,9 @@ pub(crate) fn release(st: &mut State, id: &str) {
         concurrency::release(s, id);
     }
 }
+
+#[cfg(test)]
+mod refund_tests;
 
 #[cfg(test)]
 mod tests {

@@ -77,3 +77,14 @@ pub(crate) fn expires_at(st: &Log, lim: &Limit) -> u64 {
         .back()
         .map_or(0, |&newest| newest + lim.window_us())
 }
+
+/// Gives back `cost` charged at `at`: the twin of the `refund` fragment, which removes up to
+/// `cost` entries scored `at` (entries of one time are interchangeable; Redis removes the
+/// newest-numbered members, so that the `<time>-<k>` names stay `1..=count`). Entries that
+/// have left the log are not given back twice.
+pub(crate) fn refund(st: &mut Log, at: u64, cost: u64) {
+    let end = st.entries.partition_point(|&s| s <= at);
+    let start = st.entries.partition_point(|&s| s < at);
+    let n = (end - start).min(usize::try_from(cost).unwrap_or(usize::MAX));
+    st.entries.drain(end - n..end);
+}

@@ -131,3 +131,26 @@ pub(crate) fn expires_at(st: &Window, lim: &Limit) -> u64 {
         0
     }
 }
+
+/// Gives back `cost` charged at `at`: the twin of the `refund` fragment. The charge counts in
+/// the window `at` falls in: the state's current window while no later one was charged, its
+/// previous window once the next one was; its count goes down by the cost (never below zero).
+/// A window older than that no longer weighs on any estimate: nothing to give back.
+///
+/// Should the clock go back across a window boundary, the charge may sit in the current
+/// window while the refund takes it from the previous one: that window weighs less in the
+/// estimate, so the refund then gives back less than the charge added, never more.
+pub(crate) fn refund(st: &mut Window, lim: &Limit, at: u64, cost: u64) {
+    let i = at / lim.window_us();
+    if st.idx == i {
+        st.curr = st.curr.saturating_sub(cost);
+    } else if st.idx == i + 1 {
+        st.prev = st.prev.saturating_sub(cost);
+    }
+}
+
+/// The (current, previous) counts seen from window `i`.
+#[cfg(test)]
+pub(super) fn counts_for_tests(st: &Window, i: u64) -> (u64, u64) {
+    window_counts(st, i)
+}

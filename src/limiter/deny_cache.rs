@@ -197,6 +197,7 @@ mod tests {
         let outcome = Outcome {
             allowed: false,
             entries: vec![denied(1_000_000), allowed(), allowed(), denied(1_000_000)],
+            at_us: 0,
         };
         cache.record(&ids, &limits, &outcome, 2, Instant::now(), 0);
         assert_eq!(cache.len(), 1);
@@ -232,6 +233,7 @@ mod tests {
         let outcome = Outcome {
             allowed: false,
             entries: vec![denied(1)],
+            at_us: 0,
         };
         for id in ["a", "b", "c"] {
             cache.record(&[id.to_string()], &limits, &outcome, 1, Instant::now(), 0);
@@ -245,6 +247,7 @@ mod tests {
         let long = Outcome {
             allowed: false,
             entries: vec![denied(10_000_000)],
+            at_us: 0,
         };
         cache.record(&["d".to_string()], &limits, &long, 1, Instant::now(), 0);
         assert!(
@@ -260,6 +263,7 @@ mod tests {
         let outcome = Outcome {
             allowed: false,
             entries: vec![denied(10_000_000)],
+            at_us: 0,
         };
         let ids = ["a".to_string()];
         cache.record(&ids, &limits, &outcome, 1, Instant::now(), 0);

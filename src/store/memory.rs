@@ -198,6 +198,57 @@ impl MemoryStore {
         }
     }
 
+    /// Gives back what an admitted check of `plan`, decided at `at_us`
+    /// ([`Outcome::at_us`]), charged: the twin of the Redis refund script. A state that is
+    /// gone (or expired) has nothing to give back and is not created; a state keeps its
+    /// expiry, as the Redis key keeps its TTL.
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub(crate) fn refund(&self, plan: &Plan<'_>, at_us: u64) {
+        let inner = &*self.inner;
+        let now = self.now();
+        let layout = Layout::of(plan.limits);
+        let per_id = layout.keys_per_id();
+        let keys: Vec<(usize, String)> = plan
+            .ids
+            .iter()
+            .flat_map(|id| (0..per_id).map(|k| key_of(id, k, &layout, plan.limits)))
+            .map(|k| ((inner.hasher.hash_one(&k) as usize) % SHARDS, k))
+            .collect();
+        // every shard involved, locked in index order, as a check locks them
+        let mut shard_ids: Vec<usize> = keys.iter().map(|(s, _)| *s).collect();
+        shard_ids.sort_unstable();
+        shard_ids.dedup();
+        let mut guards: Vec<MutexGuard<'_, Shard>> =
+            shard_ids.iter().map(|&s| lock(&inner.shards[s])).collect();
+        let guard_of = |s: usize| shard_ids.binary_search(&s).unwrap_or(0);
+        // The states leave their maps for the refund (an expired one is dropped: it has
+        // nothing to give back), and go back with the expiry they had.
+        let mut expiry = Vec::with_capacity(keys.len());
+        let mut states: Vec<Option<State>> = keys
+            .iter()
+            .map(|(s, key)| {
+                let stored = guards[guard_of(*s)].map.remove(key);
+                let stored = stored.filter(|st| st.expires_at > now);
+                expiry.push(stored.as_ref().map_or(0, |st| st.expires_at));
+                stored.map(|st| st.state)
+            })
+            .collect();
+        algorithm::refund(
+            &mut states,
+            &layout,
+            plan.limits,
+            at_us,
+            plan.cost,
+            plan.lease,
+        );
+        for (((s, key), state), expires_at) in keys.iter().zip(states).zip(expiry) {
+            if let Some(state) = state {
+                let stored = Stored { state, expires_at };
+                guards[guard_of(*s)].map.insert(key.clone(), stored);
+            }
+        }
+    }
+
     pub(crate) fn renew(&self, leases: &[&Lease]) {
         let now = self.now();
         for lease in leases {
@@ -333,6 +384,43 @@ mod tests {
             let _ = l.check(&[format!("later{i}")]).await.unwrap();
         }
         assert!(store.len() < 2 * MIN_SWEEP * SHARDS + 40_000);
+    }
+
+    /// A refund gives back what a check charged: the next check decides as if it never ran,
+    /// and a state that expired meanwhile is not brought back.
+    #[tokio::test]
+    async fn a_refund_gives_back_a_charge() {
+        let clock = ManualClock::new(1_000_000_000_000);
+        let store = MemoryStore::builder()
+            .clock(Clock::Manual(clock.clone()))
+            .build();
+        let limits = "3/s, 2 concurrent"
+            .parse::<Policy>()
+            .unwrap()
+            .limits()
+            .to_vec();
+        let ids = ["a".to_string()];
+        let plan = |lease| Plan {
+            ids: &ids,
+            limits: &limits,
+            cost: 2,
+            lease,
+        };
+        let first = store.check(&plan("one"));
+        assert!(first.allowed);
+        let refunded = crate::store::Store::Memory(store.clone());
+        refunded.refund(&plan("one"), first.at_us).await.unwrap();
+        let again = store.check(&plan("two"));
+        assert_eq!(
+            again, first,
+            "the same figures: nothing was left of the first"
+        );
+        assert_eq!(store.len(), 2);
+        // expired: nothing to give back, and nothing is kept
+        clock.advance(Duration::from_secs(30));
+        refunded.refund(&plan("two"), again.at_us).await.unwrap();
+        assert_eq!(store.len(), 0);
+        assert_eq!(store.check(&plan("three")).entries[0].remaining, 1);
     }
 
     #[test]

@@ -79,6 +79,22 @@ impl Store {
         }
     }
 
+    /// Gives back what an admitted check of `plan` charged; `at_us` is the check's time
+    /// ([`Outcome::at_us`]). Each limit gives back at most what the charge still holds in its
+    /// state, nothing once its state has moved past it, and a concurrency limit's slot
+    /// (`plan.lease`) is released. A missing key is not created.
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub(crate) async fn refund(&self, plan: &Plan<'_>, at_us: u64) -> Result<(), StoreError> {
+        match self {
+            Store::Memory(m) => {
+                m.refund(plan, at_us);
+                Ok(())
+            }
+            #[cfg(feature = "redis")]
+            Store::Redis(r) => r.refund(plan, at_us).await,
+        }
+    }
+
     /// Whether the store is shared by other processes and reads the real clock: the case
     /// where caching its denials saves round trips and is exact.
     pub(crate) fn is_remote_on_real_clock(&self) -> bool {

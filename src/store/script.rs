@@ -9,7 +9,9 @@
 //! fragments (the sections of its algorithm's file) in between, in the order of
 //! [`generate`]; placeholders (`$name`) are replaced by the policy's numbers, so the script
 //! parses no limit and dispatches on nothing at run time. Scripts are cached per policy
-//! ([`check_script`]) with their SHA-1, and run by `EVALSHA`.
+//! ([`check_script`]) with their SHA-1, and run by `EVALSHA`. The refund script, which gives
+//! back what a check charged, is generated the same way from `refund.lua` and each limit's
+//! `refund` fragment (`refund`: [`refund_script`]).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
@@ -366,21 +368,27 @@ pub(crate) fn check_args(
     now: Option<u64>,
     plan: &Plan<'_>,
 ) {
-    for id in plan.ids {
-        if !compiled.packed.is_empty() {
-            let limits = compiled.packed.iter().map(|&l| &plan.limits[l]);
-            call.key(keyspace::packed_key(prefix, id, limits));
-        }
-        for limit in plan.limits.iter().filter(|l| !algorithm::is_packed(l)) {
-            call.key(keyspace::key(prefix, id, limit));
-        }
-    }
+    push_keys(call, !compiled.packed.is_empty(), prefix, plan);
     call.arg(plan.cost);
     if now.is_some() || !plan.lease.is_empty() {
         call.arg(now_arg(now));
     }
     if !plan.lease.is_empty() {
         call.arg(plan.lease);
+    }
+}
+
+/// The KEYS of a check of `plan` (and of its refund): per identifier, its packed key (when
+/// `packed`: the policy has packed limits), then one key per sorted-set limit.
+fn push_keys(call: &mut ScriptInvocation<'_>, packed: bool, prefix: &str, plan: &Plan<'_>) {
+    for id in plan.ids {
+        if packed {
+            let limits = plan.limits.iter().filter(|l| algorithm::is_packed(l));
+            call.key(keyspace::packed_key(prefix, id, limits));
+        }
+        for limit in plan.limits.iter().filter(|l| !algorithm::is_packed(l)) {
+            call.key(keyspace::key(prefix, id, limit));
+        }
     }
 }
 
@@ -522,6 +530,10 @@ pub(crate) fn parse_reply(
     }
     Ok(outcome)
 }
+
+mod refund;
+
+pub(crate) use refund::{refund_args, refund_script};
 
 #[cfg(test)]
 mod tests;

@@ -30,7 +30,7 @@ use crate::clock::Clock;
 mod cluster;
 mod connection;
 mod sentinel;
-mod split_pending;
+mod split;
 mod url;
 mod validate;
 
@@ -277,13 +277,19 @@ impl RedisStore {
         &self.clock
     }
 
-    /// One check, through the breaker: while Redis is known to be failing it fails at once. In
-    /// a cluster, identifiers in several hash slots are checked one call per slot.
+    /// One check. In a cluster, identifiers in several hash slots are checked one call per
+    /// slot ([`check_split`](Self::check_split)); otherwise it is one call.
     pub(crate) async fn check(&self, plan: &Plan<'_>) -> Result<Outcome, StoreError> {
         let groups = self.slot_groups(plan.ids);
         if groups.len() > 1 {
             return self.check_split(plan, &groups).await;
         }
+        self.check_call(plan).await
+    }
+
+    /// One check as one script call (its keys in one slot), through the breaker: while Redis
+    /// is known to be failing it fails at once.
+    pub(crate) async fn check_call(&self, plan: &Plan<'_>) -> Result<Outcome, StoreError> {
         let call = async {
             let compiled = script::check_script(plan.limits, plan.ids.len());
             let mut call = compiled.script.prepare_invoke();

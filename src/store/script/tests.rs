@@ -66,22 +66,33 @@ fn fragments_mirror_their_twins() {
         let sections = section_names(lua);
         let expected: &[&str] = if packed {
             &[
-                "fields", "prepare", "fresh", "evaluate", "commit", "expires",
+                "fields", "prepare", "fresh", "evaluate", "commit", "expires", "refund",
             ]
         } else {
-            &["prepare", "evaluate", "commit", "report"]
+            &["prepare", "evaluate", "commit", "report", "refund"]
         };
         assert_eq!(sections, expected, "{policy}");
         assert!(
             lua.contains("Rust twin: src/algorithm/"),
             "{policy}: the header names the twin"
         );
+        assert!(
+            section(lua, "refund").contains("Twin: `refund`"),
+            "{policy}: the refund fragment names its twin"
+        );
 
         let fns = fn_names(rust);
         let twin: &[&str] = if packed {
-            &["load", "evaluate", "commit", "report", "expires_at"]
+            &[
+                "load",
+                "evaluate",
+                "commit",
+                "report",
+                "expires_at",
+                "refund",
+            ]
         } else {
-            &["evaluate", "commit", "report", "expires_at"]
+            &["evaluate", "commit", "report", "expires_at", "refund"]
         };
         let at: Vec<usize> = twin
             .iter()
@@ -373,3 +384,5 @@ fn the_renew_script_is_the_prelude_and_renew_lua() {
     // the renew script reads the clock the same way
     assert!(RENEW.contains(section(PRELUDE, "clock")));
 }
+
+mod refund;

@@ -1,0 +1,247 @@
+//! Checks whose identifiers live in several hash slots, and refunds.
+//!
+//! One identifier's keys share a hash tag, so they live in one slot; a check of several
+//! identifiers (an IP and a user) may span slots, and one script call cannot touch keys of two
+//! slots in Redis Cluster. [`RedisStore::check_split`] runs one check call per group of
+//! identifiers, concurrently, and merges their answers all-or-nothing: when some group denies,
+//! the groups that admitted are given their charge back ([`RedisStore::refund`], the script of
+//! `lua/refund.lua`). DESIGN.md ("Checks across Cluster slots") says what this guarantees.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::Poll;
+
+use super::{script, RedisStore};
+use crate::observe;
+use crate::store::{Outcome, Plan, StoreError};
+
+impl RedisStore {
+    /// Gives back what an admitted check of `plan` charged, decided at `at_us` (its
+    /// [`Outcome::at_us`]): one call of the policy's refund script, through the breaker and
+    /// under the timeout like a check, never retried. Each limit gives back at most what the
+    /// charge still holds (see `lua/refund.lua`); the slot of a concurrency limit
+    /// (`plan.lease`) is released; a missing key is not created, a packed key keeps its TTL.
+    ///
+    /// # Errors
+    ///
+    /// As a check: the store is unavailable, timed out or failed. The refund may then have
+    /// run or not; either way the store never admits more than its limits.
+    pub(crate) async fn refund(&self, plan: &Plan<'_>, at_us: u64) -> Result<(), StoreError> {
+        let call = async {
+            let compiled = script::refund_script(plan.limits, plan.ids.len());
+            let mut call = compiled.script.prepare_invoke();
+            script::refund_args(&mut call, &compiled, &self.prefix, plan, at_us);
+            self.run(|mut conn| async move { call.invoke_async::<()>(&mut conn).await })
+                .await
+        };
+        self.breaker.call(call, || self.prober()).await
+    }
+
+    /// A check of `plan` whose identifiers are split into `groups` (indices into `plan.ids`,
+    /// each identifier in exactly one group): one check call per group, all at once, each
+    /// through the breaker and under the timeout exactly as [`check`](Self::check). Their
+    /// answers are merged into one [`Outcome`] laid out as a single check's (per identifier
+    /// in the plan's order, per limit), stamped with the earliest group's time:
+    ///
+    /// Each group is one script call ([`check_call`](Self::check_call)): on a cluster, the
+    /// caller groups by hash slot.
+    ///
+    /// * every group admits: admitted, in one round trip;
+    /// * every group denies: denied; nothing was charged anywhere;
+    /// * some admit, some deny: denied, and each admitting group is refunded (its own call),
+    ///   which releases the slot a concurrency limit took there. The remaining quota of an
+    ///   admitting group is reported with its charge given back, as a denied single check
+    ///   reports it; its times until reset are those its check reported.
+    /// * a group fails (a timeout, an error): the check fails with the first group's error
+    ///   (the limiter's failure policy answers it), once the admitting groups were refunded.
+    ///   A group that timed out may have charged, and is not refunded (nothing says it ran):
+    ///   that charge can only deny requests later, never admit one, and the limiter releases
+    ///   the slot it may have taken, as after any failed check.
+    ///
+    /// The check never admits more than each group's limits allow. Between a charge and its
+    /// refund, other checks see the charge, so a few may be denied that would have been
+    /// admitted: the under-admission is bounded by the charges in flight, and lasts a round
+    /// trip. A refund that fails is logged and counted (`observe::refund_failed`); its charge
+    /// then stays until its state expires. A caller that gives up while the groups' checks
+    /// run (a client disconnecting) may leave such a charge too: it only under-admits.
+    ///
+    /// Groups that do not partition the identifiers are checked as one group.
+    ///
+    /// # Errors
+    ///
+    /// As [`check`](Self::check), for the first group that failed.
+    pub(crate) async fn check_split(
+        &self,
+        plan: &Plan<'_>,
+        groups: &[Vec<usize>],
+    ) -> Result<Outcome, StoreError> {
+        if !partitions(groups, plan.ids.len()) {
+            return self.check_call(plan).await;
+        }
+        let ids: Vec<Vec<String>> = groups
+            .iter()
+            .map(|g| g.iter().map(|&i| plan.ids[i].clone()).collect())
+            .collect();
+        let plans: Vec<Plan<'_>> = ids
+            .iter()
+            .map(|ids| Plan {
+                ids,
+                limits: plan.limits,
+                cost: plan.cost,
+                lease: plan.lease,
+            })
+            .collect();
+        let results = join_all(plans.iter().map(|p| self.check_call(p)).collect()).await;
+
+        let admitted: Vec<(Vec<String>, u64)> = results
+            .iter()
+            .zip(&ids)
+            .filter_map(|(r, ids)| match r {
+                Ok(o) if o.allowed => Some((ids.clone(), o.at_us)),
+                _ => None,
+            })
+            .collect();
+        if admitted.len() < groups.len() && !admitted.is_empty() {
+            self.refund_groups(plan, admitted).await;
+        }
+        let mut outcomes = Vec::with_capacity(results.len());
+        for result in results {
+            outcomes.push(result?);
+        }
+        if outcomes.iter().any(|o| !o.allowed) {
+            for outcome in outcomes.iter_mut().filter(|o| o.allowed) {
+                uncharged(outcome, plan.limits, plan.cost);
+            }
+        }
+        merge(groups, &outcomes, plan.ids.len(), plan.limits.len())
+            .ok_or_else(|| StoreError::UnexpectedReply("a check of the wrong size".into()))
+    }
+
+    /// Refunds the checks of `groups` (identifiers, time of the check), all at once, and logs
+    /// and counts the refunds that fail.
+    ///
+    /// The denial waits for its refunds: once the caller is told, the check holds nothing
+    /// (unless a refund failed), so a retry of its own never meets its own charge, and a test
+    /// or a caller sees a settled state. It costs one more round trip, only when the groups
+    /// disagree. The refunds run in a task of their own, so a caller that gives up meanwhile
+    /// (a client disconnecting) does not cut them short: a slot taken by a refunded check
+    /// would otherwise stay taken until its lease expires.
+    async fn refund_groups(&self, plan: &Plan<'_>, groups: Vec<(Vec<String>, u64)>) {
+        let store = self.clone();
+        let (limits, lease, cost) = (plan.limits.to_vec(), plan.lease.to_string(), plan.cost);
+        let task = async move {
+            let calls = groups
+                .iter()
+                .map(|(ids, at)| {
+                    let plan = Plan {
+                        ids,
+                        limits: &limits,
+                        cost,
+                        lease: &lease,
+                    };
+                    let store = &store;
+                    async move { store.refund(&plan, *at).await }
+                })
+                .collect();
+            for result in join_all(calls).await {
+                if let Err(e) = result {
+                    observe::refund_failed(&store.prefix, &e);
+                }
+            }
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                if let Err(e) = runtime.spawn(task).await {
+                    if e.is_panic() {
+                        // a bug, not a store failure: it goes on in the caller
+                        std::panic::resume_unwind(e.into_panic());
+                    }
+                }
+            }
+            Err(_) => task.await,
+        }
+    }
+}
+
+/// The figures of a refunded check as a check that charged nothing reports them, as a denied
+/// single check does (and the memory store): each limit's remaining quota with the charge
+/// given back — the cost, or the one slot of a concurrency limit. (An admitted check fitted,
+/// so the quota before it was exactly that much more.) The times until reset stay as the
+/// check reported them.
+fn uncharged(outcome: &mut Outcome, limits: &[crate::policy::Limit], cost: u64) {
+    if limits.is_empty() {
+        return;
+    }
+    for (k, entry) in outcome.entries.iter_mut().enumerate() {
+        let limit = &limits[k % limits.len()];
+        let back = if limit.is_concurrency() { 1 } else { cost };
+        entry.remaining = entry.remaining.saturating_add(back);
+    }
+}
+
+/// Whether `groups` hold each of `0..ids` exactly once.
+fn partitions(groups: &[Vec<usize>], ids: usize) -> bool {
+    let mut seen = vec![false; ids];
+    for &i in groups.iter().flatten() {
+        match seen.get_mut(i) {
+            Some(s) if !*s => *s = true,
+            _ => return false,
+        }
+    }
+    seen.iter().all(|&s| s)
+}
+
+/// The groups' outcomes as one check's: admitted when every group admitted, the entries per
+/// identifier in the plan's order (`per_id` per identifier), stamped with the earliest time.
+/// `None` when an outcome does not hold its group's entries.
+fn merge(
+    groups: &[Vec<usize>],
+    outcomes: &[Outcome],
+    ids: usize,
+    per_id: usize,
+) -> Option<Outcome> {
+    // where each identifier's entries are: (group, position in it)
+    let mut at = vec![(0, 0); ids];
+    for (g, group) in groups.iter().enumerate() {
+        for (p, &i) in group.iter().enumerate() {
+            *at.get_mut(i)? = (g, p);
+        }
+    }
+    let mut entries = Vec::with_capacity(ids * per_id);
+    for (g, p) in at {
+        let outcome = outcomes.get(g)?;
+        entries.extend_from_slice(outcome.entries.get(p * per_id..(p + 1) * per_id)?);
+    }
+    Some(Outcome {
+        allowed: outcomes.iter().all(|o| o.allowed),
+        entries,
+        at_us: outcomes.iter().map(|o| o.at_us).min()?,
+    })
+}
+
+/// Runs `futures` concurrently in the calling task; their outputs in order.
+async fn join_all<F: Future>(futures: Vec<F>) -> Vec<F::Output> {
+    let mut futures: Vec<Pin<Box<F>>> = futures.into_iter().map(Box::pin).collect();
+    let mut outputs: Vec<Option<F::Output>> = futures.iter().map(|_| None).collect();
+    std::future::poll_fn(|cx| {
+        let mut pending = false;
+        for (future, output) in futures.iter_mut().zip(outputs.iter_mut()) {
+            if output.is_none() {
+                match future.as_mut().poll(cx) {
+                    Poll::Ready(v) => *output = Some(v),
+                    Poll::Pending => pending = true,
+                }
+            }
+        }
+        if pending {
+            Poll::Pending
+        } else {
+            Poll::Ready(())
+        }
+    })
+    .await;
+    outputs.into_iter().flatten().collect()
+}
+
+#[cfg(test)]
+mod tests;
