@@ -27,7 +27,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use tollgate::{Limiter, RedisStore};
+use tollgate::{Limiter, OnStoreError, RedisStore};
 
 /// Seed 003 (Part 1's `over_limit_multi_lua`): for each limit and identifier, INCR a counter
 /// named after its window and EXPIRE it; stop at the first limit over.
@@ -605,22 +605,38 @@ fn memory_section(server: &Server, groups: &[Group]) {
     println!();
 }
 
-/// Checks per second and p50/p99 latency (µs) of `Limiter::check` from `tasks` tasks.
+/// Checks per second and p50/p99 latency (µs) of `Limiter::check` of an IP and a user from
+/// `tasks` tasks.
 async fn limiter_run(limiter: &Limiter, tasks: usize, seconds: f64) -> (f64, f64, f64) {
+    let (rps, p50, p99, _) = limiter_run_ids(limiter, tasks, seconds, 2).await;
+    (rps, p50, p99)
+}
+
+/// Checks per second, p50/p99 latency (µs) and the share of checks that failed, of
+/// `Limiter::check` of `ids` identifiers (an IP, then a user) from `tasks` tasks.
+async fn limiter_run_ids(
+    limiter: &Limiter,
+    tasks: usize,
+    seconds: f64,
+    ids: usize,
+) -> (f64, f64, f64, f64) {
+    let failed = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let latencies = Arc::new(Mutex::new(Vec::new()));
     let deadline = Instant::now() + Duration::from_secs_f64(seconds);
     let started = Instant::now();
     let handles: Vec<_> = (0..tasks)
         .map(|t| {
-            let (limiter, latencies) = (limiter.clone(), latencies.clone());
+            let (limiter, latencies, failed) = (limiter.clone(), latencies.clone(), failed.clone());
             tokio::spawn(async move {
                 let mut mine = Vec::new();
                 let mut i = (t as u64) << 32;
                 while Instant::now() < deadline {
                     i += 1;
-                    let ids = [format!("ip:{i}"), format!("user:{i}")];
+                    let both = [format!("ip:{i}"), format!("user:{i}")];
                     let at = Instant::now();
-                    let _ = limiter.check(&ids).await;
+                    if limiter.check(&both[..ids]).await.is_err() {
+                        failed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    }
                     mine.push(at.elapsed().as_micros() as u64);
                 }
                 latencies.lock().unwrap().extend(mine);
@@ -638,7 +654,13 @@ async fn limiter_run(limiter: &Limiter, tasks: usize, seconds: f64) -> (f64, f64
             .copied()
             .unwrap_or(0) as f64
     };
-    (l.len() as f64 / elapsed, at(0.5), at(0.99))
+    let failed = failed.load(std::sync::atomic::Ordering::Relaxed) as f64;
+    (
+        l.len() as f64 / elapsed,
+        at(0.5),
+        at(0.99),
+        failed / (l.len() as f64).max(1.0),
+    )
 }
 
 async fn throughput_section(server: &Server, reference: &Row, o: &Options) {
@@ -802,35 +824,64 @@ fn evalsha_calls(conn: &mut redis::Connection) -> f64 {
 }
 
 /// The reference check through `Limiter::check` on a cluster of three masters: checks per
-/// second, latency, each master's share of the script calls, and the calls per check.
-async fn cluster_section(o: &Options) {
+/// second, latency, each master's share of the script calls, and the calls per check; next to
+/// one identifier alone (one call per check), and to the single server of the other sections.
+/// The limiters fail closed with a 1 s timeout, so a failed check shows as one, not as a fast
+/// answer of the failure policy.
+async fn cluster_section(server: &Server, o: &Options) {
     println!("## The reference check on a 3-master Redis Cluster: Limiter::check\n");
     let cluster = Cluster::start(3);
-    let store = RedisStore::connect(cluster.url()).await.unwrap();
-    let limiter = Limiter::new(store, "10/s, 120/min, 240/h".parse().unwrap());
+    let limiter = |store: RedisStore| {
+        Limiter::builder(store, "10/s, 120/min, 240/h".parse().unwrap())
+            .on_store_error(OnStoreError::Closed)
+            .build()
+    };
+    let connect = |url: String| async move {
+        RedisStore::builder(url)
+            .timeout(Duration::from_secs(1))
+            .build()
+            .await
+            .unwrap()
+    };
+    let on_cluster = limiter(connect(cluster.url()).await);
+    let on_server = limiter(connect(server.url()).await);
     println!(
-        "{:<34} {:>9} {:>8} {:>8} {:>10} {:>22}",
-        "", "checks/s", "p50 µs", "p99 µs", "calls/check", "EVALSHA share per master"
+        "{:<36} {:>9} {:>8} {:>8} {:>7} {:>11}  EVALSHA share per master",
+        "", "checks/s", "p50 µs", "p99 µs", "failed", "calls/check"
     );
     let mut conns: Vec<redis::Connection> =
         cluster.nodes.iter().map(|n| n.conn_or_none()).collect();
+    let mut server_conn = server.conn_or_none();
     for tasks in [1usize, 16, 64, 256] {
-        for conn in &mut conns {
-            cmd(conn, &["FLUSHALL"]);
-            cmd(conn, &["CONFIG", "RESETSTAT"]);
+        println!("{tasks} in flight");
+        for (name, ids) in [("cluster, ip + user", 2), ("cluster, ip alone", 1)] {
+            for conn in &mut conns {
+                cmd(conn, &["FLUSHALL"]);
+                cmd(conn, &["CONFIG", "RESETSTAT"]);
+            }
+            let (rps, p50, p99, failed) = limiter_run_ids(&on_cluster, tasks, o.seconds, ids).await;
+            let calls: Vec<f64> = conns.iter_mut().map(evalsha_calls).collect();
+            let total: f64 = calls.iter().sum();
+            let shares: Vec<String> = calls
+                .iter()
+                .map(|c| format!("{:.0}%", 100.0 * c / total.max(1.0)))
+                .collect();
+            println!(
+                "  {name:<34} {rps:>9.0} {p50:>8.0} {p99:>8.0} {:>6.1}% {:>11.2}  {}",
+                failed * 100.0,
+                total / (rps * o.seconds).max(1.0),
+                shares.join(" / ")
+            );
         }
-        let (rps, p50, p99) = limiter_run(&limiter, tasks, o.seconds).await;
-        let calls: Vec<f64> = conns.iter_mut().map(evalsha_calls).collect();
-        let total: f64 = calls.iter().sum();
-        let shares: Vec<String> = calls
-            .iter()
-            .map(|c| format!("{:.0}%", 100.0 * c / total.max(1.0)))
-            .collect();
+        cmd(&mut server_conn, &["FLUSHALL"]);
+        cmd(&mut server_conn, &["CONFIG", "RESETSTAT"]);
+        let (rps, p50, p99, failed) = limiter_run_ids(&on_server, tasks, o.seconds, 2).await;
+        let calls = evalsha_calls(&mut server_conn);
         println!(
-            "  {:<32} {rps:>9.0} {p50:>8.0} {p99:>8.0} {:>10.2} {:>22}",
-            format!("{tasks} in flight"),
-            total / (rps * o.seconds).max(1.0),
-            shares.join(" / ")
+            "  {:<34} {rps:>9.0} {p50:>8.0} {p99:>8.0} {:>6.1}% {:>11.2}",
+            "single server, ip + user",
+            failed * 100.0,
+            calls / (rps * o.seconds).max(1.0),
         );
     }
     println!();
@@ -857,5 +908,5 @@ async fn main() {
         memory_section(&server, &groups);
         throughput_section(&server, &groups[0].rows[1], &o).await;
     }
-    cluster_section(&o).await;
+    cluster_section(&server, &o).await;
 }

@@ -204,3 +204,96 @@ async fn a_failover_under_load_never_over_admits() {
     cluster.wait_ok();
     assert_ne!(cluster.master_of(&format!("{{{id}}}")), master);
 }
+
+/// A slot held for an IP and a user, which live in different slots: renewed past its lease
+/// (one renewal call per slot), and released on both slots when dropped.
+#[tokio::test]
+async fn leases_across_slots_are_renewed_and_released() {
+    let cluster = ClusterServer::shared();
+    let store = RedisStore::builder(cluster.url())
+        .prefix(common::unique_prefix())
+        .timeout(Duration::from_secs(2))
+        .build()
+        .await
+        .unwrap();
+    let limiter = Limiter::new(store, "1 concurrent lease=1s".parse().unwrap());
+    let (ip, user) = ("ip:1.2.3.4", "user:42");
+    assert_ne!(
+        cluster.master_of(&format!("{{{ip}}}")),
+        cluster.master_of(&format!("{{{user}}}"))
+    );
+    let held = limiter.check(&[ip, user]).await.unwrap();
+    assert!(held.is_allowed());
+    // twice the lease: only renewals keep the slots taken
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    assert!(
+        !limiter.check(&[ip]).await.unwrap().is_allowed(),
+        "ip's lease expired"
+    );
+    assert!(
+        !limiter.check(&[user]).await.unwrap().is_allowed(),
+        "user's lease expired"
+    );
+    drop(held);
+    for id in [ip, user] {
+        let (d, _) = common::eventually(Duration::from_millis(900), || async {
+            match limiter.check(&[id]).await {
+                Ok(d) if d.is_allowed() => Ok(d),
+                other => Err(format!("{id} still held: {other:?}")),
+            }
+        })
+        .await;
+        drop(d);
+    }
+}
+
+/// An ACL user with the store's commands and the cluster's own (`+ping +cluster|slots
+/// +asking`, as the README's rule) on every node serves the store, checks across slots
+/// included.
+#[tokio::test]
+async fn an_acl_user_with_the_documented_rule_works() {
+    let cluster = ClusterServer::shared();
+    let prefix = common::unique_prefix();
+    let readme = include_str!("../README.md");
+    let rule = readme
+        .lines()
+        .find(|l| l.trim_start().starts_with("ACL SETUSER"))
+        .unwrap();
+    let commands: Vec<&str> = rule
+        .split_whitespace()
+        .filter(|w| w.starts_with('+'))
+        .chain(["+ping", "+cluster|slots", "+asking"])
+        .collect();
+    for node in &cluster.nodes {
+        let mut conn = cluster.node_conn(node.port).unwrap();
+        let mut setuser = redis::cmd("ACL");
+        setuser
+            .arg("SETUSER")
+            .arg(format!("{prefix}-user"))
+            .arg("reset")
+            .arg("on")
+            .arg(">pw")
+            .arg(format!("~{prefix}:*"))
+            .arg(&commands);
+        let () = setuser.query(&mut conn).unwrap();
+    }
+    let nodes: Vec<String> = cluster
+        .nodes
+        .iter()
+        .map(|n| format!("127.0.0.1:{}", n.port))
+        .collect();
+    let url = format!("redis+cluster://{prefix}-user:pw@{}", nodes.join(","));
+    let store = RedisStore::builder(url)
+        .prefix(&prefix)
+        .build()
+        .await
+        .unwrap();
+    let limiter = Limiter::new(store, "1/min, 2 concurrent".parse().unwrap());
+    let d = limiter.check(&["ip:1.2.3.4", "user:42"]).await.unwrap();
+    assert!(d.is_allowed());
+    assert!(!limiter
+        .check(&["ip:1.2.3.4", "user:7"])
+        .await
+        .unwrap()
+        .is_allowed());
+}

@@ -244,10 +244,7 @@ fn slot_number(slot: Slot) -> u16 {
 }
 
 /// Opens the cluster client on the nodes of `target` and waits for its first slot map.
-pub(crate) async fn connect(
-    target: &ClusterTarget,
-    connect_timeout: Duration,
-) -> RedisResult<ClusterConn> {
+async fn connect(target: &ClusterTarget, connect_timeout: Duration) -> RedisResult<ClusterConn> {
     let nodes = target
         .nodes
         .iter()
@@ -268,7 +265,7 @@ pub(crate) async fn connect(
 /// What a failure to open the cluster client says about the configuration. The client reports
 /// a node's refusal inside an I/O error of its own ("Failed to create initial connections -
 /// Io: WRONGPASS ..."), so its text is read for the server's error codes.
-pub(crate) fn misconfiguration(err: &RedisError) -> Option<MisconfigurationKind> {
+fn misconfiguration(err: &RedisError) -> Option<MisconfigurationKind> {
     if err.code().is_some() {
         return None;
     }
@@ -281,6 +278,30 @@ pub(crate) fn misconfiguration(err: &RedisError) -> Option<MisconfigurationKind>
         Some(MisconfigurationKind::CommandDenied)
     } else {
         None
+    }
+}
+
+/// One connection attempt on a cluster: the cluster client and its first slot map, then the
+/// checks on every master, each step within `limit`. `None` when a step took longer.
+pub(crate) async fn attempt(
+    target: &ClusterTarget,
+    prefix: &str,
+    limit: Duration,
+) -> Result<ClusterConn, Option<Failure>> {
+    let mut conn = match tokio::time::timeout(limit, connect(target, limit)).await {
+        Ok(Ok(conn)) => conn,
+        Ok(Err(e)) => {
+            return Err(Some(match misconfiguration(&e) {
+                Some(kind) => Failure::Refused(kind, e),
+                None => Failure::Redis(e),
+            }))
+        }
+        Err(_) => return Err(None),
+    };
+    match tokio::time::timeout(limit, check(&mut conn, prefix)).await {
+        Ok(Ok(())) => Ok(conn),
+        Ok(Err(failure)) => Err(Some(failure)),
+        Err(_) => Err(None),
     }
 }
 
@@ -341,7 +362,7 @@ fn masters(reply: Value) -> Result<Vec<Master>, Failure> {
 /// The start-up checks on every master of the cluster: `INFO` (a cluster node, a master, Redis
 /// 7.0 or later), then the probe on keys in one of its own slots, so that every master's ACL
 /// is put to the test.
-pub(crate) async fn check(conn: &mut ClusterConn, prefix: &str) -> Result<(), Failure> {
+async fn check(conn: &mut ClusterConn, prefix: &str) -> Result<(), Failure> {
     let mut slots_cmd = redis::cmd("CLUSTER");
     slots_cmd.arg("SLOTS");
     let reply = conn

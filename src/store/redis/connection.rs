@@ -217,6 +217,15 @@ impl Shared {
             Failure::Misconfigured(m) => Cause::Misconfigured(m),
             Failure::Transient(why) => Cause::Failed(Arc::new(Reason(why))),
             Failure::Reply(e) => Cause::Failed(Arc::new(e)),
+            Failure::Refused(kind, e) => {
+                let context = match kind {
+                    MisconfigurationKind::CommandDenied => "cluster",
+                    _ => "",
+                };
+                Cause::Misconfigured(
+                    Misconfiguration::new(kind, context).with_source(Kept(self.keep(e))),
+                )
+            }
             Failure::Redis(e) => {
                 let verdict = match self.cluster {
                     true => validate::classify_cluster(&e),
@@ -495,12 +504,14 @@ impl Connector {
         let limit = self.connect_timeout;
         let info = match &mut self.source {
             Source::Cluster(target) => {
-                return attempt_cluster(target, shared, &self.prefix, limit)
-                    .await
-                    .map(|conn| Attempted {
+                return match cluster::attempt(target, &self.prefix, limit).await {
+                    Ok(conn) => Ok(Attempted {
                         conn: Conn::Cluster(conn),
                         generation,
-                    })
+                    }),
+                    Err(None) => Err(Cause::Timeout(limit)),
+                    Err(Some(failure)) => Err(shared.cause(failure)),
+                };
             }
             Source::Fixed(info) => info.clone(),
             Source::Sentinels(sentinels) => {
@@ -561,39 +572,6 @@ impl Connector {
                 }
             }
         }
-    }
-}
-
-/// One attempt on a cluster: the cluster client and its first slot map, then the checks on
-/// every master, each step within `limit`.
-async fn attempt_cluster(
-    target: &ClusterTarget,
-    shared: &Shared,
-    prefix: &str,
-    limit: Duration,
-) -> Result<cluster::ClusterConn, Cause> {
-    let mut conn = match tokio::time::timeout(limit, cluster::connect(target, limit)).await {
-        Ok(Ok(conn)) => conn,
-        Ok(Err(e)) => {
-            return Err(match cluster::misconfiguration(&e) {
-                Some(kind) => {
-                    let context = if kind == MisconfigurationKind::CommandDenied {
-                        "cluster"
-                    } else {
-                        ""
-                    };
-                    let m = Misconfiguration::new(kind, context).with_source(Kept(shared.keep(e)));
-                    Cause::Misconfigured(m)
-                }
-                None => shared.cause(e.into()),
-            })
-        }
-        Err(_) => return Err(Cause::Timeout(limit)),
-    };
-    match tokio::time::timeout(limit, cluster::check(&mut conn, prefix)).await {
-        Ok(Ok(())) => Ok(conn),
-        Ok(Err(failure)) => Err(shared.cause(failure)),
-        Err(_) => Err(Cause::Timeout(limit)),
     }
 }
 
