@@ -31,6 +31,10 @@
 -- it runs, does not follow the caller's.
 -- Phase 1 only reads. Only when every pair admits does phase 2 write: a denied request
 -- charges nothing anywhere and leaves every key, TTLs included, as it was.
+--
+-- Each fragment file also has a `refund` section, which this script does not use: it goes
+-- into the refund script, which gives back what an admitted check charged (refund.lua, whose
+-- header states what a refund fragment may read and write).
 
 --@ head
 local cost = tonumber(ARGV[1])

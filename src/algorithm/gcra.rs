@@ -124,7 +124,8 @@ pub(crate) fn expires_at(st: &Tat) -> u64 {
 /// started from our arrival time where it would otherwise have started from `t`, taking up to
 /// `t - at` of our `cost·T` for itself. So the refund gives back `cost·T - (last - at)` (nothing
 /// when that is not positive), which is never more than what the charge still adds to the
-/// arrival time, and never moves it before `last` (where any state charged at `last` is).
+/// arrival time, and never moves it before `last` (a charge at `last` left it at least there).
+/// Should the clock go back, `last` is later than `at` and the refund gives back less.
 pub(crate) fn refund(st: &mut Tat, lim: &Limit, at: u64, cost: u64) {
     if st.last < at {
         // the state was not charged at `at`: it was replaced since

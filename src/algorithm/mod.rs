@@ -20,7 +20,9 @@
 //! `commit`, `report` (remaining quota, time until the state is empty), `expires_at`. The
 //! packed algorithms also have `FIELDS` and `load`, the twins of their `fields` (what the
 //! script stores); their `fresh` fragment, what `evaluate` and `commit` make of a missing
-//! state, is a shortcut of the script's with no twin of its own. The arithmetic is the same:
+//! state, is a shortcut of the script's with no twin of its own. Last comes `refund` (the
+//! fragment of the refund script, `lua/refund.lua`, and its twin of the same name): what
+//! giving back an admitted charge does to the state. The arithmetic is the same:
 //! integer microseconds, and where a double is used, the same expression in the same order,
 //! so that both stores reach the same decision for the same `(time, identifiers, cost)`
 //! sequence. The conformance, model and differential tests hold the two to that.

@@ -1,10 +1,7 @@
 //! The refund script and split checks on a real `redis-server`, against the memory store: the
 //! same sequence of checks, split checks and refunds decides the same on both.
 
-use std::net::TcpListener;
-use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use proptest::prelude::*;
 
@@ -14,82 +11,11 @@ use crate::policy::Limit;
 use crate::store::{keyspace, MemoryStore, Store};
 use crate::Policy;
 
-/// A `redis-server` of the test's own on a free loopback port, stopped on drop. Panics
-/// (failing the test, never skipping it) when `redis-server` is not installed.
-struct Server {
-    child: Child,
-    port: u16,
-}
+mod support;
 
-impl Server {
-    fn start() -> Server {
-        for _ in 0..5 {
-            let port = TcpListener::bind("127.0.0.1:0")
-                .and_then(|l| l.local_addr())
-                .map(|a| a.port())
-                .expect("a free port");
-            let child = Command::new("redis-server")
-                .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-                .args(["--save", "", "--appendonly", "no", "--loglevel", "warning"])
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .expect("redis-server is required for the tests: scripts/test.sh installs it");
-            let mut server = Server { child, port };
-            if server.wait_ready() {
-                return server;
-            }
-        }
-        panic!("could not start redis-server");
-    }
-
-    fn wait_ready(&mut self) -> bool {
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return false; // its port was taken meanwhile
-            }
-            if let Ok(mut c) = redis::Client::open(self.url()).and_then(|c| c.get_connection()) {
-                if redis::cmd("PING").query::<String>(&mut c).is_ok() {
-                    return true;
-                }
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        false
-    }
-
-    fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}/", self.port)
-    }
-
-    fn conn(&self) -> redis::Connection {
-        redis::Client::open(self.url())
-            .unwrap()
-            .get_connection()
-            .unwrap()
-    }
-
-    /// A store with a prefix of its own and the caller's clock.
-    async fn store(&self, clock: &ManualClock) -> RedisStore {
-        static N: AtomicU64 = AtomicU64::new(0);
-        let prefix = format!("split{}", N.fetch_add(1, Ordering::Relaxed));
-        RedisStore::builder(self.url())
-            .prefix(prefix)
-            .clock(Clock::Manual(clock.clone()))
-            .timeout(Duration::from_secs(5))
-            .build()
-            .await
-            .unwrap()
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
+#[cfg(feature = "metrics")]
+use support::Counted;
+use support::Server;
 
 fn limits(policy: &str) -> Vec<Limit> {
     policy.parse::<Policy>().unwrap().limits().to_vec()
@@ -295,8 +221,13 @@ fn split_checks_agree_with_the_memory_store() {
                 assert_eq!(p.probe("a").await, before, "{policy}: a as it was");
                 // all deny: a full too
                 while p.check(&["a"], cost).await.0.allowed {}
+                let before = p.probe("a").await;
                 let out = p.split(&["a", "b"], &each_alone(), cost).await;
-                assert!(!out.allowed && out.entries.iter().any(|e| !e.allowed));
+                assert!(!out.allowed);
+                for per_id in out.entries.chunks(l) {
+                    assert!(per_id.iter().any(|e| !e.allowed), "{policy}: both deny");
+                }
+                assert_eq!(p.probe("a").await, before, "{policy}: nothing charged");
                 // later, the windows moved on: the states still agree
                 p.advance(150_000_000);
                 assert_eq!(p.probe("a").await.len(), p.max_cost().min(6) as usize);
@@ -461,7 +392,7 @@ fn groups_must_partition_the_identifiers() {
 #[derive(Debug, Clone)]
 enum Op {
     Advance(u64),
-    /// A check of one identifier (0: a, 1: b).
+    /// A check in one call: of a (0), of b (1), of both (2).
     One(usize, u64),
     /// A split check of a and b, in the plan order given (`true`: b first).
     Split(bool, u64),
@@ -475,7 +406,7 @@ fn op() -> impl Strategy<Value = Op> {
         (0u64..3_000).prop_map(Op::Advance),
         // several checks in one microsecond
         Just(Op::Advance(0)),
-        (0usize..2, 1u64..4).prop_map(|(i, c)| Op::One(i, c)),
+        (0usize..3, 1u64..4).prop_map(|(i, c)| Op::One(i, c)),
         (any::<bool>(), 1u64..4).prop_map(|(b, c)| Op::Split(b, c)),
         Just(Op::RefundLast),
     ]
@@ -501,6 +432,9 @@ fn random_sequences_agree_with_the_memory_store() {
         .unwrap();
 }
 
+/// The identifiers of a check in one call, by `Op::One`'s index.
+const CALLS: [&[&str]; 3] = [&["a"], &["b"], &["a", "b"]];
+
 async fn run_sequence(server: &Server, policy: &str, ops: Vec<Op>) {
     let mut p = Pair::new(server, policy).await;
     let most = p.max_cost();
@@ -510,7 +444,7 @@ async fn run_sequence(server: &Server, policy: &str, ops: Vec<Op>) {
             Op::Advance(us) => p.advance(us),
             Op::One(i, cost) => {
                 let cost = cost.min(most);
-                let (out, lease) = p.check(&[["a", "b"][i]], cost).await;
+                let (out, lease) = p.check(CALLS[i], cost).await;
                 if out.allowed {
                     last = Some((i, cost, lease, out.at_us));
                 }
@@ -522,7 +456,7 @@ async fn run_sequence(server: &Server, policy: &str, ops: Vec<Op>) {
             }
             Op::RefundLast => {
                 if let Some((i, cost, lease, at)) = last.take() {
-                    p.refund(&[["a", "b"][i]], cost, &lease, at).await;
+                    p.refund(CALLS[i], cost, &lease, at).await;
                 }
             }
         }
@@ -530,4 +464,41 @@ async fn run_sequence(server: &Server, policy: &str, ops: Vec<Op>) {
     for id in ["a", "b"] {
         let _ = p.probe(id).await;
     }
+}
+
+/// A refund that fails is counted (and logged), not lost in silence; the denial still comes.
+#[cfg(feature = "metrics")]
+#[test]
+fn a_refund_that_fails_is_counted() {
+    let recorder = Counted::default();
+    metrics::with_local_recorder(&recorder, || {
+        runtime().block_on(async {
+            let server = Server::start();
+            let p = Pair::new(&server, "5/min").await;
+            let ids = vec!["a".to_string()];
+            let plan = Plan {
+                ids: &ids,
+                limits: &p.limits,
+                cost: 1,
+                lease: "",
+            };
+            let out = p.redis.check(&plan).await.unwrap();
+            assert!(out.allowed);
+            // Redis goes away before the refund
+            drop(server);
+            p.redis
+                .refund_groups(&plan, vec![(ids.clone(), out.at_us)])
+                .await;
+        });
+    });
+    let counted = recorder.0.lock().unwrap();
+    let failures: Vec<_> = counted
+        .iter()
+        .filter(|(k, _)| k.name() == "tollgate_refund_failures_total")
+        .collect();
+    assert_eq!(failures.len(), 1, "{counted:?}");
+    assert!(failures[0]
+        .0
+        .labels()
+        .any(|l| l.key() == "store" && l.value().starts_with("split")));
 }
