@@ -39,6 +39,7 @@ async fn scripts_are_reloaded_on_every_shard() {
     let store = RedisStore::builder(cluster.url())
         .prefix(common::unique_prefix())
         .timeout(Duration::from_secs(2))
+        .connect_timeout(Duration::from_secs(5))
         .build()
         .await
         .unwrap();
@@ -108,7 +109,11 @@ async fn a_wrong_password_fails_clearly() {
     let builder = RedisStore::builder(url);
     assert!(!format!("{builder:?}").contains("wr0ng"));
 
-    let store = RedisStore::connect(cluster.url()).await.unwrap();
+    let store = RedisStore::builder(cluster.url())
+        .connect_timeout(Duration::from_secs(5))
+        .build()
+        .await
+        .unwrap();
     let limiter = Limiter::new(store, "2/min".parse().unwrap());
     assert!(limiter
         .check(&["ip:1.2.3.4", "user:42"])
@@ -127,6 +132,7 @@ async fn a_failover_under_load_never_over_admits() {
     let store = RedisStore::builder(cluster.url())
         .prefix("failover")
         .timeout(Duration::from_millis(200))
+        .connect_timeout(Duration::from_secs(5))
         .build()
         .await
         .unwrap();
@@ -213,6 +219,7 @@ async fn leases_across_slots_are_renewed_and_released() {
     let store = RedisStore::builder(cluster.url())
         .prefix(common::unique_prefix())
         .timeout(Duration::from_secs(2))
+        .connect_timeout(Duration::from_secs(5))
         .build()
         .await
         .unwrap();
@@ -285,6 +292,7 @@ async fn an_acl_user_with_the_documented_rule_works() {
     let url = format!("redis+cluster://{prefix}-user:pw@{}", nodes.join(","));
     let store = RedisStore::builder(url)
         .prefix(&prefix)
+        .connect_timeout(Duration::from_secs(5))
         .build()
         .await
         .unwrap();
@@ -296,4 +304,79 @@ async fn an_acl_user_with_the_documented_rule_works() {
         .await
         .unwrap()
         .is_allowed());
+}
+
+/// A slot migrated while checks run: while it is half-way, its fresh keys live on the target
+/// and the source answers `ASK`; once moved, the client's slot map is stale and the source
+/// answers `MOVED`. Both are followed (the check script loaded on the target when it answers
+/// `NOSCRIPT`), and the count carries on across the move.
+#[tokio::test]
+async fn checks_follow_a_slot_migration() {
+    let cluster = ClusterServer::shared();
+    let store = RedisStore::builder(cluster.url())
+        .prefix(common::unique_prefix())
+        .timeout(Duration::from_secs(2))
+        .connect_timeout(Duration::from_secs(5))
+        .build()
+        .await
+        .unwrap();
+    // A policy of its own, so that no master has its script yet; window limits only, one key
+    // per identifier (a script of several keys meets TRYAGAIN on the importing node while the
+    // slot is half-way: Redis serves a multi-key command there only once all its keys moved).
+    let limiter = Limiter::builder(store, "9/min, 30/s".parse().unwrap())
+        .on_store_error(OnStoreError::Closed)
+        .build();
+    let id = "migrate:1";
+    // warm the client's slot map and connections
+    assert!(limiter.check(&["warm:1"]).await.unwrap().is_allowed());
+    let source = cluster.master_of(&format!("{{{id}}}"));
+    let target = cluster
+        .masters()
+        .into_iter()
+        .find(|&p| p != source)
+        .unwrap();
+    let node_id = |port: u16| -> String {
+        let mut conn = cluster.node_conn(port).unwrap();
+        redis::cmd("CLUSTER").arg("MYID").query(&mut conn).unwrap()
+    };
+    let (source_id, target_id) = (node_id(source), node_id(target));
+    let mut on_source = cluster.node_conn(source).unwrap();
+    let mut on_target = cluster.node_conn(target).unwrap();
+    let slot: u16 = redis::cmd("CLUSTER")
+        .arg("KEYSLOT")
+        .arg(id)
+        .query(&mut on_source)
+        .unwrap();
+    let setslot = |conn: &mut redis::Connection, what: &str, node: &str| {
+        let () = redis::cmd("CLUSTER")
+            .arg("SETSLOT")
+            .arg(slot)
+            .arg(what)
+            .arg(node)
+            .query(conn)
+            .unwrap();
+    };
+    setslot(&mut on_target, "IMPORTING", &source_id);
+    setslot(&mut on_source, "MIGRATING", &target_id);
+    for expected in [8, 7] {
+        let d = limiter.check(&[id]).await.unwrap();
+        assert!(d.is_allowed());
+        assert_eq!(d.statuses()[0].remaining, expected);
+    }
+    let on_target_keys: Vec<String> = redis::cmd("KEYS")
+        .arg("*{migrate:1}*")
+        .query(&mut on_target)
+        .unwrap();
+    assert!(!on_target_keys.is_empty(), "the check ran on the target");
+    // the migration ends: every master learns the slot's new owner
+    for port in cluster.masters() {
+        let mut conn = cluster.node_conn(port).unwrap();
+        setslot(&mut conn, "NODE", &target_id);
+    }
+    for expected in [6, 5] {
+        let d = limiter.check(&[id]).await.unwrap();
+        assert!(d.is_allowed());
+        assert_eq!(d.statuses()[0].remaining, expected);
+    }
+    assert_eq!(cluster.master_of(&format!("{{{id}}}")), target);
 }

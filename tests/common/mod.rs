@@ -644,9 +644,12 @@ impl ClusterServer {
                 let synced = replication.as_deref().is_some_and(|r| {
                     r.contains("role:master") || r.contains("master_link_status:up")
                 });
+                let known = format!("cluster_known_nodes:{}", self.nodes.len());
                 let ok = synced
                     && info.as_deref().is_some_and(|i| {
-                        i.contains("cluster_state:ok") && i.contains("cluster_slots_ok:16384")
+                        i.contains("cluster_state:ok")
+                            && i.contains("cluster_slots_ok:16384")
+                            && i.contains(&known)
                     });
                 if ok {
                     break;
@@ -753,6 +756,7 @@ impl ClusterServer {
             .prefix(unique_prefix())
             .clock(clock)
             .timeout(Duration::from_secs(5))
+            .connect_timeout(Duration::from_secs(5))
             .build()
             .await
             .unwrap()

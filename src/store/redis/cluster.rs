@@ -8,9 +8,10 @@
 //! an `EVALSHA` may have run before its reply was lost, so a resend could charge twice. What is
 //! safe to resend — a call answered `MOVED` or `ASK`, which says the node did not run it — the
 //! store resends itself ([`ClusterConn`]), at most [`MAX_REDIRECTS`] times per call. One more
-//! rule: `SCRIPT LOAD` after a `NOSCRIPT` goes to the master of the slot that answered it. The
-//! crate would send it to every node, masters and replicas, and fail it when any one of them
-//! cannot be reached, so one lost replica would stop the reload on every shard.
+//! rule: `SCRIPT LOAD` after a `NOSCRIPT` goes to the node that answered it (the master of the
+//! call's slot, or the node a redirection named). The crate would send it to every node,
+//! masters and replicas, and fail it when any one of them cannot be reached, so one lost
+//! replica would stop the reload on every shard.
 
 use std::collections::HashMap;
 use std::sync::OnceLock;
@@ -76,12 +77,14 @@ impl ConnectionLike for Conn {
 }
 
 /// The crate's cluster connection with the store's rules on top (see the module
-/// documentation). A clone serves one call: it remembers the key of that call's `EVALSHA`.
+/// documentation). A clone serves one call: it remembers where that call's `EVALSHA` went.
 #[derive(Clone)]
 pub(crate) struct ClusterConn {
     inner: ClusterConnection,
     /// The first key of the last `EVALSHA` sent through this handle.
     last_key: Option<Vec<u8>>,
+    /// The node the last `EVALSHA` was redirected to, if it was: the node that answered.
+    last_node: Option<(String, u16)>,
 }
 
 impl ClusterConn {
@@ -90,6 +93,7 @@ impl ClusterConn {
         ClusterConn {
             inner: self.inner.clone(),
             last_key: None,
+            last_node: None,
         }
     }
 
@@ -109,6 +113,7 @@ impl ClusterConn {
             else {
                 return reply;
             };
+            self.last_node = Some((host.clone(), port));
             let to = SingleNodeRoutingInfo::ByAddress { host, port };
             reply = match err.kind() {
                 ErrorKind::Server(ServerErrorKind::Ask) => {
@@ -140,15 +145,24 @@ impl ConnectionLike for ClusterConn {
             match command(cmd) {
                 Command::Evalsha(key) => {
                     self.last_key = key;
+                    self.last_node = None;
                     let reply = self.inner.req_packed_command(cmd).await;
                     self.follow(cmd, reply).await
                 }
                 Command::ScriptLoad => {
-                    let routing = match &self.last_key {
-                        Some(key) => RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(
-                            Route::with_key(key, SlotAddr::Master),
-                        )),
-                        None => RoutingInfo::MultiNode((
+                    let routing = match (&self.last_node, &self.last_key) {
+                        (Some((host, port)), _) => {
+                            RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
+                                host: host.clone(),
+                                port: *port,
+                            })
+                        }
+                        (None, Some(key)) => {
+                            RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(
+                                Route::with_key(key, SlotAddr::Master),
+                            ))
+                        }
+                        (None, None) => RoutingInfo::MultiNode((
                             MultipleNodeRoutingInfo::AllMasters,
                             Some(ResponsePolicy::AllSucceeded),
                         )),
@@ -259,6 +273,7 @@ async fn connect(target: &ClusterTarget, connect_timeout: Duration) -> RedisResu
     Ok(ClusterConn {
         inner,
         last_key: None,
+        last_node: None,
     })
 }
 
