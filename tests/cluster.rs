@@ -323,12 +323,13 @@ async fn checks_follow_a_slot_migration() {
     // A policy of its own, so that no master has its script yet; window limits only, one key
     // per identifier (a script of several keys meets TRYAGAIN on the importing node while the
     // slot is half-way: Redis serves a multi-key command there only once all its keys moved).
-    let limiter = Limiter::builder(store, "9/min, 30/s".parse().unwrap())
+    let limiter = Limiter::builder(store.clone(), "9/min, 30/s".parse().unwrap())
         .on_store_error(OnStoreError::Closed)
         .build();
     let id = "migrate:1";
-    // warm the client's slot map and connections
-    assert!(limiter.check(&["warm:1"]).await.unwrap().is_allowed());
+    // warm the client's connections, with another policy (another script)
+    let warm = Limiter::new(store, "1/s".parse().unwrap());
+    assert!(warm.check(&["warm:1"]).await.unwrap().is_allowed());
     let source = cluster.master_of(&format!("{{{id}}}"));
     let target = cluster
         .masters()
