@@ -203,8 +203,9 @@ impl RedisStoreBuilder {
     ///   a Sentinel password without a `redis+sentinel://` URL);
     /// * [`StoreError::Misconfigured`] when the server answers but cannot serve the store: a
     ///   refused password, an ACL user missing a command or key pattern, a replica, a
-    ///   Sentinel or Cluster node reached with `redis://`, Redis older than 7.0, a service no
-    ///   sentinel knows; the message names the fix;
+    ///   Sentinel or Cluster node reached with `redis://`, a server without cluster mode
+    ///   reached with `redis+cluster://`, Redis older than 7.0, a service no sentinel knows;
+    ///   the message names the fix;
     /// * [`StoreError::Backend`] or [`StoreError::Timeout`] when Redis cannot be reached.
     pub async fn build(self) -> Result<RedisStore, StoreError> {
         let link = Link::connect(self.connector()?).await?;
