@@ -304,6 +304,9 @@ async fn an_acl_user_with_the_documented_rule_works() {
         .await
         .unwrap()
         .is_allowed());
+    // user:7's slot admitted that check and was given its charge back (the refund script
+    // runs under the same rule)
+    assert!(limiter.check(&["user:7"]).await.unwrap().is_allowed());
 }
 
 /// A slot migrated while checks run: while it is half-way, its fresh keys live on the target
