@@ -17,13 +17,17 @@
 //! 3. Checks per second and latency through `Limiter::check` (one multiplexed connection) at
 //!    1, 16, 64 and 256 concurrent tasks, next to `redis-benchmark` running the same script
 //!    with as many requests in flight on as many connections, and pipelined on one.
+//! 4. The same `Limiter::check` rows on a Redis Cluster of three masters of the bench's own
+//!    (`redis+cluster://`), with each master's share of the `EVALSHA` calls (`INFO
+//!    commandstats`) and the calls per check: an IP and a user usually live in different hash
+//!    slots, so a check is one call per slot. `--only cluster` runs this section alone.
 
 use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use tollgate::{Limiter, RedisStore};
+use tollgate::{Limiter, OnStoreError, RedisStore};
 
 /// Seed 003 (Part 1's `over_limit_multi_lua`): for each limit and identifier, INCR a counter
 /// named after its window and EXPIRE it; stop at the first limit over.
@@ -135,6 +139,8 @@ struct Options {
     rounds: usize,
     calls: usize,
     seconds: f64,
+    /// Run only the cluster section.
+    cluster_only: bool,
 }
 
 fn options() -> Options {
@@ -142,6 +148,7 @@ fn options() -> Options {
         rounds: 5,
         calls: 20_000,
         seconds: 2.0,
+        cluster_only: false,
     };
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
@@ -154,6 +161,7 @@ fn options() -> Options {
                     .and_then(|v| v.parse().ok())
                     .unwrap_or(o.seconds)
             }
+            "--only" => o.cluster_only = args.next().as_deref() == Some("cluster"),
             _ => {} // cargo bench passes --bench
         }
     }
@@ -616,22 +624,38 @@ fn memory_section(server: &Server, groups: &[Group]) {
     println!();
 }
 
-/// Checks per second and p50/p99 latency (µs) of `Limiter::check` from `tasks` tasks.
+/// Checks per second and p50/p99 latency (µs) of `Limiter::check` of an IP and a user from
+/// `tasks` tasks.
 async fn limiter_run(limiter: &Limiter, tasks: usize, seconds: f64) -> (f64, f64, f64) {
+    let (rps, p50, p99, _) = limiter_run_ids(limiter, tasks, seconds, 2).await;
+    (rps, p50, p99)
+}
+
+/// Checks per second, p50/p99 latency (µs) and the share of checks that failed, of
+/// `Limiter::check` of `ids` identifiers (an IP, then a user) from `tasks` tasks.
+async fn limiter_run_ids(
+    limiter: &Limiter,
+    tasks: usize,
+    seconds: f64,
+    ids: usize,
+) -> (f64, f64, f64, f64) {
+    let failed = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let latencies = Arc::new(Mutex::new(Vec::new()));
     let deadline = Instant::now() + Duration::from_secs_f64(seconds);
     let started = Instant::now();
     let handles: Vec<_> = (0..tasks)
         .map(|t| {
-            let (limiter, latencies) = (limiter.clone(), latencies.clone());
+            let (limiter, latencies, failed) = (limiter.clone(), latencies.clone(), failed.clone());
             tokio::spawn(async move {
                 let mut mine = Vec::new();
                 let mut i = (t as u64) << 32;
                 while Instant::now() < deadline {
                     i += 1;
-                    let ids = [format!("ip:{i}"), format!("user:{i}")];
+                    let both = [format!("ip:{i}"), format!("user:{i}")];
                     let at = Instant::now();
-                    let _ = limiter.check(&ids).await;
+                    if limiter.check(&both[..ids]).await.is_err() {
+                        failed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    }
                     mine.push(at.elapsed().as_micros() as u64);
                 }
                 latencies.lock().unwrap().extend(mine);
@@ -649,7 +673,13 @@ async fn limiter_run(limiter: &Limiter, tasks: usize, seconds: f64) -> (f64, f64
             .copied()
             .unwrap_or(0) as f64
     };
-    (l.len() as f64 / elapsed, at(0.5), at(0.99))
+    let failed = failed.load(std::sync::atomic::Ordering::Relaxed) as f64;
+    (
+        l.len() as f64 / elapsed,
+        at(0.5),
+        at(0.99),
+        failed / (l.len() as f64).max(1.0),
+    )
 }
 
 async fn throughput_section(server: &Server, reference: &Row, o: &Options) {
@@ -702,13 +732,178 @@ async fn throughput_section(server: &Server, reference: &Row, o: &Options) {
     println!();
 }
 
-/// The place for a 3-master Redis Cluster row (per-shard share of the load): the store has no
-/// cluster mode yet. It will start the cluster (`redis-server --cluster-enabled yes`, `redis-cli
-/// --cluster create`), run `throughput_section`'s Limiter rows against it, and print each
-/// master's `cmdstat_evalsha` calls as a share of the total.
-fn cluster_section() {
-    println!("## 3-master cluster\n");
-    println!("  not measured: the Redis store has no cluster mode yet\n");
+/// A Redis Cluster of three masters of the bench's own, stopped on drop.
+struct Cluster {
+    nodes: Vec<Server>,
+    dir: std::path::PathBuf,
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        self.nodes.clear();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+impl Cluster {
+    fn start(masters: usize) -> Cluster {
+        let dir =
+            std::env::temp_dir().join(format!("tollgate-bench-cluster-{}", std::process::id()));
+        let mut nodes = Vec::new();
+        while nodes.len() < masters {
+            // the cluster bus listens on port + 10000
+            let port = TcpListener::bind("127.0.0.1:0")
+                .and_then(|l| l.local_addr())
+                .map(|a| a.port())
+                .expect("no free port");
+            if port >= 55_000 || TcpListener::bind(("127.0.0.1", port + 10_000)).is_err() {
+                continue;
+            }
+            let node_dir = dir.join(port.to_string());
+            std::fs::create_dir_all(&node_dir).unwrap();
+            let child = Command::new("nice")
+                .args(["-n", "-10", "redis-server"])
+                .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+                .args(["--save", "", "--appendonly", "no", "--loglevel", "warning"])
+                .args(["--cluster-enabled", "yes", "--cluster-node-timeout", "1000"])
+                .arg("--cluster-config-file")
+                .arg(node_dir.join("nodes.conf"))
+                .arg("--dir")
+                .arg(&node_dir)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("redis-server is required (scripts/bench-redis.sh installs it)");
+            let server = Server { child, port };
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while redis::Client::open(server.url())
+                .and_then(|c| c.get_connection())
+                .and_then(|mut c| redis::cmd("PING").query::<String>(&mut c))
+                .is_err()
+            {
+                assert!(Instant::now() < deadline, "redis-server did not start");
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            nodes.push(server);
+        }
+        let cluster = Cluster { nodes, dir };
+        let status = Command::new("redis-cli")
+            .args(["--cluster", "create"])
+            .args(
+                cluster
+                    .nodes
+                    .iter()
+                    .map(|n| format!("127.0.0.1:{}", n.port)),
+            )
+            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .expect("redis-cli is required");
+        assert!(status.success(), "redis-cli --cluster create failed");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        for node in &cluster.nodes {
+            loop {
+                let info: String = redis::cmd("CLUSTER")
+                    .arg("INFO")
+                    .query(&mut node.conn_or_none())
+                    .unwrap_or_default();
+                if info.contains("cluster_state:ok") {
+                    break;
+                }
+                assert!(Instant::now() < deadline, "the cluster never came up");
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+        cluster
+    }
+
+    fn url(&self) -> String {
+        let nodes: Vec<String> = self
+            .nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port))
+            .collect();
+        format!("redis+cluster://{}", nodes.join(","))
+    }
+}
+
+/// `EVALSHA` calls since the last reset.
+fn evalsha_calls(conn: &mut redis::Connection) -> f64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(conn)
+        .unwrap_or_default();
+    info.lines()
+        .find(|l| l.starts_with("cmdstat_evalsha:"))
+        .and_then(|l| l.split("calls=").nth(1))
+        .and_then(|v| v.split(',').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// The reference check through `Limiter::check` on a cluster of three masters: checks per
+/// second, latency, each master's share of the script calls, and the calls per check; next to
+/// one identifier alone (one call per check), and to the single server of the other sections.
+/// The limiters fail closed with a 1 s timeout, so a failed check shows as one, not as a fast
+/// answer of the failure policy.
+async fn cluster_section(server: &Server, o: &Options) {
+    println!("## The reference check on a 3-master Redis Cluster: Limiter::check\n");
+    let cluster = Cluster::start(3);
+    let limiter = |store: RedisStore| {
+        Limiter::builder(store, "10/s, 120/min, 240/h".parse().unwrap())
+            .on_store_error(OnStoreError::Closed)
+            .build()
+    };
+    let connect = |url: String| async move {
+        RedisStore::builder(url)
+            .timeout(Duration::from_secs(1))
+            .build()
+            .await
+            .unwrap()
+    };
+    let on_cluster = limiter(connect(cluster.url()).await);
+    let on_server = limiter(connect(server.url()).await);
+    println!(
+        "{:<36} {:>9} {:>8} {:>8} {:>7} {:>11}  EVALSHA share per master",
+        "", "checks/s", "p50 µs", "p99 µs", "failed", "calls/check"
+    );
+    let mut conns: Vec<redis::Connection> =
+        cluster.nodes.iter().map(|n| n.conn_or_none()).collect();
+    let mut server_conn = server.conn_or_none();
+    for tasks in [1usize, 16, 64, 256] {
+        println!("{tasks} in flight");
+        for (name, ids) in [("cluster, ip + user", 2), ("cluster, ip alone", 1)] {
+            for conn in &mut conns {
+                cmd(conn, &["FLUSHALL"]);
+                cmd(conn, &["CONFIG", "RESETSTAT"]);
+            }
+            let (rps, p50, p99, failed) = limiter_run_ids(&on_cluster, tasks, o.seconds, ids).await;
+            let calls: Vec<f64> = conns.iter_mut().map(evalsha_calls).collect();
+            let total: f64 = calls.iter().sum();
+            let shares: Vec<String> = calls
+                .iter()
+                .map(|c| format!("{:.0}%", 100.0 * c / total.max(1.0)))
+                .collect();
+            println!(
+                "  {name:<34} {rps:>9.0} {p50:>8.0} {p99:>8.0} {:>6.1}% {:>11.2}  {}",
+                failed * 100.0,
+                total / (rps * o.seconds).max(1.0),
+                shares.join(" / ")
+            );
+        }
+        cmd(&mut server_conn, &["FLUSHALL"]);
+        cmd(&mut server_conn, &["CONFIG", "RESETSTAT"]);
+        let (rps, p50, p99, failed) = limiter_run_ids(&on_server, tasks, o.seconds, 2).await;
+        let calls = evalsha_calls(&mut server_conn);
+        println!(
+            "  {:<34} {rps:>9.0} {p50:>8.0} {p99:>8.0} {:>6.1}% {:>11.2}",
+            "single server, ip + user",
+            failed * 100.0,
+            calls / (rps * o.seconds).max(1.0),
+        );
+    }
+    println!();
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
@@ -725,10 +920,12 @@ async fn main() {
     .trim()
     .to_string();
     println!("# tollgate's cost on Redis ({version})\n");
-    println!("Ratios are against each group's first row, measured in the same run.\n");
-    let groups = groups(&server).await;
-    cpu_section(&server, &groups, &o);
-    memory_section(&server, &groups);
-    throughput_section(&server, &groups[0].rows[1], &o).await;
-    cluster_section();
+    if !o.cluster_only {
+        println!("Ratios are against each group's first row, measured in the same run.\n");
+        let groups = groups(&server).await;
+        cpu_section(&server, &groups, &o);
+        memory_section(&server, &groups);
+        throughput_section(&server, &groups[0].rows[1], &o).await;
+    }
+    cluster_section(&server, &o).await;
 }

@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! cargo run --example demo -- [--chart] [--serve] [--listen ADDR] [--redis URL]
-//!     [--policy TEXT] [--key ip|header:NAME] [--concurrency N] [--seconds N] [--rate N]
+//!     [--policy TEXT] [--key ip|header:NAME]... [--concurrency N] [--seconds N] [--rate N]
 //!     [--on-store-error open|closed|fallback[:SHARE]] [--store-timeout MS]
 //! ```
 //!
@@ -18,6 +18,14 @@
 //! With `--serve`: serves on `--listen` (default 127.0.0.1:3000) until killed. `GET /` answers
 //! `ok`; `GET /slow?ms=N` answers after N ms. Try `curl -i localhost:3000/` a few times in a
 //! row, or `--concurrency 2` and three `curl localhost:3000/slow?ms=5000 &` at once.
+//!
+//! `--redis` takes any URL the store takes: `redis://127.0.0.1/`,
+//! `redis+sentinel://127.0.0.1:26379/mymaster`, `redis+cluster://127.0.0.1:7000` (a Redis
+//! Cluster, through any of its nodes). `--key` may be given several times: each request is then
+//! checked for every identifier at once, all-or-nothing (`--key ip --key header:x-user` limits
+//! the client IP and the user together; on a cluster, the two usually live in different hash
+//! slots, so each check runs one call per slot). The demo's client sends `demo-client` in every
+//! header named by a `--key`.
 //!
 //! With `--redis`, stop Redis while the demo runs: the store's warnings go to stderr, and
 //! `--on-store-error` decides what requests get meanwhile (`open`: allowed, `closed`: 503,
@@ -47,7 +55,7 @@ use tollgate::{
 
 const USAGE: &str =
     "usage: demo [--chart] [--serve] [--listen ADDR] [--redis URL] [--policy TEXT] \
-[--key ip|header:NAME] [--concurrency N] [--seconds N] [--rate PER_SECOND] \
+[--key ip|header:NAME]... [--concurrency N] [--seconds N] [--rate PER_SECOND] \
 [--on-store-error open|closed|fallback[:SHARE]] [--store-timeout MS]";
 
 struct Args {
@@ -56,7 +64,8 @@ struct Args {
     listen: SocketAddr,
     redis: Option<String>,
     policy: Policy,
-    key: Key,
+    /// The key extractors, checked together (the peer IP when none is given).
+    keys: Vec<Key>,
     seconds: u64,
     /// Whether `--seconds` was given (a chart runs until `q` otherwise).
     seconds_given: bool,
@@ -78,7 +87,7 @@ fn parse_args() -> Result<Args, String> {
         listen: SocketAddr::from(([127, 0, 0, 1], 3000)),
         redis: None,
         policy: "10/s, 120/min, 240/h".parse().map_err(|e| format!("{e}"))?,
-        key: Key::Ip,
+        keys: Vec::new(),
         seconds: 4,
         seconds_given: false,
         rate: 40,
@@ -99,7 +108,7 @@ fn parse_args() -> Result<Args, String> {
             "--policy" => args.policy = value()?.parse().map_err(|e| format!("--policy: {e}"))?,
             "--key" => {
                 let v = value()?;
-                args.key = match v.split_once(':') {
+                let key = match v.split_once(':') {
                     None if v == "ip" => Key::Ip,
                     Some(("header", name)) => Key::Header(
                         Header::named(name).map_err(|e| format!("--key {v}: {e}"))?,
@@ -107,6 +116,7 @@ fn parse_args() -> Result<Args, String> {
                     ),
                     _ => return Err(format!("--key {v}: expected ip or header:NAME")),
                 };
+                args.keys.push(key);
             }
             "--concurrency" => {
                 let n: u64 = value()?
@@ -157,15 +167,20 @@ fn parse_args() -> Result<Args, String> {
         limits.push(slots);
         args.policy = Policy::new(limits).map_err(|e| format!("--concurrency: {e}"))?;
     }
+    if args.keys.is_empty() {
+        args.keys.push(Key::Ip);
+    }
     Ok(args)
 }
 
-fn app(limiter: Limiter, key: &Key) -> Router {
-    let layer = RateLimitLayer::new(limiter);
-    let layer = match key {
-        Key::Ip => layer.key(PeerIp::default()),
-        Key::Header(h, _) => layer.key(h.clone()),
-    };
+fn app(limiter: Limiter, keys: &[Key]) -> Router {
+    let mut layer = RateLimitLayer::new(limiter);
+    for key in keys {
+        layer = match key {
+            Key::Ip => layer.key(PeerIp::default()),
+            Key::Header(h, _) => layer.key(h.clone()),
+        };
+    }
     Router::new()
         .route("/", get(|| async { "ok\n" }))
         .route(
@@ -246,7 +261,7 @@ async fn main() -> ExitCode {
     let addr = listener
         .local_addr()
         .expect("bound listener has an address");
-    let service = app(limiter, &args.key).into_make_service_with_connect_info::<SocketAddr>();
+    let service = app(limiter, &args.keys).into_make_service_with_connect_info::<SocketAddr>();
     let server = tokio::spawn(async move { axum::serve(listener, service).await });
     println!(
         "policy {} | store {backend} | listening on http://{addr}",
@@ -296,11 +311,13 @@ enum Outcome {
 async fn send(
     client: &Client<hyper_util::client::legacy::connect::HttpConnector, Empty<Bytes>>,
     addr: SocketAddr,
-    key: &Key,
+    keys: &[Key],
 ) -> Result<Outcome, String> {
     let mut req = http::Request::get(format!("http://{addr}/"));
-    if let Key::Header(_, name) = key {
-        req = req.header(name.as_str(), "demo-client");
+    for key in keys {
+        if let Key::Header(_, name) = key {
+            req = req.header(name.as_str(), "demo-client");
+        }
     }
     let req = req
         .body(Empty::new())
@@ -382,7 +399,7 @@ struct Figures {
 /// `figures` by the second since `start`; the error that stopped it, if one did.
 async fn traffic(
     addr: SocketAddr,
-    key: &Key,
+    keys: &[Key],
     rate: &AtomicU32,
     stop: &AtomicBool,
     figures: &Mutex<Figures>,
@@ -393,7 +410,7 @@ async fn traffic(
     while !stop.load(Ordering::Relaxed) {
         next += Duration::from_secs(1) / rate.load(Ordering::Relaxed).max(1);
         tokio::time::sleep_until(next).await;
-        let outcome = send(&client, addr, key).await?;
+        let outcome = send(&client, addr, keys).await?;
         let second = start.elapsed().as_secs() as usize;
         let mut f = figures.lock().map_err(|_| "figures poisoned")?;
         if f.seconds.len() <= second {
@@ -448,7 +465,7 @@ async fn drive(addr: SocketAddr, args: &Args) -> ExitCode {
         let mut by: BTreeMap<String, u32> = BTreeMap::new();
         while start.elapsed() < Duration::from_secs(second) {
             ticker.tick().await;
-            match send(&client, addr, &args.key).await {
+            match send(&client, addr, &args.keys).await {
                 Ok(Outcome::Admitted) => {
                     ok += 1;
                     admitted_at.push(start.elapsed());

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # What a check costs Redis, next to the seed articles' scripts: runs benches/redis_cost.rs,
-# which starts its own redis-server on a free loopback port, drives it with redis-benchmark
+# which starts its own redis-server on a free loopback port (and a Redis Cluster of three
+# masters for its last section), drives it with redis-benchmark
 # and Limiter::check, and stops it when done. Installs Debian's redis-server and redis-tools
 # (redis-benchmark) when they are missing. Arguments go to the bench: --rounds N (best of N
 # runs per row, default 5), --calls N (calls per run, default 20000), --seconds S (per
-# throughput row, default 2).
+# throughput row, default 2), --only cluster (the Redis Cluster rows alone).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

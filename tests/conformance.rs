@@ -1,11 +1,13 @@
-//! One suite, run unchanged against the memory store and a real `redis-server`: same
-//! scenarios, same decisions. Time comes from a manual clock shared by the test and the store.
+//! One suite, run unchanged against the memory store, a real `redis-server` and a Redis Cluster
+//! of three masters: same scenarios, same decisions. Time comes from a manual clock shared by
+//! the test and the store. In the cluster, the identifiers of most multi-identifier checks
+//! live in different hash slots, so those checks run split, one call per slot.
 
 mod common;
 
 use std::time::Duration;
 
-use common::{manual_clock, RedisServer};
+use common::{manual_clock, ClusterServer, RedisServer};
 use tollgate::{Clock, Decision, Error, Limiter, ManualClock, MemoryStore, Store};
 
 struct Env {
@@ -35,6 +37,19 @@ impl Env {
             clock,
             store: store.into(),
             _server: Some(server),
+        }
+    }
+
+    /// A store of its own (its own prefix) on the cluster shared by this test binary.
+    async fn cluster() -> Env {
+        let clock = manual_clock();
+        let store = ClusterServer::shared()
+            .store(Clock::Manual(clock.clone()))
+            .await;
+        Env {
+            clock,
+            store: store.into(),
+            _server: None,
         }
     }
 
@@ -73,6 +88,9 @@ macro_rules! conformance {
         mod redis {
             $(#[tokio::test] async fn $name() { super::$name(super::Env::redis().await).await })*
         }
+        mod cluster {
+            $(#[tokio::test] async fn $name() { super::$name(super::Env::cluster().await).await })*
+        }
     };
 }
 
@@ -93,6 +111,7 @@ conformance!(
     rolling_window_weighted_costs,
     rolling_window_all_or_nothing,
     rolling_window_never_over_admits,
+    a_denial_in_one_slot_charges_no_other,
 );
 
 /// Seed 002's test: a burst of `capacity` admitted, the next denied; one second later exactly
@@ -395,6 +414,33 @@ async fn duplicate_identifiers_count_once(env: Env) {
     assert_eq!(admitted_of(&l, &["dup", "other", "dup"], 5).await, 3);
 }
 
+/// Two identifiers in different hash slots of a cluster (`ip:1.2.3.4` in slot 5271, `user:42`
+/// in 15880): while the IP is exhausted, checks of both are denied and leave the user's quota
+/// whole, in every store.
+async fn a_denial_in_one_slot_charges_no_other(env: Env) {
+    let l = env.limiter("2/min fixed, 5/min log, 5/min gcra");
+    let both = ["ip:1.2.3.4", "user:42"];
+    assert_eq!(admitted_of(&l, &["ip:1.2.3.4"], 3).await, 2);
+    for _ in 0..10 {
+        let d = check(&l, &both).await;
+        assert!(!d.is_allowed());
+        assert_eq!(d.denied_by().unwrap().identifier, 0, "{d:#?}");
+        for s in d.statuses().iter().filter(|s| s.identifier == 1) {
+            assert!(s.allowed);
+            assert_eq!(s.remaining, s.limit.count(), "user:42 charged: {d:#?}");
+        }
+    }
+    let user = check(&l, &["user:42"]).await;
+    assert!(user.is_allowed());
+    let remaining: Vec<u64> = user.statuses().iter().map(|s| s.remaining).collect();
+    assert_eq!(
+        remaining,
+        [1, 4, 4],
+        "no charge left behind on user:42's slot"
+    );
+    assert_eq!(admitted_of(&l, &["user:42"], 3).await, 1);
+}
+
 /// Identifiers are free text: braces, `%`, `#`, 10 KB values, and none of them collide.
 async fn long_and_hostile_identifiers(env: Env) {
     let l = env.limiter("1/min");
@@ -550,6 +596,9 @@ mod concurrency {
             }
             mod redis {
                 $(#[tokio::test] async fn $name() { super::$name(super::Env::redis().await).await })*
+            }
+            mod cluster {
+                $(#[tokio::test] async fn $name() { super::$name(super::Env::cluster().await).await })*
             }
         };
     }

@@ -37,14 +37,14 @@ pub(super) async fn run(addr: SocketAddr, args: &Args, log: Log, title: String) 
     let stop = Arc::new(AtomicBool::new(false));
     let start = Instant::now();
     let driver = {
-        let (figures, rate, stop, key) = (
+        let (figures, rate, stop, keys) = (
             figures.clone(),
             rate.clone(),
             stop.clone(),
-            args.key.clone(),
+            args.keys.clone(),
         );
         tokio::spawn(async move {
-            let result = traffic(addr, &key, &rate, &stop, &figures, start).await;
+            let result = traffic(addr, &keys, &rate, &stop, &figures, start).await;
             stop.store(true, Ordering::Relaxed);
             result
         })

@@ -105,6 +105,11 @@ pub enum ConfigErrorKind {
 pub(crate) const ACL_COMMANDS: &str = "+evalsha +script|load +zrem +info +time +get +mget \
      +set +psetex +pexpire +zadd +zcount +zrange +zrangebyscore +zremrangebyscore +zscore";
 
+/// What a Redis Cluster's nodes are sent besides [`ACL_COMMANDS`]: the cluster client's
+/// `PING` on each new node connection and `CLUSTER SLOTS` for the slot map, and `ASKING` before
+/// a call redirected during a slot migration.
+pub(crate) const ACL_CLUSTER_COMMANDS: &str = "+ping +cluster|slots +asking";
+
 /// The server answers, but cannot serve the store as configured: what is wrong, in words that
 /// name the fix. The server's own answer, when there is one, is the
 /// [`source()`](std::error::Error::source).
@@ -137,8 +142,10 @@ pub enum MisconfigurationKind {
     NotSentinel,
     /// No Sentinel knows the service name of a `redis+sentinel://` URL.
     UnknownService,
-    /// The server is a Redis Cluster node (not supported: one check spans hash slots).
+    /// The server is a Redis Cluster node reached with a `redis://` URL.
     Cluster,
+    /// An address in a `redis+cluster://` URL is not a Redis Cluster node.
+    NotCluster,
     /// The server's Redis is older than 7.0.
     Version,
 }
@@ -183,6 +190,12 @@ impl fmt::Display for Misconfiguration {
                  URL (redis://USER:PASSWORD@HOST:PORT, or redis://:PASSWORD@HOST:PORT for the \
                  default user), or fix the server's ACL or requirepass",
             ),
+            MisconfigurationKind::CommandDenied if context == "cluster" => write!(
+                f,
+                "the Redis user may not run a command rate limiting needs: grant them on every \
+                 node with `ACL SETUSER USER {ACL_COMMANDS} {ACL_CLUSTER_COMMANDS}` (none of \
+                 them may be renamed or disabled)"
+            ),
             MisconfigurationKind::CommandDenied => write!(
                 f,
                 "the Redis user may not run a command rate limiting needs: grant them with \
@@ -211,8 +224,12 @@ impl fmt::Display for Misconfiguration {
                  redis+sentinel://HOSTS/SERVICE_NAME (SENTINEL MASTERS lists them)"
             ),
             MisconfigurationKind::Cluster => f.write_str(
-                "the server is a Redis Cluster node, which the store does not support (a check \
-                 spans hash slots): use a standalone server, or Sentinel for failover",
+                "the server is a Redis Cluster node, not a standalone server: use \
+                 redis+cluster://[[USER]:PASSWORD@]HOST:PORT[,HOST:PORT...] (any of its nodes)",
+            ),
+            MisconfigurationKind::NotCluster => f.write_str(
+                "the redis+cluster:// URL names a server without cluster mode: use \
+                 redis://HOST:PORT for a standalone server, or list the cluster's nodes",
             ),
             MisconfigurationKind::Version => write!(
                 f,
@@ -270,7 +287,8 @@ impl fmt::Display for ConfigError {
                 f,
                 "{part:?} is not a usable Redis URL (redis://[[user]:password@]host[:port][/db], \
                  rediss:// for TLS, redis+unix:///path, \
-                 redis+sentinel://[[user]:password@]host:port[,host:port...]/service[/db])"
+                 redis+sentinel://[[user]:password@]host:port[,host:port...]/service[/db], \
+                 redis+cluster://[[user]:password@]host:port[,host:port...])"
             ),
         }
     }

@@ -466,3 +466,318 @@ impl Drop for KeyWatch {
         }
     }
 }
+
+/// One node of a [`ClusterServer`]: a `redis-server` run by a small shell that kills it when
+/// the test process is gone (a cluster shared by a test binary lives in a `static`, which is
+/// never dropped).
+pub struct ClusterNode {
+    pub port: u16,
+    /// The `redis-server` process (the shell's child).
+    pub pid: u32,
+    shell: Child,
+    alive: bool,
+}
+
+impl ClusterNode {
+    /// Kills the node at once (SIGKILL): no goodbye to the cluster or the clients.
+    pub fn kill(&mut self) {
+        self.alive = false;
+        let _ = Command::new("kill")
+            .args(["-9", &self.pid.to_string()])
+            .status();
+        let _ = self.shell.wait();
+    }
+}
+
+/// A Redis Cluster of the test's own on loopback: `masters` masters with `replicas` replicas
+/// each, created with `redis-cli --cluster create`; every node killed on drop.
+pub struct ClusterServer {
+    pub nodes: Vec<ClusterNode>,
+    /// The `requirepass` of every node, if any.
+    password: Option<String>,
+    dir: std::path::PathBuf,
+}
+
+impl ClusterServer {
+    /// Starts a cluster and waits until every node says `cluster_state:ok` with all slots
+    /// covered. Panics (failing the test, never skipping it) when it cannot.
+    pub fn start(masters: usize, replicas: usize) -> ClusterServer {
+        ClusterServer::start_with(masters, replicas, None)
+    }
+
+    /// [`ClusterServer::start`] with a password on every node.
+    pub fn start_with(masters: usize, replicas: usize, password: Option<&str>) -> ClusterServer {
+        let count = masters * (1 + replicas);
+        let dir = temp_dir("cluster");
+        let mut cluster = ClusterServer {
+            nodes: Vec::new(),
+            password: password.map(str::to_string),
+            dir,
+        };
+        while cluster.nodes.len() < count {
+            let port = cluster_port();
+            if let Some(node) = cluster.start_node(port) {
+                cluster.nodes.push(node);
+            }
+        }
+        let mut create = Command::new("redis-cli");
+        if let Some(pw) = &cluster.password {
+            create.args(["-a", pw, "--no-auth-warning"]);
+        }
+        create.arg("--cluster").arg("create");
+        for node in &cluster.nodes {
+            create.arg(format!("127.0.0.1:{}", node.port));
+        }
+        let status = create
+            .args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .expect("redis-cli is required for the cluster tests");
+        assert!(status.success(), "redis-cli --cluster create failed");
+        cluster.wait_ok();
+        cluster
+    }
+
+    /// One cluster per test binary, shared by its tests (each with a prefix of its own): three
+    /// masters without replicas.
+    pub fn shared() -> &'static ClusterServer {
+        static SHARED: std::sync::OnceLock<ClusterServer> = std::sync::OnceLock::new();
+        SHARED.get_or_init(|| ClusterServer::start(3, 0))
+    }
+
+    fn start_node(&self, port: u16) -> Option<ClusterNode> {
+        let node_dir = self.dir.join(port.to_string());
+        std::fs::create_dir_all(&node_dir).unwrap();
+        let conf = node_dir.join("nodes.conf");
+        let mut args: Vec<String> = [
+            "--port",
+            &port.to_string(),
+            "--bind",
+            "127.0.0.1",
+            "--cluster-enabled",
+            "yes",
+            "--cluster-config-file",
+            conf.to_str().unwrap(),
+            "--cluster-node-timeout",
+            "1000",
+            "--appendonly",
+            "no",
+            "--save",
+            "",
+            "--dir",
+            node_dir.to_str().unwrap(),
+            "--loglevel",
+            "warning",
+            // A replica syncs at once (not 5 s later): one that never synced does not take
+            // over from its master.
+            "--repl-diskless-sync-delay",
+            "0",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        if let Some(pw) = &self.password {
+            args.extend(["--requirepass".into(), pw.clone()]);
+            args.extend(["--masterauth".into(), pw.clone()]);
+        }
+        // The shell starts the node and kills it once the test process is gone.
+        let watchdog = format!(
+            "redis-server \"$@\" & c=$!; while kill -0 $c 2>/dev/null; do \
+             kill -0 {} 2>/dev/null || {{ kill -9 $c; exit 0; }}; sleep 0.2; done",
+            std::process::id()
+        );
+        let mut shell = Command::new("sh")
+            .arg("-c")
+            .arg(watchdog)
+            .arg("sh")
+            .args(&args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("sh and redis-server are required for the cluster tests");
+        let url = self.node_url(port);
+        if !wait_ready(&mut shell, port, &url) {
+            let _ = shell.kill();
+            let _ = shell.wait();
+            return None;
+        }
+        let mut conn = redis::Client::open(url).ok()?.get_connection().ok()?;
+        let info: String = redis::cmd("INFO").arg("server").query(&mut conn).ok()?;
+        let pid = info
+            .lines()
+            .find_map(|l| l.strip_prefix("process_id:"))
+            .and_then(|p| p.trim().parse().ok())?;
+        Some(ClusterNode {
+            port,
+            pid,
+            shell,
+            alive: true,
+        })
+    }
+
+    fn node_url(&self, port: u16) -> String {
+        match &self.password {
+            Some(pw) => format!("redis://:{}@127.0.0.1:{port}/", encode(pw)),
+            None => format!("redis://127.0.0.1:{port}/"),
+        }
+    }
+
+    /// Waits until every live node says `cluster_state:ok` and serves all 16384 slots, and
+    /// every replica has synced with its master.
+    pub fn wait_ok(&self) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        for node in self.nodes.iter().filter(|n| n.alive) {
+            loop {
+                let info = self.node_conn(node.port).and_then(|mut c| {
+                    redis::cmd("CLUSTER")
+                        .arg("INFO")
+                        .query::<String>(&mut c)
+                        .ok()
+                });
+                let replication = self.node_conn(node.port).and_then(|mut c| {
+                    redis::cmd("INFO")
+                        .arg("replication")
+                        .query::<String>(&mut c)
+                        .ok()
+                });
+                let synced = replication.as_deref().is_some_and(|r| {
+                    r.contains("role:master") || r.contains("master_link_status:up")
+                });
+                let known = format!("cluster_known_nodes:{}", self.nodes.len());
+                let ok = synced
+                    && info.as_deref().is_some_and(|i| {
+                        i.contains("cluster_state:ok")
+                            && i.contains("cluster_slots_ok:16384")
+                            && i.contains(&known)
+                    });
+                if ok {
+                    break;
+                }
+                assert!(Instant::now() < deadline, "cluster not ok: {info:?}");
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+    }
+
+    /// The store's URL: every node, as `redis+cluster://`.
+    pub fn url(&self) -> String {
+        let nodes: Vec<String> = self
+            .nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port))
+            .collect();
+        match &self.password {
+            Some(pw) => format!("redis+cluster://:{}@{}", encode(pw), nodes.join(",")),
+            None => format!("redis+cluster://{}", nodes.join(",")),
+        }
+    }
+
+    /// A plain connection to the node on `port`.
+    pub fn node_conn(&self, port: u16) -> Option<redis::Connection> {
+        let client = redis::Client::open(self.node_url(port)).ok()?;
+        client
+            .get_connection_with_timeout(Duration::from_secs(1))
+            .ok()
+    }
+
+    /// The ports of the masters, as the first live node sees them.
+    pub fn masters(&self) -> Vec<u16> {
+        self.slot_masters().into_iter().map(|(_, _, p)| p).collect()
+    }
+
+    /// Each slot range and its master's port, as the first live node sees them.
+    pub fn slot_masters(&self) -> Vec<(u16, u16, u16)> {
+        for node in self.nodes.iter().filter(|n| n.alive) {
+            let Some(mut conn) = self.node_conn(node.port) else {
+                continue;
+            };
+            let Ok(ranges) = redis::cmd("CLUSTER")
+                .arg("SLOTS")
+                .query::<Vec<Vec<redis::Value>>>(&mut conn)
+            else {
+                continue;
+            };
+            let int = |v: &redis::Value| match v {
+                redis::Value::Int(n) => u16::try_from(*n).unwrap(),
+                other => panic!("{other:?}"),
+            };
+            return ranges
+                .iter()
+                .map(|r| {
+                    let redis::Value::Array(master) = &r[2] else {
+                        panic!("{r:?}");
+                    };
+                    (int(&r[0]), int(&r[1]), int(&master[1]))
+                })
+                .collect();
+        }
+        panic!("no node answers CLUSTER SLOTS");
+    }
+
+    /// The port of the master serving `key`'s slot.
+    pub fn master_of(&self, key: &str) -> u16 {
+        let port = self.masters()[0];
+        let mut conn = self.node_conn(port).unwrap();
+        let slot: u16 = redis::cmd("CLUSTER")
+            .arg("KEYSLOT")
+            .arg(key)
+            .query(&mut conn)
+            .unwrap();
+        self.slot_masters()
+            .into_iter()
+            .find(|(a, b, _)| (*a..=*b).contains(&slot))
+            .map(|(_, _, p)| p)
+            .unwrap()
+    }
+
+    /// The node on `port`.
+    pub fn node(&mut self, port: u16) -> &mut ClusterNode {
+        self.nodes.iter_mut().find(|n| n.port == port).unwrap()
+    }
+
+    /// The keys under `prefix` on every master.
+    pub fn keys(&self, prefix: &str) -> Vec<String> {
+        let mut out = Vec::new();
+        for port in self.masters() {
+            let mut conn = self.node_conn(port).unwrap();
+            let keys: Vec<String> = redis::cmd("KEYS")
+                .arg(format!("{prefix}:*"))
+                .query(&mut conn)
+                .unwrap();
+            out.extend(keys);
+        }
+        out
+    }
+
+    /// A store on this cluster with a fresh prefix and the given clock.
+    pub async fn store(&self, clock: Clock) -> RedisStore {
+        RedisStore::builder(self.url())
+            .prefix(unique_prefix())
+            .clock(clock)
+            .timeout(Duration::from_secs(5))
+            .connect_timeout(Duration::from_secs(5))
+            .build()
+            .await
+            .unwrap()
+    }
+}
+
+impl Drop for ClusterServer {
+    fn drop(&mut self) {
+        for node in self.nodes.iter_mut().filter(|n| n.alive) {
+            node.kill();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A free loopback port whose cluster bus port (port + 10000) is free too.
+fn cluster_port() -> u16 {
+    loop {
+        let port = free_port();
+        if port < 55_000 && TcpListener::bind(("127.0.0.1", port + 10_000)).is_ok() {
+            return port;
+        }
+    }
+}

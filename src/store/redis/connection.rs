@@ -21,6 +21,11 @@
 //! * Callers never wait beyond their own timeout: while `Connecting` they wait for the
 //!   attempt (a killed connection is replaced within a round trip, unnoticed), while `Down`
 //!   they fail at once ([`StoreError::Unavailable`], or the misconfiguration found).
+//! * A Redis Cluster's connection is the `redis` crate's cluster client (`cluster`), which
+//!   repairs its node connections and follows the slot map by itself: a failed call never
+//!   condemns it (a master lost makes only its slots fail, until a replica takes over). Only
+//!   silence condemns it — calls timing out with no reply from any node — and the new one is
+//!   found again from the URL's nodes and checked on every master.
 
 use std::collections::hash_map::RandomState;
 use std::error::Error as StdError;
@@ -30,14 +35,14 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
-use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, Client, ConnectionInfo, PushInfo, PushKind, RedisError};
 use tokio::sync::{watch, Notify};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
+use super::cluster::{self, Conn};
 use super::sentinel::{Lookup, Sentinels, RECHECK};
-use super::url::{tcp_info, Target};
+use super::url::{tcp_info, ClusterTarget, Target};
 use super::validate::{self, Failure};
 use crate::store::error::{Misconfiguration, MisconfigurationKind};
 use crate::store::StoreError;
@@ -73,6 +78,8 @@ struct Shared {
     /// How long a call may take: the longest a caller waits for a connection attempt.
     timeout: Duration,
     behind_sentinel: bool,
+    /// Whether the connection is a cluster's.
+    cluster: bool,
     /// The key prefix, for the message of an ACL key pattern that misses it.
     prefix: Arc<str>,
     /// The passwords of the URL, scrubbed from any error text kept.
@@ -82,10 +89,7 @@ struct Shared {
 #[derive(Clone)]
 enum State {
     Connecting,
-    Up {
-        conn: MultiplexedConnection,
-        generation: u64,
-    },
+    Up { conn: Conn, generation: u64 },
     Down(Cause),
 }
 
@@ -213,8 +217,20 @@ impl Shared {
             Failure::Misconfigured(m) => Cause::Misconfigured(m),
             Failure::Transient(why) => Cause::Failed(Arc::new(Reason(why))),
             Failure::Reply(e) => Cause::Failed(Arc::new(e)),
+            Failure::Refused(kind, e) => {
+                let context = match kind {
+                    MisconfigurationKind::CommandDenied => "cluster",
+                    _ => "",
+                };
+                Cause::Misconfigured(
+                    Misconfiguration::new(kind, context).with_source(Kept(self.keep(e))),
+                )
+            }
             Failure::Redis(e) => {
-                let verdict = validate::classify(&e);
+                let verdict = match self.cluster {
+                    true => validate::classify_cluster(&e),
+                    false => validate::classify(&e),
+                };
                 match verdict.misconfigured {
                     // Behind Sentinel a replica is a failover under way, not a mistake.
                     Some(MisconfigurationKind::Replica) if self.behind_sentinel => {
@@ -223,6 +239,7 @@ impl Shared {
                     Some(kind) => {
                         let context = match kind {
                             MisconfigurationKind::KeyDenied => &*self.prefix,
+                            MisconfigurationKind::CommandDenied if self.cluster => "cluster",
                             _ => "",
                         };
                         let m =
@@ -311,6 +328,7 @@ impl Link {
             epoch: Instant::now(),
             timeout: connector.call_timeout,
             behind_sentinel: matches!(connector.source, Source::Sentinels(_)),
+            cluster: matches!(connector.source, Source::Cluster(_)),
             prefix: connector.prefix.clone(),
             secrets: connector.secrets.clone(),
         });
@@ -339,10 +357,7 @@ impl Link {
 
     /// The current connection and its generation. While a connection attempt is under way,
     /// waits for it until `deadline`; while the store is down, fails at once.
-    pub(crate) async fn connection(
-        &self,
-        deadline: Instant,
-    ) -> Result<(MultiplexedConnection, u64), StoreError> {
+    pub(crate) async fn connection(&self, deadline: Instant) -> Result<(Conn, u64), StoreError> {
         if self.task.has_pending.load(Ordering::Acquire) {
             let pending = self
                 .task
@@ -366,6 +381,10 @@ impl Link {
             Ok(Ok(state)) => state.clone(),
         };
         match state {
+            State::Up {
+                conn: Conn::Cluster(c),
+                generation,
+            } => Ok((Conn::Cluster(c.fresh()), generation)),
             State::Up { conn, generation } => Ok((conn, generation)),
             State::Down(cause) if waited => Err(cause.into_error()),
             State::Down(cause) => Err(cause.at_once()),
@@ -403,7 +422,10 @@ impl Link {
     /// A call on the connection of `generation` failed with `err`: condemns the connection if
     /// the error says so, and turns the error into the store's.
     pub(crate) fn failed(&self, generation: u64, err: RedisError) -> StoreError {
-        let verdict = validate::classify(&err);
+        let verdict = match self.shared.cluster {
+            true => validate::classify_cluster(&err),
+            false => validate::classify(&err),
+        };
         if verdict.reconnect {
             self.broken(generation);
         } else {
@@ -415,6 +437,11 @@ impl Link {
             Cause::Failed(e) => StoreError::Backend(Box::new(Kept(e))),
             Cause::Timeout(d) => StoreError::Timeout(d),
         }
+    }
+
+    /// Whether the connection is a Redis Cluster's: calls then go one slot at a time.
+    pub(crate) fn is_cluster(&self) -> bool {
+        self.shared.cluster
     }
 
     /// The state, in a word, for `Debug`.
@@ -429,7 +456,7 @@ impl Link {
 
 /// A connection made, and the generation it was given.
 struct Attempted {
-    conn: MultiplexedConnection,
+    conn: Conn,
     generation: u64,
 }
 
@@ -446,6 +473,7 @@ pub(crate) struct Connector {
 enum Source {
     Fixed(ConnectionInfo),
     Sentinels(Sentinels),
+    Cluster(ClusterTarget),
 }
 
 impl Connector {
@@ -459,6 +487,7 @@ impl Connector {
         let source = match target {
             Target::Standalone(info) => Source::Fixed(info),
             Target::Sentinel(s) => Source::Sentinels(Sentinels::new(s, connect_timeout)),
+            Target::Cluster(c) => Source::Cluster(c),
         };
         Connector {
             source,
@@ -474,6 +503,16 @@ impl Connector {
         let generation = shared.next_generation.fetch_add(1, Ordering::Relaxed);
         let limit = self.connect_timeout;
         let info = match &mut self.source {
+            Source::Cluster(target) => {
+                return match cluster::attempt(target, &self.prefix, limit).await {
+                    Ok(conn) => Ok(Attempted {
+                        conn: Conn::Cluster(conn),
+                        generation,
+                    }),
+                    Err(None) => Err(Cause::Timeout(limit)),
+                    Err(Some(failure)) => Err(shared.cause(failure)),
+                };
+            }
             Source::Fixed(info) => info.clone(),
             Source::Sentinels(sentinels) => {
                 let (host, port) = sentinels
@@ -505,10 +544,13 @@ impl Connector {
             .map_err(|e| shared.cause(e.into()))?;
         let checks = async {
             validate::check_server(&mut conn, shared.behind_sentinel).await?;
-            validate::probe(&mut conn, &self.prefix).await
+            validate::probe(&mut conn, &self.prefix, &validate::probe_ids()).await
         };
         match tokio::time::timeout(limit, checks).await {
-            Ok(Ok(())) => Ok(Attempted { conn, generation }),
+            Ok(Ok(())) => Ok(Attempted {
+                conn: Conn::Single(conn),
+                generation,
+            }),
             Ok(Err(failure)) => Err(shared.cause(failure)),
             Err(_) => Err(Cause::Timeout(limit)),
         }

@@ -2,8 +2,10 @@
 //!
 //! One multiplexed connection is shared by every task and clone, kept by a background task
 //! that replaces it whenever it breaks (`connection`), and only after the server has passed
-//! the start-up checks (`validate`). The URL names one server, or a service behind Sentinel
-//! (`url`). Each check is one `EVALSHA` of the check script (`lua/`); the script is loaded
+//! the start-up checks (`validate`). The URL names one server, a service behind Sentinel, or a
+//! Redis Cluster (`url`); a cluster's connection is the `redis` crate's cluster client with the
+//! store's rules on top (`cluster`), and a call goes to one hash slot: a check whose
+//! identifiers live in several slots is split, one call per slot. Each check is one `EVALSHA` of the check script (`lua/`); the script is loaded
 //! only when Redis answers `NOSCRIPT` (after `SCRIPT FLUSH`, a restart or a failover), and a
 //! call is never retried after a timeout or a lost connection, because the script may have
 //! run and a retry would charge twice.
@@ -14,7 +16,6 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use redis::aio::MultiplexedConnection;
 use redis::{RedisResult, Script, ScriptInvocation};
 use tokio::time::Instant;
 
@@ -26,12 +27,14 @@ use super::script;
 use super::{Outcome, Plan, StoreError};
 use crate::clock::Clock;
 
+mod cluster;
 mod connection;
 mod sentinel;
 mod split;
 mod url;
 mod validate;
 
+use cluster::Conn;
 use connection::{Connector, Link};
 
 const DEFAULT_PREFIX: &str = "tollgate";
@@ -200,8 +203,9 @@ impl RedisStoreBuilder {
     ///   a Sentinel password without a `redis+sentinel://` URL);
     /// * [`StoreError::Misconfigured`] when the server answers but cannot serve the store: a
     ///   refused password, an ACL user missing a command or key pattern, a replica, a
-    ///   Sentinel or Cluster node reached with `redis://`, Redis older than 7.0, a service no
-    ///   sentinel knows; the message names the fix;
+    ///   Sentinel or Cluster node reached with `redis://`, a server without cluster mode
+    ///   reached with `redis+cluster://`, Redis older than 7.0, a service no sentinel knows;
+    ///   the message names the fix;
     /// * [`StoreError::Backend`] or [`StoreError::Timeout`] when Redis cannot be reached.
     pub async fn build(self) -> Result<RedisStore, StoreError> {
         let link = Link::connect(self.connector()?).await?;
@@ -231,6 +235,17 @@ impl RedisStore {
     ///   master of `SERVICE`, asked of the sentinels (port 26379 by default), followed across
     ///   failovers. The credentials are the master's; the sentinels' own are given with
     ///   [`RedisStoreBuilder::sentinel_password`].
+    /// * `redis+cluster://[[USER]:PASSWORD@]HOST[:PORT][,HOST[:PORT]...]`: a Redis Cluster,
+    ///   found through any of the nodes listed (port 6379 by default), followed across
+    ///   failovers and slot migrations. Every node takes the same credentials. An identifier's
+    ///   keys share one hash slot; a check of identifiers in several slots runs one call per
+    ///   slot, and gives back what admitting slots charged when another slot denies.
+    ///
+    /// ```no_run
+    /// # async fn f() -> Result<(), tollgate::StoreError> {
+    /// let store = tollgate::RedisStore::connect("redis+cluster://10.0.0.1:7000,10.0.0.2:7000").await?;
+    /// # Ok(()) }
+    /// ```
     ///
     /// Passwords may contain any character; the credentials end at the last `@`.
     pub fn builder(url: impl Into<String>) -> RedisStoreBuilder {
@@ -263,8 +278,19 @@ impl RedisStore {
         &self.clock
     }
 
-    /// One check, through the breaker: while Redis is known to be failing it fails at once.
+    /// One check. In a cluster, identifiers in several hash slots are checked one call per
+    /// slot ([`check_split`](Self::check_split)); otherwise it is one call.
     pub(crate) async fn check(&self, plan: &Plan<'_>) -> Result<Outcome, StoreError> {
+        let groups = self.slot_groups(plan.ids);
+        if groups.len() > 1 {
+            return self.check_split(plan, &groups).await;
+        }
+        self.check_call(plan).await
+    }
+
+    /// One check as one script call (its keys in one slot), through the breaker: while Redis
+    /// is known to be failing it fails at once.
+    pub(crate) async fn check_call(&self, plan: &Plan<'_>) -> Result<Outcome, StoreError> {
         let call = async {
             let compiled = script::check_script(plan.limits, plan.ids.len());
             let mut call = compiled.script.prepare_invoke();
@@ -299,32 +325,70 @@ impl RedisStore {
     /// connection included). Never retried.
     async fn run<T, F, Fut>(&self, call: F) -> Result<T, StoreError>
     where
-        F: FnOnce(MultiplexedConnection) -> Fut,
+        F: FnOnce(Conn) -> Fut,
         Fut: Future<Output = RedisResult<T>>,
     {
         run_on(&self.link, self.timeout, call).await
     }
 
-    /// Extends live leases: one script call per distinct lease time (usually one in all).
+    /// The (escaped) identifiers of a check grouped by hash slot, as indices into `ids`: one
+    /// group on a single server, one per slot in a cluster.
+    pub(crate) fn slot_groups(&self, ids: &[String]) -> Vec<Vec<usize>> {
+        if !self.link.is_cluster() || ids.len() < 2 {
+            return vec![(0..ids.len()).collect()];
+        }
+        let keys: Vec<String> = ids
+            .iter()
+            .map(|id| cluster::id_key(&self.prefix, id))
+            .collect();
+        cluster::by_slot(&keys, |k| k)
+    }
+
+    /// Groups store keys by hash slot (one group on a single server).
+    fn key_groups<T>(&self, items: &[T], key: impl Fn(&T) -> &str) -> Vec<Vec<usize>> {
+        if !self.link.is_cluster() {
+            return vec![(0..items.len()).collect()];
+        }
+        cluster::by_slot(items, key)
+    }
+
+    /// Extends live leases: one script call per distinct lease time (usually one in all), and
+    /// in a cluster per hash slot.
     pub(crate) async fn renew(&self, leases: &[&Lease]) -> Result<(), StoreError> {
         let mut times: Vec<u64> = leases.iter().map(|l| l.lease_us).collect();
         times.sort_unstable();
         times.dedup();
         for lease_us in times {
-            let now = self.clock.manual_now();
-            let call = renew_invocation(&self.renew_script, now, lease_us, leases);
-            let _: i64 = self
-                .run(|mut conn| async move { call.invoke_async(&mut conn).await })
-                .await?;
+            let pairs: Vec<(&str, &str)> = lease_pairs(leases.iter().copied())
+                .filter(|(_, lease)| lease.lease_us == lease_us)
+                .map(|(key, lease)| (key, lease.id.as_str()))
+                .collect();
+            for group in self.key_groups(&pairs, |p| p.0) {
+                let now = self.clock.manual_now();
+                let slot_pairs = group.iter().map(|&i| pairs[i]);
+                let call = renew_call(&self.renew_script, now, lease_us, slot_pairs);
+                let _: i64 = self
+                    .run(|mut conn| async move { call.invoke_async(&mut conn).await })
+                    .await?;
+            }
         }
         Ok(())
     }
 
-    /// Releases leases: one pipelined `ZREM` per slot, idempotent.
+    /// Releases leases: one pipelined `ZREM` per slot set, idempotent; in a cluster one
+    /// pipeline per hash slot.
     pub(crate) async fn release(&self, leases: &[Lease]) -> Result<(), StoreError> {
-        let pipe = release_pipe(leases);
-        self.run(|mut conn| async move { pipe.query_async::<()>(&mut conn).await })
-            .await
+        let pairs: Vec<(&str, &Lease)> = lease_pairs(leases.iter()).collect();
+        for group in self.key_groups(&pairs, |p| p.0) {
+            let mut pipe = redis::pipe();
+            for &i in &group {
+                let (key, lease) = pairs[i];
+                pipe.zrem(key, &lease.id).ignore();
+            }
+            self.run(|mut conn| async move { pipe.query_async::<()>(&mut conn).await })
+                .await?;
+        }
+        Ok(())
     }
 
     pub(crate) fn keeper_slot(&self) -> &KeeperSlot {
@@ -345,7 +409,7 @@ impl RedisStore {
 /// included, and tells the link how it went. Never retried.
 async fn run_on<T, F, Fut>(link: &Link, timeout: Duration, call: F) -> Result<T, StoreError>
 where
-    F: FnOnce(MultiplexedConnection) -> Fut,
+    F: FnOnce(Conn) -> Fut,
     Fut: Future<Output = RedisResult<T>>,
 {
     let deadline = Instant::now() + timeout;
@@ -363,6 +427,13 @@ where
     }
 }
 
+/// Every (slot set key, lease) pair of `leases`.
+fn lease_pairs<'a>(
+    leases: impl Iterator<Item = &'a Lease>,
+) -> impl Iterator<Item = (&'a str, &'a Lease)> {
+    leases.flat_map(|lease| lease.keys.iter().map(move |key| (key.as_str(), lease)))
+}
+
 /// The renew script's call for the leases of lease time `lease_us` among `leases`.
 fn renew_invocation<'a>(
     renew: &'a Script,
@@ -370,12 +441,23 @@ fn renew_invocation<'a>(
     lease_us: u64,
     leases: &[&Lease],
 ) -> ScriptInvocation<'a> {
+    let pairs = lease_pairs(leases.iter().copied())
+        .filter(|(_, lease)| lease.lease_us == lease_us)
+        .map(|(key, lease)| (key, lease.id.as_str()));
+    renew_call(renew, now, lease_us, pairs)
+}
+
+/// The renew script's call for (slot set key, lease id) pairs of one lease time.
+fn renew_call<'a, 'b>(
+    renew: &'a Script,
+    now: Option<u64>,
+    lease_us: u64,
+    pairs: impl Iterator<Item = (&'b str, &'b str)>,
+) -> ScriptInvocation<'a> {
     let mut call = renew.prepare_invoke();
     call.arg(lease_us).arg(script::now_arg(now));
-    for lease in leases.iter().filter(|l| l.lease_us == lease_us) {
-        for key in &lease.keys {
-            call.key(key).arg(&lease.id);
-        }
+    for (key, id) in pairs {
+        call.key(key).arg(id);
     }
     call
 }
@@ -383,10 +465,8 @@ fn renew_invocation<'a>(
 /// One `ZREM` per slot of `leases`, pipelined.
 fn release_pipe(leases: &[Lease]) -> redis::Pipeline {
     let mut pipe = redis::pipe();
-    for lease in leases {
-        for key in &lease.keys {
-            pipe.zrem(key, &lease.id).ignore();
-        }
+    for (key, lease) in lease_pairs(leases.iter()) {
+        pipe.zrem(key, &lease.id).ignore();
     }
     pipe
 }

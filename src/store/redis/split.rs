@@ -26,7 +26,6 @@ impl RedisStore {
     ///
     /// As a check: the store is unavailable, timed out or failed. The refund may then have
     /// run or not; either way the store never admits more than its limits.
-    #[cfg_attr(not(test), allow(dead_code))]
     pub(crate) async fn refund(&self, plan: &Plan<'_>, at_us: u64) -> Result<(), StoreError> {
         let call = async {
             let compiled = script::refund_script(plan.limits, plan.ids.len());
@@ -44,11 +43,15 @@ impl RedisStore {
     /// answers are merged into one [`Outcome`] laid out as a single check's (per identifier
     /// in the plan's order, per limit), stamped with the earliest group's time:
     ///
+    /// Each group is one script call ([`check_call`](Self::check_call)): on a cluster, the
+    /// caller groups by hash slot.
+    ///
     /// * every group admits: admitted, in one round trip;
     /// * every group denies: denied; nothing was charged anywhere;
     /// * some admit, some deny: denied, and each admitting group is refunded (its own call),
-    ///   which releases the slot a concurrency limit took there. The figures of an admitting
-    ///   group are those its check reported (its charge included).
+    ///   which releases the slot a concurrency limit took there. The remaining quota of an
+    ///   admitting group is reported with its charge given back, as a denied single check
+    ///   reports it; its times until reset are those its check reported.
     /// * a group fails (a timeout, an error): the check fails with the first group's error
     ///   (the limiter's failure policy answers it), once the admitting groups were refunded.
     ///   A group that timed out may have charged, and is not refunded (nothing says it ran):
@@ -67,14 +70,13 @@ impl RedisStore {
     /// # Errors
     ///
     /// As [`check`](Self::check), for the first group that failed.
-    #[cfg_attr(not(test), allow(dead_code))]
     pub(crate) async fn check_split(
         &self,
         plan: &Plan<'_>,
         groups: &[Vec<usize>],
     ) -> Result<Outcome, StoreError> {
         if !partitions(groups, plan.ids.len()) {
-            return self.check(plan).await;
+            return self.check_call(plan).await;
         }
         let ids: Vec<Vec<String>> = groups
             .iter()
@@ -89,7 +91,7 @@ impl RedisStore {
                 lease: plan.lease,
             })
             .collect();
-        let results = join_all(plans.iter().map(|p| self.check(p)).collect()).await;
+        let results = join_all(plans.iter().map(|p| self.check_call(p)).collect()).await;
 
         let admitted: Vec<(Vec<String>, u64)> = results
             .iter()
@@ -105,6 +107,11 @@ impl RedisStore {
         let mut outcomes = Vec::with_capacity(results.len());
         for result in results {
             outcomes.push(result?);
+        }
+        if outcomes.iter().any(|o| !o.allowed) {
+            for outcome in outcomes.iter_mut().filter(|o| o.allowed) {
+                uncharged(outcome, plan.limits, plan.cost);
+            }
         }
         merge(groups, &outcomes, plan.ids.len(), plan.limits.len())
             .ok_or_else(|| StoreError::UnexpectedReply("a check of the wrong size".into()))
@@ -153,6 +160,22 @@ impl RedisStore {
             }
             Err(_) => task.await,
         }
+    }
+}
+
+/// The figures of a refunded check as a check that charged nothing reports them, as a denied
+/// single check does (and the memory store): each limit's remaining quota with the charge
+/// given back — the cost, or the one slot of a concurrency limit. (An admitted check fitted,
+/// so the quota before it was exactly that much more.) The times until reset stay as the
+/// check reported them.
+fn uncharged(outcome: &mut Outcome, limits: &[crate::policy::Limit], cost: u64) {
+    if limits.is_empty() {
+        return;
+    }
+    for (k, entry) in outcome.entries.iter_mut().enumerate() {
+        let limit = &limits[k % limits.len()];
+        let back = if limit.is_concurrency() { 1 } else { cost };
+        entry.remaining = entry.remaining.saturating_add(back);
     }
 }
 

@@ -1,5 +1,6 @@
 //! The store's URL: a server of its own (`redis://`, `rediss://`, `redis+unix://`, parsed by
-//! the `redis` crate) or a service behind Sentinel (`redis+sentinel://`, parsed here).
+//! the `redis` crate), a service behind Sentinel (`redis+sentinel://`, parsed here) or a Redis
+//! Cluster (`redis+cluster://`, parsed here).
 //!
 //! Credentials may hold any character: those the URL syntax reserves (`#`, `/`, `?`, `@`) are
 //! percent-encoded before the `redis` crate parses the URL, which decodes them again. The
@@ -12,6 +13,8 @@ use crate::store::error::{redact_url, ConfigError, ConfigErrorKind};
 
 /// The port of a Sentinel when the URL gives none.
 const SENTINEL_PORT: u16 = 26379;
+/// The port of a Cluster node when the URL gives none.
+const CLUSTER_PORT: u16 = 6379;
 
 /// Where the store's server is.
 #[derive(Clone)]
@@ -20,6 +23,17 @@ pub(crate) enum Target {
     Standalone(ConnectionInfo),
     /// The master of a service, asked of the sentinels.
     Sentinel(SentinelTarget),
+    /// A Redis Cluster, found through any of its nodes.
+    Cluster(ClusterTarget),
+}
+
+/// A Redis Cluster.
+#[derive(Clone)]
+pub(crate) struct ClusterTarget {
+    /// The nodes to start from, in the URL's order (the cluster names the others).
+    pub(crate) nodes: Vec<(String, u16)>,
+    /// How to log in to every node: user and password.
+    pub(crate) login: RedisConnectionInfo,
 }
 
 /// A service behind Sentinel.
@@ -42,6 +56,7 @@ impl Target {
         let infos: Vec<&RedisConnectionInfo> = match self {
             Target::Standalone(info) => vec![info.redis_settings()],
             Target::Sentinel(s) => vec![&s.master, &s.auth],
+            Target::Cluster(c) => vec![&c.login],
         };
         for info in infos {
             if let Some(pw) = info.password().filter(|p| !p.is_empty()) {
@@ -81,6 +96,9 @@ pub(crate) fn parse(url: &str) -> Result<Target, ConfigError> {
     if let Some(rest) = url.strip_prefix("redis+sentinel://") {
         return parse_sentinel(rest).ok_or_else(bad).map(Target::Sentinel);
     }
+    if let Some(rest) = url.strip_prefix("redis+cluster://") {
+        return parse_cluster(rest).ok_or_else(bad).map(Target::Cluster);
+    }
     let info = encode_credentials(url)
         .as_str()
         .into_connection_info()
@@ -92,14 +110,11 @@ pub(crate) fn parse(url: &str) -> Result<Target, ConfigError> {
 /// `redis+sentinel://[user:password@]host[:port][,host[:port]…]/service_name[/db]`, after the
 /// scheme.
 fn parse_sentinel(rest: &str) -> Option<SentinelTarget> {
-    let (credentials, rest) = match rest.rfind('@') {
-        Some(at) => (Some(&rest[..at]), &rest[at + 1..]),
-        None => (None, rest),
-    };
+    let (credentials, rest) = split_credentials(rest);
     let (hosts, path) = rest.split_once('/')?;
     let sentinels = hosts
         .split(',')
-        .map(host_port)
+        .map(|h| host_port(h, SENTINEL_PORT))
         .collect::<Option<Vec<_>>>()?;
     let mut parts = path.trim_end_matches('/').split('/');
     let service = decode(parts.next().filter(|s| !s.is_empty())?)?;
@@ -110,19 +125,7 @@ fn parse_sentinel(rest: &str) -> Option<SentinelTarget> {
     if parts.next().is_some() {
         return None;
     }
-    let mut master = RedisConnectionInfo::default().set_db(db);
-    if let Some(credentials) = credentials {
-        let (user, password) = match credentials.split_once(':') {
-            Some((user, password)) => (user, Some(password)),
-            None => (credentials, None),
-        };
-        if !user.is_empty() {
-            master = master.set_username(decode(user)?);
-        }
-        if let Some(password) = password {
-            master = master.set_password(decode(password)?);
-        }
-    }
+    let master = login(RedisConnectionInfo::default().set_db(db), credentials)?;
     Some(SentinelTarget {
         sentinels,
         service,
@@ -131,8 +134,49 @@ fn parse_sentinel(rest: &str) -> Option<SentinelTarget> {
     })
 }
 
-/// `host`, `host:port`, `[v6]` or `[v6]:port`.
-fn host_port(text: &str) -> Option<(String, u16)> {
+/// `redis+cluster://[user:password@]host[:port][,host[:port]…][/]`, after the scheme. A
+/// cluster has database 0 only, so the URL names none.
+fn parse_cluster(rest: &str) -> Option<ClusterTarget> {
+    let (credentials, rest) = split_credentials(rest);
+    let hosts = rest.strip_suffix('/').unwrap_or(rest);
+    let nodes = hosts
+        .split(',')
+        .map(|h| host_port(h, CLUSTER_PORT))
+        .collect::<Option<Vec<_>>>()?;
+    let login = login(RedisConnectionInfo::default(), credentials)?;
+    Some(ClusterTarget {
+        nodes,
+        login: data_settings(login),
+    })
+}
+
+/// The credentials (up to the last `@`) and the rest.
+fn split_credentials(rest: &str) -> (Option<&str>, &str) {
+    match rest.rfind('@') {
+        Some(at) => (Some(&rest[..at]), &rest[at + 1..]),
+        None => (None, rest),
+    }
+}
+
+/// `info` with the user and password of `credentials` (`[user][:password]`, percent-encoded).
+fn login(mut info: RedisConnectionInfo, credentials: Option<&str>) -> Option<RedisConnectionInfo> {
+    if let Some(credentials) = credentials {
+        let (user, password) = match credentials.split_once(':') {
+            Some((user, password)) => (user, Some(password)),
+            None => (credentials, None),
+        };
+        if !user.is_empty() {
+            info = info.set_username(decode(user)?);
+        }
+        if let Some(password) = password {
+            info = info.set_password(decode(password)?);
+        }
+    }
+    Some(info)
+}
+
+/// `host`, `host:port`, `[v6]` or `[v6]:port`; `default_port` when it names none.
+fn host_port(text: &str, default_port: u16) -> Option<(String, u16)> {
     let (host, port) = if let Some(v6) = text.strip_prefix('[') {
         let (host, after) = v6.split_once(']')?;
         match after {
@@ -150,7 +194,7 @@ fn host_port(text: &str) -> Option<(String, u16)> {
     }
     let port = match port {
         Some(p) => p.parse().ok()?,
-        None => SENTINEL_PORT,
+        None => default_port,
     };
     Some((host.to_string(), port))
 }
@@ -234,8 +278,58 @@ mod tests {
     fn sentinel(url: &str) -> SentinelTarget {
         match parse(url) {
             Ok(Target::Sentinel(s)) => s,
-            Ok(Target::Standalone(_)) => panic!("{url}: standalone"),
+            Ok(_) => panic!("{url}: not sentinel"),
             Err(e) => panic!("{url}: {e}"),
+        }
+    }
+
+    fn cluster(url: &str) -> ClusterTarget {
+        match parse(url) {
+            Ok(Target::Cluster(c)) => c,
+            Ok(_) => panic!("{url}: not cluster"),
+            Err(e) => panic!("{url}: {e}"),
+        }
+    }
+
+    #[test]
+    fn cluster_urls() {
+        let c = cluster("redis+cluster://127.0.0.1:7000");
+        assert_eq!(c.nodes, [("127.0.0.1".to_string(), 7000)]);
+        assert_eq!(c.login.username(), None);
+        assert_eq!(c.login.password(), None);
+        assert_eq!(c.login.protocol(), ProtocolVersion::RESP3);
+
+        let c = cluster("redis+cluster://h1:7000,[::1]:7001,h3/");
+        assert_eq!(
+            c.nodes,
+            [
+                ("h1".to_string(), 7000),
+                ("::1".to_string(), 7001),
+                ("h3".to_string(), 6379)
+            ]
+        );
+
+        let c = cluster("redis+cluster://app:p%40ss#/w@rd@h:1,h:2");
+        assert_eq!(c.login.username(), Some("app"));
+        assert_eq!(c.login.password(), Some("p@ss#/w@rd"));
+        assert_eq!(c.nodes.len(), 2);
+
+        let c = cluster("redis+cluster://:pw@h:1");
+        assert_eq!(c.login.username(), None);
+        assert_eq!(c.login.password(), Some("pw"));
+
+        for bad in [
+            "redis+cluster://",
+            "redis+cluster://h:x",
+            "redis+cluster://h:1,",
+            "redis+cluster://h:1/0",
+            "redis+cluster://h:1/svc",
+            "redis+cluster://:s3cret@h:x",
+            "redis+cluster://:s3cret@",
+        ] {
+            let err = parse(bad).err().unwrap_or_else(|| panic!("{bad} parsed"));
+            assert_eq!(err.kind(), ConfigErrorKind::Url);
+            assert!(!err.to_string().contains("s3cret"), "{err}");
         }
     }
 
@@ -313,5 +407,8 @@ mod tests {
         let mut t = parse("redis://:pw@h/").unwrap();
         assert!(!t.set_sentinel_auth(None, Some("spw")));
         assert_eq!(t.secrets(), ["pw"]);
+        let mut t = parse("redis+cluster://u:cpw@h:1,h:2").unwrap();
+        assert!(!t.set_sentinel_auth(None, Some("spw")));
+        assert_eq!(t.secrets(), ["cpw"]);
     }
 }

@@ -3,7 +3,8 @@
 //!
 //! A connection is used only once the server has shown that it can serve the store: `INFO`
 //! says it is a standalone master (not a replica, a Sentinel or a Cluster node) of Redis 7.0 or
-//! later, and a probe runs every command the store will send, as the store sends it, on
+//! later — in a cluster, that every master is a cluster master of 7.0 or later, each probed in
+//! one of its own slots (`cluster`) — and a probe runs every command the store will send, as the store sends it, on
 //! reserved keys under the store's prefix (`PREFIX:{tollgate-probe-RANDOM}:…`): `SCRIPT LOAD` of both
 //! scripts, the check script once admitted (every algorithm's writes) and once denied (every
 //! algorithm's reads), a lease renewal and a release; then the keys are deleted (they would
@@ -12,7 +13,7 @@
 
 use std::time::Duration;
 
-use redis::aio::MultiplexedConnection;
+use redis::aio::ConnectionLike;
 use redis::{ErrorKind, RedisError, RedisResult, Script};
 
 use super::super::error::{Misconfiguration, MisconfigurationKind};
@@ -42,6 +43,8 @@ pub(crate) enum Failure {
     Transient(&'static str),
     /// The scripts answered something they never return.
     Reply(StoreError),
+    /// A cluster's node refused the client, in an error of the client's own.
+    Refused(MisconfigurationKind, RedisError),
 }
 
 impl From<RedisError> for Failure {
@@ -58,6 +61,22 @@ pub(crate) struct Verdict {
     pub(crate) reconnect: bool,
     /// The server cannot serve the store as configured.
     pub(crate) misconfigured: Option<MisconfigurationKind>,
+}
+
+/// Reads a failed call on a cluster connection. The cluster client repairs node connections and
+/// follows the slot map itself, so nothing condemns the connection; a redirection, a slot
+/// without a master (`CLUSTERDOWN`, `TRYAGAIN`, a `READONLY` replica, `MASTERDOWN`) is a
+/// failover or a migration under way, not a misconfiguration.
+pub(crate) fn classify_cluster(err: &RedisError) -> Verdict {
+    let verdict = classify(err);
+    let misconfigured = match verdict.misconfigured {
+        Some(MisconfigurationKind::Cluster | MisconfigurationKind::Replica) => None,
+        other => other,
+    };
+    Verdict {
+        reconnect: false,
+        misconfigured,
+    }
 }
 
 /// Reads a failed call.
@@ -97,6 +116,8 @@ fn classify_reply(code: &str, detail: &str) -> Verdict {
         "NOPERM" => (false, Some(CommandDenied)),
         "READONLY" | "MASTERDOWN" => (true, Some(Replica)),
         "MOVED" | "ASK" | "CROSSSLOT" | "CLUSTERDOWN" | "TRYAGAIN" => (false, Some(Cluster)),
+        // CLUSTER SLOTS on a server without cluster mode (a redis+cluster:// URL).
+        "ERR" if detail.contains("cluster support disabled") => (false, Some(NotCluster)),
         // A command the ACL denies inside a script, or one renamed or disabled.
         "ERR"
             if detail.contains("can't run this command")
@@ -152,20 +173,45 @@ impl ServerInfo {
     }
 }
 
+/// What the store expects a server to be.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Role {
+    /// A standalone master (`redis://`).
+    Standalone,
+    /// The master a sentinel named: a replica there is a failover under way.
+    BehindSentinel,
+    /// A master of a Redis Cluster, as `CLUSTER SLOTS` named it.
+    ClusterMaster,
+}
+
 /// Checks with `INFO` that the server is a standalone master recent enough. Behind Sentinel,
 /// a replica is a failover under way, not a misconfiguration.
 pub(crate) async fn check_server(
-    conn: &mut MultiplexedConnection,
+    conn: &mut impl ConnectionLike,
     behind_sentinel: bool,
 ) -> Result<(), Failure> {
     let text: String = redis::cmd("INFO").query_async(conn).await?;
-    let info = ServerInfo::parse(&text);
+    let role = match behind_sentinel {
+        true => Role::BehindSentinel,
+        false => Role::Standalone,
+    };
+    judge_server(&text, role)
+}
+
+/// Judges a server by its `INFO` text: what it is, against what the store expects.
+pub(crate) fn judge_server(text: &str, expected: Role) -> Result<(), Failure> {
+    let info = ServerInfo::parse(text);
     let wrong = |kind| Err(Failure::Misconfigured(Misconfiguration::new(kind, "")));
     if info.mode == "sentinel" {
         return wrong(MisconfigurationKind::Sentinel);
     }
-    if info.mode == "cluster" || info.cluster {
-        return wrong(MisconfigurationKind::Cluster);
+    let cluster = info.mode == "cluster" || info.cluster;
+    match (cluster, expected) {
+        (true, Role::Standalone | Role::BehindSentinel) => {
+            return wrong(MisconfigurationKind::Cluster)
+        }
+        (false, Role::ClusterMaster) => return wrong(MisconfigurationKind::NotCluster),
+        _ => {}
     }
     if !info.recent_enough() {
         return Err(Failure::Misconfigured(Misconfiguration::new(
@@ -174,12 +220,15 @@ pub(crate) async fn check_server(
         )));
     }
     if info.role != "master" {
-        if behind_sentinel {
-            return Err(Failure::Transient(
+        return match expected {
+            Role::BehindSentinel => Err(Failure::Transient(
                 "the server the sentinels name as master is a replica (a failover is under way)",
-            ));
-        }
-        return wrong(MisconfigurationKind::Replica);
+            )),
+            Role::ClusterMaster => Err(Failure::Transient(
+                "a server the cluster names as master is a replica (a failover is under way)",
+            )),
+            Role::Standalone => wrong(MisconfigurationKind::Replica),
+        };
     }
     Ok(())
 }
@@ -207,37 +256,59 @@ fn probe_packed() -> Vec<Limit> {
         .collect()
 }
 
-/// The second identifier of the probe's second part.
-fn second(probe_id: &str) -> String {
-    format!("{probe_id}-2")
+/// The identifiers a probe runs on: its first part on `first`, its second part on both (in
+/// one call: in a cluster, both in one slot).
+#[derive(Debug, Clone)]
+pub(crate) struct ProbeIds {
+    pub(crate) first: String,
+    pub(crate) second: String,
+}
+
+/// The start of a probe's identifiers: of its own for each probe, so that probes of processes
+/// starting together (or a probe that failed half-way) never deny each other: the first call
+/// always admits.
+pub(crate) fn probe_base() -> String {
+    let id = lease_id();
+    format!("{PROBE_ID}-{}", &id[..16])
+}
+
+/// The identifiers of a probe on a single server.
+pub(crate) fn probe_ids() -> ProbeIds {
+    let first = probe_base();
+    ProbeIds {
+        second: format!("{first}-2"),
+        first,
+    }
 }
 
 /// Runs every command the store sends, as it sends them, on keys of the probe's own (see the
 /// module documentation), and deletes them, even when the probe fails. The time is always
 /// Redis `TIME`, whatever the store's clock: the ACL user must be allowed to read it.
-pub(crate) async fn probe(conn: &mut MultiplexedConnection, prefix: &str) -> Result<(), Failure> {
-    // An identifier of its own for each probe, so that probes of processes starting together
-    // (or a probe that failed half-way) never deny each other: the first call always admits.
+pub(crate) async fn probe(
+    conn: &mut (impl ConnectionLike + Send),
+    prefix: &str,
+    ids: &ProbeIds,
+) -> Result<(), Failure> {
     let id = lease_id();
-    let probe_id = format!("{PROBE_ID}-{}", &id[..16]);
+    let probe_id = ids.first.as_str();
     let limits = probe_limits();
-    let result = run_probe(conn, prefix, &probe_id, &id, &limits).await;
+    let result = run_probe(conn, prefix, ids, &id, &limits).await;
     // Leave nothing behind: a TTL of 0 deletes a key (and needs no command the scripts do
     // not already need). Should this fail, the keys expire within seconds.
     let mut clean = redis::pipe();
     let packed = limits.iter().filter(|l| crate::algorithm::is_packed(l));
     let day = probe_packed();
     for key in [
-        keyspace::packed_key(prefix, &probe_id, packed),
-        keyspace::packed_key(prefix, &probe_id, &day),
-        keyspace::packed_key(prefix, &second(&probe_id), &day),
+        keyspace::packed_key(prefix, probe_id, packed),
+        keyspace::packed_key(prefix, probe_id, &day),
+        keyspace::packed_key(prefix, &ids.second, &day),
     ] {
         clean.cmd("PEXPIRE").arg(key).arg(0).ignore();
     }
     for limit in limits.iter().filter(|l| !crate::algorithm::is_packed(l)) {
         clean
             .cmd("PEXPIRE")
-            .arg(keyspace::key(prefix, &probe_id, limit))
+            .arg(keyspace::key(prefix, probe_id, limit))
             .arg(0)
             .ignore();
     }
@@ -247,12 +318,13 @@ pub(crate) async fn probe(conn: &mut MultiplexedConnection, prefix: &str) -> Res
 }
 
 async fn run_probe(
-    conn: &mut MultiplexedConnection,
+    conn: &mut (impl ConnectionLike + Send),
     prefix: &str,
-    probe_id: &str,
+    probe_ids: &ProbeIds,
     lease_id: &str,
     limits: &[Limit],
 ) -> Result<(), Failure> {
+    let probe_id = probe_ids.first.as_str();
     // The probe's own check script (scripts are generated per policy), and the renew script.
     let check = script::check_script(limits, 1);
     let renew = Script::new(script::RENEW);
@@ -277,7 +349,7 @@ async fn run_probe(
     // Packed limits alone, for two identifiers: one MGET reads both keys, the first check
     // creates them (PSETEX), the second keeps their TTLs (SET KEEPTTL).
     let packed_only = probe_packed();
-    let ids = [probe_id.to_string(), second(probe_id)];
+    let ids = [probe_id.to_string(), probe_ids.second.clone()];
     let check = script::check_script(&packed_only, ids.len());
     let _: String = check.script.prepare_invoke().load_async(conn).await?;
     for _ in 0..2 {
@@ -311,184 +383,4 @@ async fn run_probe(
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::store::error::ACL_COMMANDS;
-    use std::collections::BTreeSet;
-
-    /// The ACL rule in the error message (and the README) grants exactly the commands the
-    /// scripts call, plus the store's own.
-    #[test]
-    fn the_acl_rule_covers_the_scripts() {
-        let mut called = BTreeSet::new();
-        for text in [
-            include_str!("../../../lua/prelude.lua"),
-            include_str!("../../../lua/check.lua"),
-            include_str!("../../../lua/sliding_log.lua"),
-            include_str!("../../../lua/sliding_window.lua"),
-            include_str!("../../../lua/fixed_window.lua"),
-            include_str!("../../../lua/gcra.lua"),
-            include_str!("../../../lua/concurrency.lua"),
-            include_str!("../../../lua/renew.lua"),
-        ] {
-            for piece in text.split("redis.call(").skip(1) {
-                let name: String = piece
-                    .trim_start_matches(['\'', '"'])
-                    .chars()
-                    .take_while(|c| c.is_ascii_alphabetic())
-                    .collect();
-                if !name.is_empty() {
-                    called.insert(format!("+{}", name.to_ascii_lowercase()));
-                }
-            }
-        }
-        for own in ["+evalsha", "+script|load", "+zrem", "+info"] {
-            called.insert(own.to_string());
-        }
-        let granted: BTreeSet<String> = ACL_COMMANDS
-            .split_whitespace()
-            .map(str::to_string)
-            .collect();
-        assert_eq!(granted, called);
-        let readme = include_str!("../../../README.md");
-        let line = readme
-            .lines()
-            .find(|l| l.trim_start().starts_with("ACL SETUSER"))
-            .expect("the README shows an ACL line");
-        for command in &granted {
-            assert!(
-                line.split_whitespace().any(|w| w == command),
-                "the README's ACL line lacks {command}"
-            );
-        }
-    }
-
-    #[test]
-    fn info_is_read() {
-        let text = "# Server\r\nredis_version:7.0.15\r\nredis_mode:standalone\r\n\r\n\
-                    # Replication\r\nrole:master\r\n# Cluster\r\ncluster_enabled:0\r\n";
-        let info = ServerInfo::parse(text);
-        assert_eq!(
-            info,
-            ServerInfo {
-                version: "7.0.15".into(),
-                mode: "standalone".into(),
-                role: "master".into(),
-                cluster: false,
-            }
-        );
-        assert!(info.recent_enough());
-        for (version, ok) in [
-            ("6.2.14", false),
-            ("5.0.0", false),
-            ("7.0.0", true),
-            ("7.2.4", true),
-            ("10.0", true),
-            ("", true),
-        ] {
-            let info = ServerInfo {
-                version: version.into(),
-                ..ServerInfo::default()
-            };
-            assert_eq!(info.recent_enough(), ok, "{version}");
-        }
-    }
-
-    #[test]
-    fn errors_are_read() {
-        use MisconfigurationKind::*;
-        let cases = [
-            (
-                "WRONGPASS",
-                "invalid username-password pair",
-                true,
-                Some(Authentication),
-            ),
-            (
-                "NOAUTH",
-                "Authentication required.",
-                true,
-                Some(Authentication),
-            ),
-            (
-                "NOPERM",
-                "this user has no permissions to run the 'evalsha' command",
-                false,
-                Some(CommandDenied),
-            ),
-            (
-                "NOPERM",
-                "this user has no permissions to access one of the keys used as arguments",
-                false,
-                Some(KeyDenied),
-            ),
-            (
-                "ERR",
-                "The user executing the script can't run this command or subcommand script: \
-                 abc, on @user_script:1.",
-                false,
-                Some(CommandDenied),
-            ),
-            (
-                "ERR",
-                "unknown command 'EVALSHA', with args",
-                false,
-                Some(CommandDenied),
-            ),
-            (
-                "READONLY",
-                "You can't write against a read only replica.",
-                true,
-                Some(Replica),
-            ),
-            (
-                "MASTERDOWN",
-                "Link with MASTER is down",
-                true,
-                Some(Replica),
-            ),
-            ("MOVED", "3999 127.0.0.1:6381", false, Some(Cluster)),
-            (
-                "CROSSSLOT",
-                "Keys in request don't hash to the same slot",
-                false,
-                Some(Cluster),
-            ),
-            ("ERR", "max number of clients reached", true, None),
-            (
-                "LOADING",
-                "Redis is loading the dataset in memory",
-                false,
-                None,
-            ),
-            ("ERR", "something else", false, None),
-        ];
-        for (code, detail, reconnect, misconfigured) in cases {
-            assert_eq!(
-                classify_reply(code, detail),
-                Verdict {
-                    reconnect,
-                    misconfigured
-                },
-                "{code} {detail}"
-            );
-        }
-        let io = RedisError::from(std::io::Error::from(std::io::ErrorKind::BrokenPipe));
-        assert_eq!(
-            classify(&io),
-            Verdict {
-                reconnect: true,
-                misconfigured: None
-            }
-        );
-        let ext = redis::make_extension_error("WRONGPASS".into(), Some("no".into()));
-        assert_eq!(classify(&ext).misconfigured, Some(Authentication));
-    }
-
-    #[test]
-    fn the_probe_covers_every_algorithm() {
-        let limits = probe_limits();
-        assert_eq!(limits.len(), 5);
-        assert_eq!(limits.iter().filter(|l| l.is_concurrency()).count(), 1);
-    }
-}
+mod tests;

@@ -161,11 +161,12 @@ fn memory_split(memory: &MemoryStore, plan: &Plan<'_>, groups: &[Vec<usize>]) ->
             lease: plan.lease,
         })
         .collect();
-    let outcomes: Vec<Outcome> = plans.iter().map(|p| memory.check(p)).collect();
+    let mut outcomes: Vec<Outcome> = plans.iter().map(|p| memory.check(p)).collect();
     if !outcomes.iter().all(|o| o.allowed) {
-        for (p, o) in plans.iter().zip(&outcomes) {
+        for (p, o) in plans.iter().zip(&mut outcomes) {
             if o.allowed {
                 memory.refund(p, o.at_us);
+                uncharged(o, plan.limits, plan.cost);
             }
         }
     }

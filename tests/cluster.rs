@@ -1,0 +1,386 @@
+//! The store on a Redis Cluster of the test's own: scripts reloaded on every shard, the errors
+//! of a wrong URL or password, and a master killed under load.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{ClusterServer, RedisServer};
+use tollgate::store::MisconfigurationKind;
+use tollgate::{Error, Limiter, OnStoreError, RedisStore, StoreError};
+
+/// One identifier served by each master of `cluster`.
+fn one_id_per_master(cluster: &ClusterServer, tag: &str) -> Vec<String> {
+    let mut ids: Vec<String> = Vec::new();
+    let mut masters = cluster.masters();
+    masters.sort_unstable();
+    masters.dedup();
+    for i in 0.. {
+        let id = format!("{tag}:{i}");
+        let master = cluster.master_of(&format!("{{{id}}}"));
+        if !ids
+            .iter()
+            .any(|known| cluster.master_of(&format!("{{{known}}}")) == master)
+        {
+            ids.push(id);
+        }
+        if ids.len() == masters.len() {
+            return ids;
+        }
+    }
+    unreachable!()
+}
+
+/// After `SCRIPT FLUSH` on every master, the next check on each master loads the script again
+/// (on the master that answered `NOSCRIPT`) and is answered.
+#[tokio::test]
+async fn scripts_are_reloaded_on_every_shard() {
+    let cluster = ClusterServer::shared();
+    let store = RedisStore::builder(cluster.url())
+        .prefix(common::unique_prefix())
+        .timeout(Duration::from_secs(2))
+        .connect_timeout(Duration::from_secs(5))
+        .build()
+        .await
+        .unwrap();
+    let limiter = Limiter::new(store, "100/min, 5/s log".parse().unwrap());
+    let ids = one_id_per_master(cluster, "flush");
+    assert_eq!(ids.len(), 3);
+    for id in &ids {
+        assert!(limiter.check(&[id]).await.unwrap().is_allowed());
+    }
+    for round in 0..2 {
+        for port in cluster.masters() {
+            let mut conn = cluster.node_conn(port).unwrap();
+            let () = redis::cmd("SCRIPT").arg("FLUSH").query(&mut conn).unwrap();
+        }
+        for id in &ids {
+            let d = limiter.check(&[id]).await.unwrap();
+            assert!(d.is_allowed(), "{id}, round {round}");
+            assert_eq!(d.statuses()[0].remaining, 98 - round, "{id}");
+        }
+    }
+}
+
+/// A `redis://` URL to a cluster node fails with the misconfiguration that names
+/// `redis+cluster://`; a `redis+cluster://` URL to a standalone server names `redis://`.
+#[tokio::test]
+async fn the_wrong_kind_of_url_is_misconfigured() {
+    let cluster = ClusterServer::shared();
+    let port = cluster.masters()[0];
+    let err = RedisStore::connect(format!("redis://127.0.0.1:{port}/"))
+        .await
+        .unwrap_err();
+    let StoreError::Misconfigured(m) = &err else {
+        panic!("{err:?}");
+    };
+    assert_eq!(m.kind(), MisconfigurationKind::Cluster);
+    assert!(err.to_string().contains("redis+cluster://"), "{err}");
+
+    let server = RedisServer::start();
+    let err = RedisStore::connect(format!("redis+cluster://127.0.0.1:{}", server.port))
+        .await
+        .unwrap_err();
+    let StoreError::Misconfigured(m) = &err else {
+        panic!("{err:?}");
+    };
+    assert_eq!(m.kind(), MisconfigurationKind::NotCluster);
+    assert!(err.to_string().contains("redis://"), "{err}");
+}
+
+/// A wrong password on a cluster fails at start-up with the authentication error, and the
+/// password is in no message; the right one works.
+#[tokio::test]
+async fn a_wrong_password_fails_clearly() {
+    let cluster = ClusterServer::start_with(3, 0, Some("s3cret pass"));
+    let nodes: Vec<String> = cluster
+        .nodes
+        .iter()
+        .map(|n| format!("127.0.0.1:{}", n.port))
+        .collect();
+    let url = format!("redis+cluster://:wr0ng@{}", nodes.join(","));
+    let err = RedisStore::builder(url.clone()).build().await.unwrap_err();
+    let StoreError::Misconfigured(m) = &err else {
+        panic!("{err:?}");
+    };
+    assert_eq!(m.kind(), MisconfigurationKind::Authentication);
+    let text = format!("{err} {err:?} {:?}", std::error::Error::source(&err));
+    assert!(!text.contains("wr0ng"), "{text}");
+    let builder = RedisStore::builder(url);
+    assert!(!format!("{builder:?}").contains("wr0ng"));
+
+    let store = RedisStore::builder(cluster.url())
+        .connect_timeout(Duration::from_secs(5))
+        .build()
+        .await
+        .unwrap();
+    let limiter = Limiter::new(store, "2/min".parse().unwrap());
+    assert!(limiter
+        .check(&["ip:1.2.3.4", "user:42"])
+        .await
+        .unwrap()
+        .is_allowed());
+}
+
+/// A master killed under a steady load: checks of its slot fail (closed policy) until its
+/// replica is promoted, then are admitted again, and the whole run never admits more than
+/// the limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failover_under_load_never_over_admits() {
+    const LIMIT: u64 = 120;
+    let mut cluster = ClusterServer::start(3, 1);
+    let store = RedisStore::builder(cluster.url())
+        .prefix("failover")
+        .timeout(Duration::from_millis(200))
+        .connect_timeout(Duration::from_secs(5))
+        .build()
+        .await
+        .unwrap();
+    let limiter = Limiter::builder(store, format!("{LIMIT}/h fixed").parse().unwrap())
+        .on_store_error(OnStoreError::Closed)
+        .build();
+    let id = "ip:203.0.113.9";
+    let master = cluster.master_of(&format!("{{{id}}}"));
+
+    let pace = Duration::from_millis(15);
+    let (mut admitted, mut failed, mut denied) = (0u64, 0u64, 0u64);
+    let mut admitted_after_failure = 0u64;
+    let started = Instant::now();
+    let mut killed_at = None;
+    let mut recovered = None;
+    let mut last_denied = None::<Instant>;
+    let mut kinds = std::collections::BTreeMap::new();
+    loop {
+        let tick = Instant::now();
+        if killed_at.is_none() && started.elapsed() > Duration::from_millis(800) {
+            cluster.node(master).kill();
+            killed_at = Some(Instant::now());
+        }
+        match limiter.check(&[id]).await {
+            Ok(d) if d.is_allowed() => {
+                admitted += 1;
+                if failed > 0 {
+                    admitted_after_failure += 1;
+                    recovered.get_or_insert(Instant::now());
+                }
+            }
+            Ok(_) => {
+                denied += 1;
+                last_denied.get_or_insert(Instant::now());
+            }
+            Err(Error::Store(e)) => {
+                // a slot without a master is an outage, not a misconfiguration
+                assert!(
+                    !matches!(e, StoreError::Misconfigured(_) | StoreError::Config(_)),
+                    "{e:?}"
+                );
+                *kinds.entry(e.kind_label()).or_insert(0u32) += 1;
+                failed += 1;
+                assert!(killed_at.is_some(), "a failure before the kill");
+            }
+            Err(e) => panic!("{e}"),
+        }
+        // run until the limit has denied for a while after the recovery
+        if last_denied.is_some_and(|t| t.elapsed() > Duration::from_millis(500)) {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "no recovery: admitted {admitted}, failed {failed}, denied {denied}"
+        );
+        tokio::time::sleep(pace.saturating_sub(tick.elapsed())).await;
+    }
+    let killed_at = killed_at.unwrap();
+    let outage = recovered.unwrap().duration_since(killed_at);
+    eprintln!(
+        "admitted {admitted}, failed {failed} ({kinds:?}), denied {denied}, first admitted \
+         again {outage:?} after the kill"
+    );
+    assert!(failed > 0, "no failure while the slot had no master");
+    assert!(
+        admitted_after_failure > 0,
+        "never admitted after the promotion"
+    );
+    assert!(
+        admitted <= LIMIT,
+        "{admitted} admitted for a limit of {LIMIT}"
+    );
+    assert!(denied > 0);
+    // The replica was promoted: the cluster is whole again without the killed node.
+    cluster.wait_ok();
+    assert_ne!(cluster.master_of(&format!("{{{id}}}")), master);
+}
+
+/// A slot held for an IP and a user, which live in different slots: renewed past its lease
+/// (one renewal call per slot), and released on both slots when dropped.
+#[tokio::test]
+async fn leases_across_slots_are_renewed_and_released() {
+    let cluster = ClusterServer::shared();
+    let store = RedisStore::builder(cluster.url())
+        .prefix(common::unique_prefix())
+        .timeout(Duration::from_secs(2))
+        .connect_timeout(Duration::from_secs(5))
+        .build()
+        .await
+        .unwrap();
+    let limiter = Limiter::new(store, "1 concurrent lease=1s".parse().unwrap());
+    let (ip, user) = ("ip:1.2.3.4", "user:42");
+    assert_ne!(
+        cluster.master_of(&format!("{{{ip}}}")),
+        cluster.master_of(&format!("{{{user}}}"))
+    );
+    let held = limiter.check(&[ip, user]).await.unwrap();
+    assert!(held.is_allowed());
+    // twice the lease: only renewals keep the slots taken
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    assert!(
+        !limiter.check(&[ip]).await.unwrap().is_allowed(),
+        "ip's lease expired"
+    );
+    assert!(
+        !limiter.check(&[user]).await.unwrap().is_allowed(),
+        "user's lease expired"
+    );
+    drop(held);
+    for id in [ip, user] {
+        let (d, _) = common::eventually(Duration::from_millis(900), || async {
+            match limiter.check(&[id]).await {
+                Ok(d) if d.is_allowed() => Ok(d),
+                other => Err(format!("{id} still held: {other:?}")),
+            }
+        })
+        .await;
+        drop(d);
+    }
+}
+
+/// An ACL user with the store's commands and the cluster's own (`+ping +cluster|slots
+/// +asking`, as the README's rule) on every node serves the store, checks across slots
+/// included.
+#[tokio::test]
+async fn an_acl_user_with_the_documented_rule_works() {
+    let cluster = ClusterServer::shared();
+    let prefix = common::unique_prefix();
+    let readme = include_str!("../README.md");
+    let rule = readme
+        .lines()
+        .find(|l| l.trim_start().starts_with("ACL SETUSER"))
+        .unwrap();
+    let commands: Vec<&str> = rule
+        .split_whitespace()
+        .filter(|w| w.starts_with('+'))
+        .chain(["+ping", "+cluster|slots", "+asking"])
+        .collect();
+    for node in &cluster.nodes {
+        let mut conn = cluster.node_conn(node.port).unwrap();
+        let mut setuser = redis::cmd("ACL");
+        setuser
+            .arg("SETUSER")
+            .arg(format!("{prefix}-user"))
+            .arg("reset")
+            .arg("on")
+            .arg(">pw")
+            .arg(format!("~{prefix}:*"))
+            .arg(&commands);
+        let () = setuser.query(&mut conn).unwrap();
+    }
+    let nodes: Vec<String> = cluster
+        .nodes
+        .iter()
+        .map(|n| format!("127.0.0.1:{}", n.port))
+        .collect();
+    let url = format!("redis+cluster://{prefix}-user:pw@{}", nodes.join(","));
+    let store = RedisStore::builder(url)
+        .prefix(&prefix)
+        .connect_timeout(Duration::from_secs(5))
+        .build()
+        .await
+        .unwrap();
+    let limiter = Limiter::new(store, "1/min, 2 concurrent".parse().unwrap());
+    let d = limiter.check(&["ip:1.2.3.4", "user:42"]).await.unwrap();
+    assert!(d.is_allowed());
+    assert!(!limiter
+        .check(&["ip:1.2.3.4", "user:7"])
+        .await
+        .unwrap()
+        .is_allowed());
+    // user:7's slot admitted that check and was given its charge back (the refund script
+    // runs under the same rule)
+    assert!(limiter.check(&["user:7"]).await.unwrap().is_allowed());
+}
+
+/// A slot migrated while checks run: while it is half-way, its fresh keys live on the target
+/// and the source answers `ASK`; once moved, the client's slot map is stale and the source
+/// answers `MOVED`. Both are followed (the check script loaded on the target when it answers
+/// `NOSCRIPT`), and the count carries on across the move.
+#[tokio::test]
+async fn checks_follow_a_slot_migration() {
+    let cluster = ClusterServer::shared();
+    let store = RedisStore::builder(cluster.url())
+        .prefix(common::unique_prefix())
+        .timeout(Duration::from_secs(2))
+        .connect_timeout(Duration::from_secs(5))
+        .build()
+        .await
+        .unwrap();
+    // A policy of its own, so that no master has its script yet; window limits only, one key
+    // per identifier (a script of several keys meets TRYAGAIN on the importing node while the
+    // slot is half-way: Redis serves a multi-key command there only once all its keys moved).
+    let limiter = Limiter::builder(store.clone(), "9/min, 30/s".parse().unwrap())
+        .on_store_error(OnStoreError::Closed)
+        .build();
+    let id = "migrate:1";
+    // warm the client's connections, with another policy (another script)
+    let warm = Limiter::new(store, "1/s".parse().unwrap());
+    assert!(warm.check(&["warm:1"]).await.unwrap().is_allowed());
+    let source = cluster.master_of(&format!("{{{id}}}"));
+    let target = cluster
+        .masters()
+        .into_iter()
+        .find(|&p| p != source)
+        .unwrap();
+    let node_id = |port: u16| -> String {
+        let mut conn = cluster.node_conn(port).unwrap();
+        redis::cmd("CLUSTER").arg("MYID").query(&mut conn).unwrap()
+    };
+    let (source_id, target_id) = (node_id(source), node_id(target));
+    let mut on_source = cluster.node_conn(source).unwrap();
+    let mut on_target = cluster.node_conn(target).unwrap();
+    let slot: u16 = redis::cmd("CLUSTER")
+        .arg("KEYSLOT")
+        .arg(id)
+        .query(&mut on_source)
+        .unwrap();
+    let setslot = |conn: &mut redis::Connection, what: &str, node: &str| {
+        let () = redis::cmd("CLUSTER")
+            .arg("SETSLOT")
+            .arg(slot)
+            .arg(what)
+            .arg(node)
+            .query(conn)
+            .unwrap();
+    };
+    setslot(&mut on_target, "IMPORTING", &source_id);
+    setslot(&mut on_source, "MIGRATING", &target_id);
+    for expected in [8, 7] {
+        let d = limiter.check(&[id]).await.unwrap();
+        assert!(d.is_allowed());
+        assert_eq!(d.statuses()[0].remaining, expected);
+    }
+    let on_target_keys: Vec<String> = redis::cmd("KEYS")
+        .arg("*{migrate:1}*")
+        .query(&mut on_target)
+        .unwrap();
+    assert!(!on_target_keys.is_empty(), "the check ran on the target");
+    // the migration ends: every master learns the slot's new owner
+    for port in cluster.masters() {
+        let mut conn = cluster.node_conn(port).unwrap();
+        setslot(&mut conn, "NODE", &target_id);
+    }
+    for expected in [6, 5] {
+        let d = limiter.check(&[id]).await.unwrap();
+        assert!(d.is_allowed());
+        assert_eq!(d.statuses()[0].remaining, expected);
+    }
+    assert_eq!(cluster.master_of(&format!("{{{id}}}")), target);
+}
