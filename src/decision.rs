@@ -97,6 +97,31 @@ pub struct LimitStatus {
     pub retry_after: Option<Duration>,
 }
 
+/// How much of one limit one identifier uses, as [`Limiter::usage`](crate::Limiter::usage)
+/// reads it without charging.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Usage {
+    /// Index of the identifier in the slice given (its first occurrence, when the same
+    /// identifier was given twice).
+    pub identifier: usize,
+    /// Index of the limit in the policy.
+    pub limit_index: usize,
+    /// The limit.
+    pub limit: Limit,
+    /// The quota in use: the limit's quota (its count; a bucket's capacity, a GCRA's burst)
+    /// less what remains, so never above the quota — after a policy lowered a count, a
+    /// client may have used more than the new quota. For a concurrency limit, the slots
+    /// held.
+    pub used: u64,
+    /// How many more cost units the limit admits right now (free slots, for a concurrency
+    /// limit).
+    pub remaining: u64,
+    /// Time until the limit's whole quota is available again (zero when it already is; for
+    /// a concurrency limit, always zero: slots come back when requests end).
+    pub reset_after: Duration,
+}
+
 impl Decision {
     /// An allowed decision that nobody checked (the store failed; the limiter fails open).
     pub(crate) fn unchecked(cost: u64) -> Decision {

@@ -7,7 +7,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::deny_cache::DenyCache;
-use super::peek::store_peek;
 use super::{Error, Limiter, OnStoreError, Version, MAX_IDENTIFIERS};
 use crate::decision::{Decision, LimitStatus, Origin};
 use crate::guard::ConcurrencyGuard;
@@ -164,26 +163,7 @@ async fn decide<I: AsRef<str>>(
     if cost == 0 || cost > max {
         return Err(Error::Cost { cost, max });
     }
-    // Distinct identifiers, each with the index of its first occurrence.
-    let mut firsts: Vec<usize> = Vec::with_capacity(identifiers.len());
-    for (i, id) in identifiers.iter().enumerate() {
-        if !firsts
-            .iter()
-            .any(|&f| identifiers[f].as_ref() == id.as_ref())
-        {
-            firsts.push(i);
-        }
-    }
-    if firsts.is_empty() {
-        return Err(Error::NoIdentifiers);
-    }
-    if firsts.len() > MAX_IDENTIFIERS {
-        return Err(Error::TooManyIdentifiers(firsts.len()));
-    }
-    let ids: Vec<String> = firsts
-        .iter()
-        .map(|&i| keyspace::escape_identifier(identifiers[i].as_ref()))
-        .collect();
+    let (firsts, ids) = distinct(identifiers)?;
     let limits = policy.limits();
     if let Some((cache, _)) = target.deny_cache {
         if let Some(decision) = cache.lookup(&ids, &firsts, cost) {
@@ -201,7 +181,7 @@ async fn decide<I: AsRef<str>>(
                 cost,
                 lease: "",
             };
-            (store_peek(&store, &plan).await.map_err(Error::Store)?, None)
+            (store.peek(&plan).await.map_err(Error::Store)?, None)
         }
         None => {
             let plan = Plan {
@@ -256,6 +236,33 @@ async fn decide<I: AsRef<str>>(
         guard,
         origin: Origin::Store,
     })
+}
+
+/// The distinct identifiers among `identifiers`: the index of each one's first occurrence,
+/// and each escaped for the store.
+pub(super) fn distinct<I: AsRef<str>>(
+    identifiers: &[I],
+) -> Result<(Vec<usize>, Vec<String>), Error> {
+    let mut firsts: Vec<usize> = Vec::with_capacity(identifiers.len());
+    for (i, id) in identifiers.iter().enumerate() {
+        if !firsts
+            .iter()
+            .any(|&f| identifiers[f].as_ref() == id.as_ref())
+        {
+            firsts.push(i);
+        }
+    }
+    if firsts.is_empty() {
+        return Err(Error::NoIdentifiers);
+    }
+    if firsts.len() > MAX_IDENTIFIERS {
+        return Err(Error::TooManyIdentifiers(firsts.len()));
+    }
+    let ids = firsts
+        .iter()
+        .map(|&i| keyspace::escape_identifier(identifiers[i].as_ref()))
+        .collect();
+    Ok((firsts, ids))
 }
 
 /// Checks a policy with a concurrency limit; when allowed, holds the slot in a guard.

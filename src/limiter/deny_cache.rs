@@ -156,6 +156,14 @@ impl DenyCache {
         entries.generation = generation;
     }
 
+    /// Forgets the entries of `ids` (escaped): their state in the store was reset.
+    pub(crate) fn forget(&self, ids: &[String]) {
+        let mut entries = self.entries.lock().unwrap_or_else(PoisonError::into_inner);
+        for id in ids {
+            entries.map.remove(id);
+        }
+    }
+
     #[cfg(test)]
     fn len(&self) -> usize {
         self.entries.lock().unwrap().map.len()

@@ -17,7 +17,7 @@ mod check;
 mod deny_cache;
 mod error;
 mod failure;
-mod peek;
+mod inspect;
 
 use deny_cache::DenyCache;
 
@@ -373,19 +373,61 @@ impl Limiter {
         self.run(identifiers, cost, Mode::CHECK).await
     }
 
-    /// What a check of cost `cost` would decide now, without charging anything: whether it
-    /// fits, and per (identifier, limit) pair the quota available now and the times of a
-    /// check's decision. The store writes nothing (on Redis, no key, value or TTL changes),
-    /// and no concurrency slot is taken.
+    /// What a check of cost 1 would decide now, without charging anything. See
+    /// [`Limiter::peek_n`].
     ///
-    /// It answers as a check does when the store fails (the failure policy, the fallback),
-    /// and in shadow mode. It is not counted in the decision metrics.
+    /// # Errors
     ///
-    /// Not public yet: the stores need a read-only check for it (a store verb that evaluates
-    /// without writing); until they have one a peek fails as a store error, so nothing that
-    /// users can reach calls it (the HTTP layer's charging by response waits on it too).
-    #[allow(dead_code)]
-    pub(crate) async fn peek_n<I: AsRef<str>>(
+    /// As [`Limiter::peek_n`].
+    pub async fn peek<I: AsRef<str>>(&self, identifiers: &[I]) -> Result<Decision, Error> {
+        self.peek_n(identifiers, 1).await
+    }
+
+    /// What a check of cost `cost` would decide now, without charging anything: whether the
+    /// request would be allowed (every limit admits `cost` for every identifier), and per
+    /// (identifier, limit) pair the quota available now and, for the limits that would deny,
+    /// when the cost would fit. It is the check's evaluation alone: the store writes nothing
+    /// (on Redis a read-only script runs, and no key, value or TTL changes), so peeking any
+    /// number of times charges nothing, and no concurrency slot is taken (the decision holds
+    /// no guard). A check made right after may still decide otherwise: others' requests may
+    /// be charged in between.
+    ///
+    /// It answers as a check does in every other respect:
+    ///
+    /// * when the store cannot decide, the limiter's [`OnStoreError`]: an allowed decision
+    ///   without figures ([`Origin::FailOpen`](crate::Origin)), the error, or the fallback's
+    ///   peek on its own counts;
+    /// * the deny cache: an identifier the store denied a moment ago is answered in process
+    ///   ([`Origin::DenyCache`](crate::Origin)), and a peek the store denies is remembered as a
+    ///   check's denial is (it is as exact: until then a check of that cost would be denied);
+    /// * in shadow mode the decision is allowed, with [`Decision::would_deny`] telling what
+    ///   enforcing would say.
+    ///
+    /// Peeks are not counted in the decision metrics.
+    ///
+    /// ```
+    /// # async fn run() -> Result<(), tollgate::Error> {
+    /// use tollgate::{Limiter, MemoryStore};
+    ///
+    /// let limiter = Limiter::new(MemoryStore::new(), "2/min".parse().unwrap());
+    /// let peek = limiter.peek(&["user:42"]).await?;
+    /// assert!(peek.is_allowed());
+    /// assert_eq!(peek.statuses()[0].remaining, 2); // nothing was charged
+    ///
+    /// for _ in 0..2 {
+    ///     assert!(limiter.check(&["user:42"]).await?.is_allowed());
+    /// }
+    /// let peek = limiter.peek(&["user:42"]).await?;
+    /// assert!(!peek.is_allowed());
+    /// assert!(peek.retry_after().is_some());
+    /// # Ok(()) }
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(run()).unwrap();
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`Limiter::check_n`].
+    pub async fn peek_n<I: AsRef<str>>(
         &self,
         identifiers: &[I],
         cost: u64,

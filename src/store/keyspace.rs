@@ -22,6 +22,7 @@
 
 use std::fmt::Write;
 
+use crate::algorithm;
 use crate::policy::{Algorithm, Limit};
 
 /// Identifiers longer than this (escaped) are hashed.
@@ -104,6 +105,23 @@ pub(crate) fn packed_key<'a>(
         limit_tag(&mut out, limit);
     }
     out
+}
+
+/// Every key of one identifier for a policy's `limits`, as [`Layout`] orders them: the packed
+/// key (when the policy has window or GCRA limits), then one key per sorted-set limit, in
+/// policy order; `escaped` comes from [`escape_identifier`].
+///
+/// [`Layout`]: crate::algorithm::Layout
+pub(crate) fn keys_of(prefix: &str, escaped: &str, limits: &[Limit]) -> Vec<String> {
+    let mut keys = Vec::with_capacity(limits.len());
+    if limits.iter().any(algorithm::is_packed) {
+        let packed = limits.iter().filter(|l| algorithm::is_packed(l));
+        keys.push(packed_key(prefix, escaped, packed));
+    }
+    for limit in limits.iter().filter(|l| !algorithm::is_packed(l)) {
+        keys.push(key(prefix, escaped, limit));
+    }
+    keys
 }
 
 /// Whether `prefix` is usable: not empty, no braces (they would break the hash tag).

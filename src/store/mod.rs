@@ -79,6 +79,30 @@ impl Store {
         }
     }
 
+    /// What a check of `plan` would decide now, charging nothing: the check's evaluation
+    /// alone (phase 1), with no state written — on Redis no key, value or TTL changes. The
+    /// plan's lease is empty: a peek takes no slot.
+    pub(crate) async fn peek(&self, plan: &Plan<'_>) -> Result<Outcome, StoreError> {
+        match self {
+            Store::Memory(m) => Ok(m.peek(plan)),
+            #[cfg(feature = "redis")]
+            Store::Redis(r) => r.peek(plan).await,
+        }
+    }
+
+    /// Forgets the state of `plan`'s identifiers for its limits (every key a check of the
+    /// plan reads): they start afresh, held concurrency slots included.
+    pub(crate) async fn reset(&self, plan: &Plan<'_>) -> Result<(), StoreError> {
+        match self {
+            Store::Memory(m) => {
+                m.reset(plan);
+                Ok(())
+            }
+            #[cfg(feature = "redis")]
+            Store::Redis(r) => r.reset(plan).await,
+        }
+    }
+
     /// Whether the store is shared by other processes and reads the real clock: the case
     /// where caching its denials saves round trips and is exact.
     pub(crate) fn is_remote_on_real_clock(&self) -> bool {

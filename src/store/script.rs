@@ -453,6 +453,19 @@ pub(crate) fn parse_reply(
     compiled: &CheckScript,
     plan: &Plan<'_>,
 ) -> Result<Outcome, StoreError> {
+    let (allowed, now, mut states) = read_reply(reply, compiled, plan)?;
+    let layout = &compiled.layout;
+    let outcome = algorithm::decide(&mut states, layout, plan.limits, now, plan.cost, plan.lease);
+    agree(allowed, outcome)
+}
+
+/// The script's verdict, the time it read and the states it returned (a sorted set's as the
+/// script's report on it).
+fn read_reply(
+    reply: Value,
+    compiled: &CheckScript,
+    plan: &Plan<'_>,
+) -> Result<(bool, u64, Vec<Option<State>>), StoreError> {
     let layout = &compiled.layout;
     let ids = plan.ids.len();
     let sorted = layout.keys_per_id() - usize::from(layout.has_packed());
@@ -512,7 +525,11 @@ pub(crate) fn parse_reply(
             })));
         }
     }
-    let outcome = algorithm::decide(&mut states, layout, plan.limits, now, plan.cost, plan.lease);
+    Ok((allowed, now, states))
+}
+
+/// The twin's outcome, if the script's verdict agrees with it.
+fn agree(allowed: bool, outcome: Outcome) -> Result<Outcome, StoreError> {
     if outcome.allowed != allowed {
         return Err(unexpected(format!(
             "the script {} what the state it returned {}",
@@ -522,6 +539,9 @@ pub(crate) fn parse_reply(
     }
     Ok(outcome)
 }
+
+mod peek;
+pub(crate) use peek::{parse_peek_reply, peek_script};
 
 #[cfg(test)]
 mod tests;
