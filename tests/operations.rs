@@ -374,3 +374,172 @@ async fn a_raised_limit_is_not_held_back_by_the_deny_cache() {
 }
 
 // ---------------------------------------------------------------------------------------
+// Charging by response
+// ---------------------------------------------------------------------------------------
+
+/// A layer keyed by the `x-user` header that charges only `401` responses.
+fn failures_only(limiter: Limiter) -> RateLimitLayer {
+    RateLimitLayer::new(limiter)
+        .key(Header::named("x-user").unwrap())
+        .charge_if(|res: &http::response::Parts| res.status == StatusCode::UNAUTHORIZED)
+}
+
+/// The `r` of the `RateLimit` item named `name`, read as a structured field.
+fn remaining_in(
+    res: &Response<tollgate::layer::ResponseBody<Full<bytes::Bytes>>>,
+    name: &str,
+) -> i64 {
+    let text = res.headers()["ratelimit"].to_str().unwrap();
+    let list: sfv::List = sfv::Parser::new(text).parse().unwrap();
+    list.iter()
+        .find_map(|entry| match entry {
+            sfv::ListEntry::Item(item)
+                if item.bare_item.as_string().map(|s| s.as_str()) == Some(name) =>
+            {
+                item.params
+                    .get("r")
+                    .and_then(|r| r.as_integer())
+                    .map(i64::from)
+            }
+            _ => None,
+        })
+        .unwrap_or_else(|| panic!("no {name} in {text}"))
+}
+
+/// Only the selected responses are charged; a request is refused before the handler once
+/// the quota is used up, whatever its response would have been; the fields say what is
+/// left. On both stores.
+#[tokio::test]
+async fn only_the_selected_responses_are_charged() {
+    let server = RedisServer::start();
+    let clock = manual_clock();
+    let redis = server.store(Clock::Manual(clock.clone())).await;
+    for store in [memory(&clock), redis.into()] {
+        let limiter = Limiter::new(store, policy("3/min"));
+        let calls = Arc::new(AtomicU64::new(0));
+        let mut svc = failures_only(limiter.clone()).layer(handler(calls.clone()));
+        for _ in 0..5 {
+            let res = svc.ready_oneshot_call(request("a", "/")).await;
+            assert_eq!(res.status(), StatusCode::OK);
+            assert_eq!(remaining_in(&res, "3/min"), 3, "a 200 charges nothing");
+        }
+        for left in [2, 1, 0] {
+            let res = svc.ready_oneshot_call(request("a", "/fail")).await;
+            assert_eq!(res.status(), StatusCode::UNAUTHORIZED);
+            assert_eq!(remaining_in(&res, "3/min"), left, "a 401 is charged");
+            assert!(res.headers().get("retry-after").is_none());
+        }
+        assert_eq!(calls.load(Ordering::SeqCst), 8);
+        // the quota is used up: refused before the handler, a 200 as a 401 would be
+        for path in ["/fail", "/"] {
+            let res = svc.ready_oneshot_call(request("a", path)).await;
+            assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS, "{path}");
+            assert_eq!(remaining_in(&res, "3/min"), 0);
+            assert!(res.headers().get("retry-after").is_some());
+        }
+        assert_eq!(
+            calls.load(Ordering::SeqCst),
+            8,
+            "the handler was not called"
+        );
+        assert_eq!(limiter.usage(&[USER_A]).await.unwrap()[0].used, 3);
+        // another user is untouched
+        let mut other = failures_only(limiter.clone()).layer(handler(calls.clone()));
+        let res = other.ready_oneshot_call(request("b", "/fail")).await;
+        assert_eq!(res.status(), StatusCode::UNAUTHORIZED);
+        assert_eq!(remaining_in(&res, "3/min"), 2);
+    }
+}
+
+/// Requests whose responses are not selected leave Redis exactly as it was: the layer's
+/// check before the handler is a peek.
+#[tokio::test]
+async fn responses_not_charged_leave_redis_as_it_was() {
+    let server = RedisServer::start();
+    let store = server.store(Clock::Real).await;
+    let prefix = store.prefix().to_string();
+    let limiter = Limiter::new(store, policy("5/min, 3/min log, 9/h gcra"));
+    let mut svc = failures_only(limiter).layer(handler(Arc::new(AtomicU64::new(0))));
+    let res = svc.ready_oneshot_call(request("a", "/fail")).await;
+    assert_eq!(res.status(), StatusCode::UNAUTHORIZED);
+    let mut conn = server.conn();
+    let snapshot = |conn: &mut redis::Connection| {
+        let keys: Vec<String> = redis::cmd("KEYS")
+            .arg(format!("{prefix}:*"))
+            .query(conn)
+            .unwrap();
+        keys.into_iter()
+            .map(|k| {
+                let dump: Vec<u8> = redis::cmd("DUMP").arg(&k).query(conn).unwrap();
+                let at: i64 = redis::cmd("PEXPIRETIME").arg(&k).query(conn).unwrap();
+                (k, dump, at)
+            })
+            .collect::<Vec<_>>()
+    };
+    let before = snapshot(&mut conn);
+    assert_eq!(before.len(), 2, "{before:?}");
+    for user in ["a", "a", "b", "a"] {
+        let res = svc.ready_oneshot_call(request(user, "/")).await;
+        assert_eq!(res.status(), StatusCode::OK);
+    }
+    assert_eq!(snapshot(&mut conn), before);
+}
+
+/// Requests in flight together all pass the peek: more than the quota may reach the
+/// handler, but no more than the quota is ever charged.
+#[tokio::test]
+async fn requests_in_flight_together_may_pass_the_quota_but_never_the_count() {
+    let clock = manual_clock();
+    let limiter = Limiter::new(memory(&clock), policy("3/min"));
+    let arrived = Arc::new(tokio::sync::Barrier::new(5));
+    let calls = Arc::new(AtomicU64::new(0));
+    let inner = {
+        let (arrived, calls) = (arrived.clone(), calls.clone());
+        service_fn(move |_req: Request<Full<bytes::Bytes>>| {
+            let (arrived, calls) = (arrived.clone(), calls.clone());
+            async move {
+                calls.fetch_add(1, Ordering::SeqCst);
+                // every request is in the handler before any answers
+                arrived.wait().await;
+                Ok::<_, Infallible>(
+                    Response::builder()
+                        .status(StatusCode::UNAUTHORIZED)
+                        .body(Full::<bytes::Bytes>::default())
+                        .unwrap(),
+                )
+            }
+        })
+    };
+    let svc = failures_only(limiter.clone()).layer(inner);
+    let tasks: Vec<_> = (0..5)
+        .map(|_| {
+            let svc = svc.clone();
+            tokio::spawn(async move { svc.oneshot(request("a", "/")).await.unwrap().status() })
+        })
+        .collect();
+    for t in tasks {
+        assert_eq!(t.await.unwrap(), StatusCode::UNAUTHORIZED);
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), 5, "all five passed the peek");
+    assert_eq!(limiter.usage(&[USER_A]).await.unwrap()[0].used, 3);
+    let mut svc = svc;
+    let res = svc.ready_oneshot_call(request("a", "/")).await;
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+}
+
+/// `ready().await.call(req).await.unwrap()` in one call.
+trait ReadyCall<Req> {
+    type Out;
+    fn ready_oneshot_call(&mut self, req: Req) -> impl std::future::Future<Output = Self::Out>;
+}
+
+impl<S, Req> ReadyCall<Req> for S
+where
+    S: Service<Req>,
+    S::Error: std::fmt::Debug,
+{
+    type Out = S::Response;
+    async fn ready_oneshot_call(&mut self, req: Req) -> S::Response {
+        self.ready().await.unwrap().call(req).await.unwrap()
+    }
+}

@@ -143,6 +143,53 @@ impl RateLimitLayer {
         self.edit(|c| c.cost = Some(Arc::new(cost)))
     }
 
+    /// Charges only the requests whose response `selects` picks (default: every request is
+    /// charged before it is handled). A login endpoint that counts failed attempts only:
+    ///
+    /// ```
+    /// use http::StatusCode;
+    /// use tollgate::key::PeerIp;
+    /// use tollgate::{Limiter, MemoryStore, RateLimitLayer};
+    ///
+    /// let failures = Limiter::new(MemoryStore::new(), "5/15min".parse().unwrap());
+    /// let layer = RateLimitLayer::new(failures)
+    ///     .key(PeerIp::default())
+    ///     .charge_if(|res: &http::response::Parts| res.status == StatusCode::UNAUTHORIZED);
+    /// # let _ = layer;
+    /// ```
+    ///
+    /// What happens to a request:
+    ///
+    /// 1. Before the handler, the layer [peeks](crate::Limiter::peek_n): it asks what a check
+    ///    would decide, charging nothing. A request the limits would deny now — the quota is
+    ///    used up — is refused as usual (429, `Retry-After`, the rate-limit fields) without
+    ///    reaching the handler. The peek is the request's decision in the metrics.
+    /// 2. The handler answers, and `selects` is asked about the response's head (status,
+    ///    headers, extensions; for a gRPC response, `grpc-status` is in the headers only when
+    ///    it is trailers-only).
+    /// 3. A selected response is charged by an ordinary check, all-or-nothing, as if the
+    ///    request had arrived then; a charge the limits no longer admit charges nothing. The
+    ///    charge runs in a task of its own, so a response dropped before it is sent is
+    ///    charged all the same. A response that is not selected charges nothing.
+    ///
+    /// The response carries the rate-limit fields of its charge when it was charged (the
+    /// quota left after it), else those of the peek (the quota left, untouched).
+    ///
+    /// The count never exceeds the limit, but requests can: peek and charge are two steps,
+    /// and requests of one client in flight together all pass the peek before any of them is
+    /// charged. Up to that many requests may reach the handler past the quota — with 5 left,
+    /// 8 requests arriving together are all handled, and only 5 of them can be charged.
+    /// Where that matters, add a concurrency limit for the client on a layer of its own.
+    ///
+    /// No concurrency slot is held: a peek takes none, and a charge gives back at once the
+    /// one it takes. Under [shadow mode](Self::shadow) both steps run, and nothing is refused.
+    pub fn charge_if<F>(self, selects: F) -> Self
+    where
+        F: Fn(&http::response::Parts) -> bool + Send + Sync + 'static,
+    {
+        self.edit(|c| c.charge_if = Some(Arc::new(selects)))
+    }
+
     /// Which rate-limit headers responses carry (default [`HeaderStyle::Ietf`]: the
     /// `RateLimit-Policy` and `RateLimit` fields of draft-ietf-httpapi-ratelimit-headers-11,
     /// described in the [`layer`](super#headers) module).

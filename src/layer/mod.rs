@@ -23,6 +23,13 @@
 //!   one; both must allow;
 //! * [`bypass`](RateLimitLayer::bypass): no check, no headers.
 //!
+//! # Charging by response
+//!
+//! By default a request is charged before it is handled. With
+//! [`charge_if`](RateLimitLayer::charge_if) the layer only peeks before the handler (refusing
+//! once the quota is used up) and charges the responses a predicate selects, such as a login
+//! endpoint's `401`s.
+//!
 //! # Headers
 //!
 //! With the default [`HeaderStyle::Ietf`], checked responses (allowed or not) carry the
