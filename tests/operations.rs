@@ -543,3 +543,139 @@ where
         self.ready().await.unwrap().call(req).await.unwrap()
     }
 }
+
+// ---------------------------------------------------------------------------------------
+// Counts carried over a policy change
+// ---------------------------------------------------------------------------------------
+
+/// How many of `n` checks of `id` are allowed (slots taken are kept in `held`).
+async fn admitted(
+    l: &Limiter,
+    id: &str,
+    n: usize,
+    held: &mut Vec<tollgate::ConcurrencyGuard>,
+) -> usize {
+    let mut allowed = 0;
+    for _ in 0..n {
+        let mut d = l.check(&[id]).await.unwrap();
+        if d.is_allowed() {
+            allowed += 1;
+            held.extend(d.take_guard());
+        }
+    }
+    allowed
+}
+
+/// A new count applies to what was already counted, limit by limit, on both stores: 8 used
+/// of 10/min raised to 12/min admits 4 more; lowered below the usage, it denies. A bucket's
+/// or GCRA's burst carries over; its rate starts afresh.
+#[tokio::test]
+async fn counts_carry_over_a_change_of_count() {
+    let server = RedisServer::start();
+    for algorithm in ["", " log", " fixed"] {
+        let clock = manual_clock();
+        let redis = server.store(Clock::Manual(clock.clone())).await;
+        for store in [memory(&clock), redis.into()] {
+            let l = Limiter::new(
+                store,
+                policy(&format!("10/min{algorithm}, 100/h{algorithm}")),
+            );
+            let held = &mut Vec::new();
+            assert_eq!(admitted(&l, "u", 8, held).await, 8);
+            l.set_policy(policy(&format!("12/min{algorithm}, 100/h{algorithm}")));
+            assert_eq!(
+                admitted(&l, "u", 10, held).await,
+                4,
+                "{algorithm}: 12 - 8, not 12"
+            );
+            let u = l.usage(&["u"]).await.unwrap();
+            assert_eq!((u[0].used, u[1].used), (12, 12), "{algorithm}");
+            l.set_policy(policy(&format!("5/min{algorithm}, 100/h{algorithm}")));
+            assert_eq!(
+                admitted(&l, "u", 3, held).await,
+                0,
+                "{algorithm}: 12 used of 5"
+            );
+            assert_eq!(l.usage(&["u"]).await.unwrap()[0].remaining, 0);
+        }
+    }
+    let clock = manual_clock();
+    let redis = server.store(Clock::Manual(clock.clone())).await;
+    for store in [memory(&clock), redis.into()] {
+        let held = &mut Vec::new();
+        // slots held stay held under a new count
+        let l = Limiter::new(store.clone(), policy("3 concurrent"));
+        assert_eq!(admitted(&l, "c", 2, held).await, 2);
+        l.set_policy(policy("5 concurrent lease=30s"));
+        assert_eq!(admitted(&l, "c", 5, held).await, 3, "5 - 2 held");
+        // GCRA: a new burst keeps the arrival time; a new rate starts afresh
+        let g = Limiter::new(store, policy("10/min gcra burst=10"));
+        assert_eq!(admitted(&g, "g", 8, held).await, 8);
+        g.set_policy(policy("10/min gcra burst=12"));
+        assert_eq!(admitted(&g, "g", 10, held).await, 4, "burst 12 - 8 used");
+        g.set_policy(policy("20/min gcra burst=12"));
+        assert_eq!(
+            admitted(&g, "g", 20, held).await,
+            12,
+            "a new rate starts afresh"
+        );
+    }
+}
+
+/// Under load: tasks keep checking one identifier while the count is raised, then lowered.
+/// Every check that starts after a change runs on the new policy, and the count carries over
+/// both changes: 12 admitted in all, whatever the timing (the clock stands still).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_load_a_new_count_applies_at_once_to_what_was_counted() {
+    let server = RedisServer::start();
+    let clock = manual_clock();
+    let redis = server.store(Clock::Manual(clock.clone())).await;
+    for store in [memory(&clock), redis.into()] {
+        let limiter = Limiter::new(store, policy("10/min"));
+        // 0: the first policy; 1: raised to 12/min; 2: lowered to 6/min; 3: stop
+        let phase = Arc::new(AtomicU64::new(0));
+        let tasks: Vec<_> = (0..8)
+            .map(|_| {
+                let (limiter, phase) = (limiter.clone(), phase.clone());
+                tokio::spawn(async move {
+                    let mut allowed = 0;
+                    loop {
+                        let before = phase.load(Ordering::SeqCst);
+                        if before == 3 {
+                            return allowed;
+                        }
+                        let d = limiter.check(&["shared"]).await.unwrap();
+                        let limit = d.limits().next().unwrap().limit.to_string();
+                        match before {
+                            1 => assert!(limit == "12/min" || limit == "6/min", "{limit}"),
+                            2 => {
+                                assert_eq!(limit, "6/min");
+                                assert!(!d.is_allowed(), "12 used of 6");
+                            }
+                            _ => {}
+                        }
+                        allowed += u64::from(d.is_allowed());
+                        tokio::task::yield_now().await;
+                    }
+                })
+            })
+            .collect();
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        assert_eq!(limiter.usage(&["shared"]).await.unwrap()[0].used, 10);
+        limiter.set_policy(policy("12/min"));
+        phase.store(1, Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        limiter.set_policy(policy("6/min"));
+        phase.store(2, Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        phase.store(3, Ordering::SeqCst);
+        let mut total = 0;
+        for t in tasks {
+            total += t.await.unwrap();
+        }
+        assert_eq!(
+            total, 12,
+            "10, then 2 more under 12/min, then none under 6/min"
+        );
+    }
+}

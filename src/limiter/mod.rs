@@ -244,18 +244,36 @@ impl Limiter {
     /// it, scaled as before, and so does the limiter's name unless it was given one. The
     /// deny cache is emptied.
     ///
-    /// What was counted carries over limit by limit, as long as the store keeps the limit's
-    /// state under the same key:
+    /// What was counted carries over limit by limit, in the store, where the new limit's
+    /// state means what the old one's meant (the rule is the store's key naming, so every
+    /// process of a fleet and every restart agree):
     ///
-    /// * a limit whose count alone changes keeps what was counted for it: `10/s` raised to
-    ///   `20/s` with 8 used has 12 left; lowered to `5/s`, it denies until the usage has
-    ///   fallen below 5. This holds for the sliding window, sliding log and fixed window;
+    /// * a sliding window, fixed window or sliding log whose count alone changes keeps what
+    ///   was counted for it: `10/min` raised to `12/min` with 8 used admits 4 more, not 12;
+    ///   lowered to `5/min`, it denies until the usage has fallen below 5;
     /// * a concurrency limit keeps its held slots whatever its count or lease;
     /// * a token bucket or GCRA keeps its usage when its burst (capacity) changes, and starts
     ///   afresh when its rate (count or window) does: its state is a time measured in steps
     ///   of that rate;
     /// * a limit whose window or algorithm changes starts afresh (its old state expires by
-    ///   itself); so does a limit that is new to the policy.
+    ///   itself); so does a limit that is new to the policy;
+    /// * the window, fixed-window, bucket and GCRA limits of a policy keep their state
+    ///   together (one store key per identifier): they carry over when each of them does, and
+    ///   all start afresh when one of them starts afresh, is added or is removed.
+    ///
+    /// ```
+    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    /// use tollgate::{Limiter, MemoryStore};
+    ///
+    /// let limiter = Limiter::new(MemoryStore::new(), "10/min".parse()?);
+    /// for _ in 0..8 {
+    ///     let _ = limiter.check(&["user:42"]).await?;
+    /// }
+    /// limiter.set_policy("12/min".parse()?);
+    /// assert_eq!(limiter.peek(&["user:42"]).await?.statuses()[0].remaining, 4);
+    /// # Ok(()) }
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(run()).unwrap();
+    /// ```
     ///
     /// Setting the policy in force again changes nothing.
     pub fn set_policy(&self, policy: Policy) {

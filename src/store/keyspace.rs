@@ -1,24 +1,52 @@
 //! Store keys: `PREFIX:{IDENTIFIER}:LIMIT,LIMIT…` for an identifier's packed key (every
-//! window and GCRA limit of a policy in one string: `tollgate:{ip:1.2.3.4}:w10/1s,w120/1m`),
+//! window and GCRA limit of a policy in one string: `tollgate:{ip:1.2.3.4}:w1s,w1m`),
 //! `PREFIX:{IDENTIFIER}:LIMIT` for a sorted set (a sliding log, a concurrency limit:
-//! `tollgate:{ip:1.2.3.4}:l10/1s`).
+//! `tollgate:{ip:1.2.3.4}:l1s`, `tollgate:{ip:1.2.3.4}:c`).
 //!
 //! * All keys of one identifier share the `{hash tag}`, so in Redis Cluster they live in one
 //!   slot.
 //! * The identifier is escaped so that user input cannot close the tag or collide with another
 //!   identifier: `%`, `{`, `}` and `#` become `%25`, `%7B`, `%7D` and `%23`. Escaping is
 //!   injective, and the prefix may not contain braces, so the key determines prefix,
-//!   identifier and limit uniquely.
+//!   identifier and limit part uniquely.
 //! * An identifier longer than [`MAX_PLAIN_ID`] bytes (once escaped) is replaced by `#` and its
 //!   SHA-1 in hex: a 10 KB header value costs 41 bytes of key, not 10 KB, in every key and
 //!   every memory-store entry. `#` cannot start an escaped identifier, so hashed and plain
 //!   identifiers never meet; two long identifiers would need a SHA-1 collision to share state,
 //!   which gives the party who forged it nothing but sharing its own budget.
-//! * The limit part names the algorithm and all its parameters — for the packed key, of every
-//!   limit it holds, in order — so that changing a policy starts new state instead of reading
-//!   state of another shape. A packed key names only window and GCRA limits, a sorted set one
-//!   log or concurrency limit, so the two never meet; names are short, because Redis hashes
-//!   and copies them in every command.
+//! * A packed key names only window and GCRA limits, a sorted set one log or concurrency
+//!   limit, so the two never meet; names are short, because Redis hashes and copies them in
+//!   every command.
+//!
+//! # What a limit's name holds, and what carries over a policy change
+//!
+//! A limit's part of a key names what its state *means*, and nothing else, so that a policy
+//! change keeps the state of every limit whose state still means the same (both stores, since
+//! both name their state this way):
+//!
+//! * **sliding window, fixed window, sliding log**: the algorithm and the window (`w1s`,
+//!   `f1m`, `l1s`), not the count. Their state — counts per window, entry times — is what was
+//!   charged, whatever the count: `10/min` raised to `12/min` with 8 used admits 4 more, and
+//!   lowered to `5/min` denies until the usage falls below 5.
+//! * **concurrency**: `c` alone. Its state is the slots held, each with its own deadline; a
+//!   new count or lease applies to the slots taken from then on.
+//! * **token bucket, GCRA**: the algorithm, count and window (`g3/1300ms`), not the burst (or
+//!   capacity). The state is a theoretical arrival time kept in steps of `window / count`
+//!   (the fraction in units of `1 / count` µs): it means the same whatever the burst, which
+//!   only decides how far ahead of now it may run, but another rate would read it wrongly.
+//!   A rate change starts afresh.
+//! * A changed window or algorithm starts afresh; the old state expires by itself.
+//!
+//! Every window and GCRA limit of a policy lives in the one packed key, whose name lists
+//! theirs in order: they carry over together, when each keeps its name, or start afresh
+//! together, when one changes or one is added or removed among them. Two sliding logs of
+//! one policy with the same window (`10/s log, 20/s log`) would share a name: there, and only
+//! there, the name holds the count too (`l10/1s`), so each has its set.
+//!
+//! The price: two limiters on one store whose limits share a name (`100/min` on one route,
+//! `10/min` on another, or two concurrency limits) share that state for an identifier, as
+//! two equal limits always did. Limiters that must count apart use different prefixes
+//! (stores) or identifiers.
 
 use std::fmt::Write;
 
@@ -47,18 +75,23 @@ pub(crate) fn escape_identifier(id: &str) -> String {
     out
 }
 
-/// The limit part of a key, e.g. `w10/1s` (sliding window, 10 per second), `g3/1300msb2`
-/// (GCRA, 3 per 1.3 s, burst 2): the algorithm's letter, the count, `/`, the window in its
-/// largest whole unit (`d`, `h`, `m`, `s` or `ms`), then a bucket's or GCRA's burst after `b`.
-/// Every limit has exactly one such name, and the name gives the limit back.
-fn limit_tag(out: &mut String, limit: &Limit) {
+/// The limit part of a key: the algorithm's letter, then the window in its largest whole
+/// unit (`d`, `h`, `m`, `s` or `ms`) — `w1s` (sliding window over a second), `f1m`, `l90m` —
+/// with the count before it (`g3/1300ms`) for a bucket or GCRA, or when `count` asks for it;
+/// a concurrency limit is `c`. See the module documentation for why.
+fn limit_tag(out: &mut String, limit: &Limit, count: bool) {
     let algorithm = limit.algorithm();
-    let burst = match algorithm {
-        Algorithm::TokenBucket { capacity } => Some(capacity),
-        Algorithm::Gcra { burst } => Some(burst),
-        _ => None,
-    };
-    let letter = algorithm.key_letter();
+    out.push(algorithm.key_letter());
+    if algorithm == Algorithm::Concurrency {
+        return;
+    }
+    let rate = matches!(
+        algorithm,
+        Algorithm::TokenBucket { .. } | Algorithm::Gcra { .. }
+    );
+    if count || rate {
+        let _ = write!(out, "{}/", limit.count());
+    }
     let ms = limit.window_us() / 1000;
     let (n, unit) = [
         (86_400_000, "d"),
@@ -69,10 +102,7 @@ fn limit_tag(out: &mut String, limit: &Limit) {
     .into_iter()
     .find(|(u, _)| ms.is_multiple_of(*u))
     .map_or((ms, "ms"), |(u, name)| (ms / u, name));
-    let _ = write!(out, "{letter}{}/{n}{unit}", limit.count());
-    if let Some(b) = burst {
-        let _ = write!(out, "b{b}");
-    }
+    let _ = write!(out, "{n}{unit}");
 }
 
 /// Builds the key of one (identifier, limit) pair; `escaped` comes from [`escape_identifier`].
@@ -82,7 +112,7 @@ pub(crate) fn key(prefix: &str, escaped: &str, limit: &Limit) -> String {
     out.push_str(":{");
     out.push_str(escaped);
     out.push_str("}:");
-    limit_tag(&mut out, limit);
+    limit_tag(&mut out, limit, false);
     out
 }
 
@@ -102,7 +132,7 @@ pub(crate) fn packed_key<'a>(
         if i > 0 {
             out.push(',');
         }
-        limit_tag(&mut out, limit);
+        limit_tag(&mut out, limit, false);
     }
     out
 }
@@ -119,7 +149,16 @@ pub(crate) fn keys_of(prefix: &str, escaped: &str, limits: &[Limit]) -> Vec<Stri
         keys.push(packed_key(prefix, escaped, packed));
     }
     for limit in limits.iter().filter(|l| !algorithm::is_packed(l)) {
-        keys.push(key(prefix, escaped, limit));
+        // another sorted set of the policy with the same name: both name their count
+        let shared = limits.iter().any(|o| {
+            o != limit && o.algorithm() == limit.algorithm() && o.window_us() == limit.window_us()
+        });
+        let mut key = key(prefix, escaped, limit);
+        if shared {
+            key.truncate(key.len() - key.rsplit(':').next().map_or(0, str::len));
+            limit_tag(&mut key, limit, true);
+        }
+        keys.push(key);
     }
     keys
 }
@@ -139,18 +178,7 @@ mod tests {
     fn identifiers_cannot_inject_tags_or_collide() {
         let limit = Limit::per_second(10).unwrap();
         let ids = [
-            "a",
-            "a}",
-            "{a}",
-            "a%7D",
-            "a%257D",
-            "#a",
-            "%23a",
-            "",
-            "}",
-            "{",
-            "a:b",
-            "a}:w10/1s",
+            "a", "a}", "{a}", "a%7D", "a%257D", "#a", "%23a", "", "}", "{", "a:b", "a}:w1s",
         ];
         let keys: HashSet<String> = ids
             .iter()
@@ -164,7 +192,7 @@ mod tests {
         }
         assert_eq!(
             key("rl", &escape_identifier("ip:1.2.3.4"), &limit),
-            "rl:{ip:1.2.3.4}:w10/1s"
+            "rl:{ip:1.2.3.4}:w1s"
         );
     }
 
@@ -189,19 +217,19 @@ mod tests {
         let policy: crate::Policy = "10/s, 120/min, 240/h".parse().unwrap();
         let id = escape_identifier("ip:1.2.3.4");
         let packed = packed_key("rl", &id, policy.limits());
-        assert_eq!(packed, "rl:{ip:1.2.3.4}:w10/1s,w120/1m,w240/1h");
+        assert_eq!(packed, "rl:{ip:1.2.3.4}:w1s,w1m,w1h");
         let log = Limit::per_second(10)
             .unwrap()
             .with_algorithm(Algorithm::SlidingLog)
             .unwrap();
-        assert_eq!(key("rl", &id, &log), "rl:{ip:1.2.3.4}:l10/1s");
+        assert_eq!(key("rl", &id, &log), "rl:{ip:1.2.3.4}:l1s");
         // another policy, another key
         let other: crate::Policy = "10/s, 120/min".parse().unwrap();
         assert_ne!(packed_key("rl", &id, other.limits()), packed);
     }
 
     #[test]
-    fn limit_names_are_short_and_one_to_one() {
+    fn limit_names_are_short_and_name_what_the_state_means() {
         let names: Vec<String> = [
             "1/ms",
             "1/1000ms",
@@ -218,19 +246,54 @@ mod tests {
             "31/300ms gcra burst=2",
             "3 concurrent",
             "3 concurrent lease=90s",
+            "7/1001ms",
+            "5/s log",
+            "5/s fixed",
         ]
         .iter()
         .map(|p| {
             let limit: Limit = p.parse().unwrap();
             let mut out = String::new();
-            limit_tag(&mut out, &limit);
+            limit_tag(&mut out, &limit, false);
             out
         })
         .collect();
-        assert_eq!(names[..4], ["w1/1ms", "w1/1s", "w1/1001ms", "w1/1m"]);
-        assert_eq!(names[9], "g3/1300msb2");
+        assert_eq!(names[..4], ["w1ms", "w1s", "w1001ms", "w1m"]);
+        assert_eq!(names[9], "g3/1300ms");
+        assert_eq!(names[13], "c");
+        assert_eq!(names[16..], ["l1s", "f1s"]);
+        // the same state whatever the burst, the lease or the count of a window
+        assert_eq!(names[9], names[11]);
+        assert_eq!(names[13], names[14]);
+        assert_eq!(names[2], names[15]);
+        // every other difference is another name
         let distinct: HashSet<&String> = names.iter().collect();
-        assert_eq!(distinct.len(), names.len(), "{names:?}");
+        assert_eq!(distinct.len(), names.len() - 3, "{names:?}");
+    }
+
+    #[test]
+    fn counts_stay_out_of_keys_unless_two_logs_would_share_one() {
+        let id = escape_identifier("u");
+        let keys = |p: &str| keys_of("rl", &id, p.parse::<crate::Policy>().unwrap().limits());
+        // a count change keeps every key; a window change or a new limit does not
+        assert_eq!(
+            keys("10/s, 5/s log, 100/min fixed, 3 concurrent"),
+            ["rl:{u}:w1s,f1m", "rl:{u}:l1s", "rl:{u}:c"]
+        );
+        assert_eq!(
+            keys("20/s, 2/s log, 90/min fixed, 1 concurrent lease=1m"),
+            keys("10/s, 5/s log, 100/min fixed, 3 concurrent")
+        );
+        assert_ne!(keys("10/2s")[0], keys("10/s")[0]);
+        assert_ne!(keys("10/s, 100/h")[0], keys("10/s")[0]);
+        // a GCRA names its rate, not its burst
+        assert_eq!(keys("3/s gcra burst=9"), ["rl:{u}:g3/1s"]);
+        assert_ne!(keys("4/s gcra"), keys("3/s gcra"));
+        // two logs of one window: each names its count, so each has its set
+        assert_eq!(
+            keys("10/s log, 20/s log, 5/min log"),
+            ["rl:{u}:l10/1s", "rl:{u}:l20/1s", "rl:{u}:l1m"]
+        );
     }
 
     #[test]

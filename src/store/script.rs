@@ -366,13 +366,10 @@ pub(crate) fn check_args(
     now: Option<u64>,
     plan: &Plan<'_>,
 ) {
+    debug_assert_eq!(compiled.layout, Layout::of(plan.limits));
     for id in plan.ids {
-        if !compiled.packed.is_empty() {
-            let limits = compiled.packed.iter().map(|&l| &plan.limits[l]);
-            call.key(keyspace::packed_key(prefix, id, limits));
-        }
-        for limit in plan.limits.iter().filter(|l| !algorithm::is_packed(l)) {
-            call.key(keyspace::key(prefix, id, limit));
+        for key in keyspace::keys_of(prefix, id, plan.limits) {
+            call.key(key);
         }
     }
     call.arg(plan.cost);
