@@ -197,6 +197,23 @@ impl RateLimitLayer {
         self.edit(|c| c.headers = style)
     }
 
+    /// Adds draft-11's `pk` parameter (partition key) to each `RateLimit` item: the keyed
+    /// hash (HMAC-SHA-1 under `secret`, 12 bytes, a structured-field byte sequence) of the
+    /// identifier the item describes, never the identifier itself. Off by default.
+    ///
+    /// A client may use it to tell which of its quotas an item counts (the same key, the same
+    /// partition). Give every process of a fleet the same secret, so that they agree, and
+    /// keep it secret: without it, nobody can recover an identifier (an IP address) by
+    /// hashing candidates.
+    ///
+    /// ```text
+    /// RateLimit: "10/s";r=7;t=1;pk=:x4sWbYlQk0PA2ndV:
+    /// ```
+    pub fn partition_keys(self, secret: impl AsRef<[u8]>) -> Self {
+        let secret: Arc<[u8]> = secret.as_ref().into();
+        self.edit(|c| c.partition_secret = Some(secret))
+    }
+
     /// Whether limited HTTP requests are answered with an RFC 9457
     /// `application/problem+json` body (default: no, a line of text): the problem type
     /// `quota-exceeded`, or `temporary-reduced-capacity` when the

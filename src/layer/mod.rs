@@ -65,6 +65,9 @@
 //! both appears once, with the tighter state. Requests let through without a check (bypass,
 //! a missing key allowed, a store failing open) carry no items.
 //!
+//! With [`partition_keys`](RateLimitLayer::partition_keys), each `RateLimit` item also
+//! carries `pk`, a keyed hash of the identifier it describes (never the identifier).
+//!
 //! [`HeaderStyle::Legacy`] sends `X-RateLimit-Limit`, `X-RateLimit-Remaining` (the `q` and `r`
 //! of the limit closest to exhaustion) and `X-RateLimit-Reset` (the seconds until its whole
 //! quota is back) instead.
