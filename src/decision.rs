@@ -232,8 +232,11 @@ impl Decision {
     }
 
     /// For each limit of the policy, in order, the status of the most constrained identifier
-    /// (least remaining, then longest reset): what rate-limit headers report (they leave the
-    /// concurrency limit out: it is not a quota over time).
+    /// (least remaining, then longest reset). A concurrency limit is listed as the others
+    /// are: its remaining is the free slots, its reset zero (slots come back when requests
+    /// end). The rate-limit headers report one item per limit too, concurrency limits
+    /// included (as `qu="concurrent-requests"`), except that when the request was denied
+    /// they show the identifier that holds it back longest.
     pub fn limits(&self) -> impl Iterator<Item = &LimitStatus> + '_ {
         let n = self
             .statuses
