@@ -7,6 +7,8 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use common::{manual_clock, RedisServer};
+use proptest::prelude::*;
+use proptest::test_runner::{Config, TestRunner};
 use redis::Commands;
 use tollgate::{Clock, Limiter, ManualClock, MemoryStore, Policy, Store};
 
@@ -254,4 +256,70 @@ async fn reset_gives_the_whole_quota_back_and_nothing_else() {
     assert!(after_others.is_empty(), "{after_others:?}");
     assert!(other.usage(&["user:1"]).await.unwrap()[0].used == 1);
     drop(held);
+}
+
+/// Random sequences of peeks and checks, every algorithm, both stores side by side: the
+/// stores peek alike, and every check decides as the peek just before it said.
+#[test]
+fn stores_peek_alike_and_peeks_foretell_checks() {
+    const POLICIES: &[&str] = &[
+        "5/s log",
+        "3/250ms",
+        "3/200ms fixed",
+        "3/s gcra burst=2",
+        "5/700ms bucket capacity=3",
+        "3/100ms, 7/s log, 12/2s fixed",
+        "4/s gcra, 6/1500ms, 9/3s log",
+    ];
+    const IDS: [&str; 3] = ["a", "b", "c"];
+    let server = RedisServer::start();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let op = (
+        prop_oneof![0u64..2_000, 0u64..400_000, Just(0u64)],
+        prop::sample::subsequence(vec![0usize, 1, 2], 1..=3),
+        prop_oneof![4 => Just(1u64), 1 => Just(2u64)],
+        any::<bool>(),
+    );
+    let mut runner = TestRunner::new(Config {
+        cases: 24,
+        failure_persistence: None,
+        ..Config::default()
+    });
+    runner
+        .run(
+            &(0..POLICIES.len(), prop::collection::vec(op, 20..150)),
+            |(p, ops)| {
+                rt.block_on(async {
+                    let clock = manual_clock();
+                    let redis = server.store(Clock::Manual(clock.clone())).await;
+                    let limiters = [
+                        Limiter::new(memory(&clock), policy(POLICIES[p])),
+                        Limiter::new(redis, policy(POLICIES[p])),
+                    ];
+                    for (dt_us, ids, cost, check) in &ops {
+                        clock.advance(Duration::from_micros(*dt_us));
+                        let names: Vec<&str> = ids.iter().map(|&i| IDS[i]).collect();
+                        let mut peeks = Vec::new();
+                        for l in &limiters {
+                            peeks.push(l.peek_n(&names, *cost).await.unwrap());
+                        }
+                        prop_assert_eq!(&peeks[0], &peeks[1], "{:?}", names);
+                        if *check {
+                            for l in &limiters {
+                                let d = l.check_n(&names, *cost).await.unwrap();
+                                prop_assert_eq!(d.is_allowed(), peeks[0].is_allowed());
+                                if !d.is_allowed() {
+                                    prop_assert_eq!(d.statuses(), peeks[0].statuses());
+                                }
+                            }
+                        }
+                    }
+                    Ok(())
+                })
+            },
+        )
+        .unwrap();
 }

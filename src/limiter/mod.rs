@@ -134,8 +134,9 @@ impl LimiterBuilder {
     /// until then, without a round trip: a client flooding the fleet is answered without
     /// touching Redis. It never denies a request Redis would allow (others' requests only
     /// use quota; concurrency limits are never cached); what it gives up is that resetting
-    /// the identifier in Redis is seen here only when the entry expires. The memory store and
-    /// a manual clock never use it.
+    /// the identifier elsewhere (another process's [`Limiter::reset`], or in Redis by hand) is
+    /// seen here only when the entry expires. The memory store and a manual clock never use
+    /// it.
     pub fn deny_cache(mut self, max_identifiers: usize) -> Self {
         self.deny_cache = max_identifiers;
         self
