@@ -16,10 +16,11 @@
 //!   can predict;
 //! * it is used only with the real clock (a manual clock can jump).
 //!
-//! What it gives up: a reset of the identifier in Redis, or a policy change, is seen by this
-//! process only when its entry expires (at most the denied limit's retry time). Memory is
-//! bounded by a number of identifiers; at the bound, expired entries are swept, and new
-//! denials are not cached until there is room.
+//! What it gives up: a reset of the identifier made elsewhere (another process's
+//! `Limiter::reset`, or in Redis by hand) is seen by this process only when its entry expires
+//! (at most the denied limit's retry time); a reset or a policy change through this limiter
+//! empties the entries concerned at once. Memory is bounded by a number of identifiers; at
+//! the bound, expired entries are swept, and new denials are not cached until there is room.
 
 use std::collections::HashMap;
 use std::sync::{Mutex, PoisonError};
