@@ -429,12 +429,16 @@ async fn routes_add_or_replace_as_said() {
 async fn an_adding_route_holds_both_slots() {
     let clock = manual_clock();
     let store = memory(&clock);
-    // the route's limiter on a store of its own: on one store, two concurrency limits share
-    // an identifier's slots
-    let layer = keyed(limiter(&store, "1 concurrent")).route_adding(
-        |req: &RequestView<'_>| req.uri.path() == "/slow",
-        limiter(&memory(&clock), "100/min, 5 concurrent lease=30s"),
-    );
+    // the route's limiter in a namespace of its own: in the store's shared space, two
+    // concurrency limits hold an identifier's slots together
+    let route = Limiter::builder(
+        store.clone(),
+        "100/min, 5 concurrent lease=30s".parse().unwrap(),
+    )
+    .namespace("slow".parse().unwrap())
+    .build();
+    let layer = keyed(limiter(&store, "1 concurrent"))
+        .route_adding(|req: &RequestView<'_>| req.uri.path() == "/slow", route);
     let app = app(layer);
     let slow = {
         let app = app.clone();

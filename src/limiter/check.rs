@@ -14,7 +14,7 @@ use crate::observe::{self, Action};
 use crate::policy::{Limit, Policy};
 use crate::store::keyspace;
 use crate::store::lease::{lease_id, Lease};
-use crate::store::{Outcome, Plan, Store, StoreError};
+use crate::store::{Namespace, Outcome, Plan, Store, StoreError};
 
 /// How a check runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -57,6 +57,8 @@ struct Target<'a> {
     policy: &'a Policy,
     deny_cache: Option<(&'a DenyCache, u64)>,
     name: &'a str,
+    /// The limiter's namespace on both its stores.
+    namespace: Option<&'a Namespace>,
 }
 
 impl Limiter {
@@ -111,6 +113,7 @@ impl Limiter {
                 .as_ref()
                 .map(|c| (c, version.generation)),
             name: &version.name,
+            namespace: self.inner.namespace.as_ref(),
         };
         let error = match decide(&target, identifiers, cost, charge).await {
             Err(Error::Store(e)) => e,
@@ -129,6 +132,7 @@ impl Limiter {
                     policy,
                     deny_cache: None,
                     name,
+                    namespace: self.inner.namespace.as_ref(),
                 };
                 match decide(&fallback, identifiers, cost, charge).await {
                     Ok(mut decision) => {
@@ -173,10 +177,12 @@ async fn decide<I: AsRef<str>>(
     }
     let sent = Instant::now();
     let store = target.store.clone();
+    let namespace = target.namespace.map(Namespace::as_str);
     let (outcome, guard) = match policy.concurrency() {
         _ if !charge => {
             let plan = Plan {
                 ids: &ids,
+                namespace,
                 limits,
                 cost,
                 lease: "",
@@ -186,6 +192,7 @@ async fn decide<I: AsRef<str>>(
         None => {
             let plan = Plan {
                 ids: &ids,
+                namespace,
                 limits,
                 cost,
                 lease: "",
@@ -197,7 +204,14 @@ async fn decide<I: AsRef<str>>(
             // that disconnects) while the script runs would leave a slot taken with no
             // guard to give it back. The check therefore runs in a task of its own, which
             // finishes and drops its guard whatever becomes of the caller.
-            let task = take_slot(store, ids.clone(), limits.to_vec(), slot, cost);
+            let task = take_slot(
+                store,
+                ids.clone(),
+                target.namespace.cloned(),
+                limits.to_vec(),
+                slot,
+                cost,
+            );
             match tokio::runtime::Handle::try_current() {
                 Ok(runtime) => match runtime.spawn(task).await {
                     Ok(result) => result?,
@@ -269,20 +283,23 @@ pub(super) fn distinct<I: AsRef<str>>(
 async fn take_slot(
     store: Store,
     ids: Vec<String>,
+    namespace: Option<Namespace>,
     limits: Vec<Limit>,
     slot: Limit,
     cost: u64,
 ) -> Result<(Outcome, Option<ConcurrencyGuard>), Error> {
     let id = lease_id();
+    let namespace = namespace.as_ref().map(Namespace::as_str);
     let plan = Plan {
         ids: &ids,
+        namespace,
         limits: &limits,
         cost,
         lease: &id,
     };
     let result = store.check(&plan).await;
     let lease = Lease {
-        keys: ids.iter().map(|i| store.key(i, &slot)).collect(),
+        keys: ids.iter().map(|i| store.key(i, namespace, &slot)).collect(),
         id,
         lease_us: slot.window_us(),
     };

@@ -6,7 +6,7 @@ use std::time::Duration;
 use super::check::distinct;
 use super::{Error, Limiter};
 use crate::decision::Usage;
-use crate::store::{Plan, Store};
+use crate::store::{Namespace, Plan, Store};
 
 impl Limiter {
     /// How much of each limit the given identifiers use now, read without charging
@@ -44,6 +44,7 @@ impl Limiter {
         let limits = version.policy.limits();
         let plan = Plan {
             ids: &ids,
+            namespace: self.namespace().map(Namespace::as_str),
             limits,
             // the figures a peek reports do not depend on its cost, and every policy admits 1
             cost: 1,
@@ -105,6 +106,7 @@ impl Limiter {
         let version = self.inner.version.load_full();
         let plan = |limits| Plan {
             ids: &ids,
+            namespace: self.namespace().map(Namespace::as_str),
             limits,
             cost: 1,
             lease: "",

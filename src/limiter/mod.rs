@@ -11,7 +11,7 @@ use arc_swap::ArcSwap;
 use crate::decision::Decision;
 use crate::observe::{self, ShadowLog};
 use crate::policy::Policy;
-use crate::store::{MemoryStore, Store};
+use crate::store::{MemoryStore, Namespace, Store};
 
 mod check;
 mod deny_cache;
@@ -50,6 +50,8 @@ pub struct Limiter {
 
 struct Inner {
     store: Store,
+    /// Where the limiter's keys live on its stores (none: the store's shared space).
+    namespace: Option<Namespace>,
     on_error: OnStoreError,
     /// The name given to the builder; without one, each version is named by its policy.
     given_name: Option<Arc<str>>,
@@ -108,6 +110,7 @@ impl fmt::Debug for Limiter {
         f.debug_struct("Limiter")
             .field("name", &version.name)
             .field("store", &self.inner.store)
+            .field("namespace", &self.inner.namespace)
             .field("policy", &version.policy.to_string())
             .field("on_store_error", &self.inner.on_error)
             .field("shadow", &self.is_shadow())
@@ -122,6 +125,7 @@ pub struct LimiterBuilder {
     policy: Policy,
     on_error: OnStoreError,
     name: Option<String>,
+    namespace: Option<Namespace>,
     deny_cache: usize,
     shadow: bool,
 }
@@ -156,6 +160,55 @@ impl LimiterBuilder {
         self
     }
 
+    /// Keeps the limiter's state in a space of its own on the store (default: none, the
+    /// store's shared space), so that it counts apart from every other limiter.
+    ///
+    /// A store names an identifier's state by what it means — the algorithm and window of a
+    /// limit, not its count (so that [a policy change](Limiter::set_policy) carries counts
+    /// over). Without a namespace, two limiters on one store whose limits share a name share
+    /// that state for an identifier: a login route's `10/min` and the default `100/min`
+    /// count the same requests together, and any two concurrency limits hold the same
+    /// slots. That is what the processes of one fleet, configured alike, want (and sharing
+    /// can only admit less, never more); limiters with different jobs — one per route —
+    /// each want a namespace.
+    ///
+    /// The namespace is part of every key of the limiter (`tollgate:{user:42}:login:w1m`),
+    /// in the check, the peek, [`usage`](Limiter::usage), [`reset`](Limiter::reset), the
+    /// renewal and release of concurrency slots and the fallback store; it stays across
+    /// policy changes, so counts carry over as without one. Every process of a fleet gives
+    /// the same limiter the same namespace. Two limiters in one namespace share state as two
+    /// limiters without one do.
+    ///
+    /// ```
+    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    /// use tollgate::{Limiter, MemoryStore};
+    ///
+    /// let store = MemoryStore::new();
+    /// let default = Limiter::builder(store.clone(), "100/min".parse()?)
+    ///     .namespace("default".parse()?)
+    ///     .build();
+    /// let login = Limiter::builder(store, "10/min".parse()?)
+    ///     .namespace("login".parse()?)
+    ///     .build();
+    ///
+    /// for _ in 0..10 {
+    ///     assert!(login.check(&["ip:203.0.113.9"]).await?.is_allowed());
+    /// }
+    /// assert!(!login.check(&["ip:203.0.113.9"]).await?.is_allowed());
+    /// // the default limiter counted none of them
+    /// let usage = default.usage(&["ip:203.0.113.9"]).await?;
+    /// assert_eq!(usage[0].remaining, 100);
+    /// # Ok(()) }
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(run()).unwrap();
+    /// ```
+    ///
+    /// A [`Namespace`] is validated where it is made ([`Namespace::new`] or `parse`), so
+    /// that building the limiter cannot fail.
+    pub fn namespace(mut self, namespace: Namespace) -> Self {
+        self.namespace = Some(namespace);
+        self
+    }
+
     /// Shadow mode (default: off): every request is let through, and what the policy
     /// decided is recorded — to try a policy on real traffic before enforcing it.
     ///
@@ -185,6 +238,7 @@ impl LimiterBuilder {
         Limiter {
             inner: Arc::new(Inner {
                 store: self.store,
+                namespace: self.namespace,
                 on_error: self.on_error,
                 given_name,
                 deny_cache,
@@ -212,6 +266,7 @@ impl Limiter {
             policy,
             on_error: OnStoreError::default(),
             name: None,
+            namespace: None,
             deny_cache: deny_cache::DEFAULT_CAPACITY,
             shadow: false,
         }
@@ -236,6 +291,11 @@ impl Limiter {
     /// The store.
     pub fn store(&self) -> &Store {
         &self.inner.store
+    }
+
+    /// The limiter's namespace on its store ([`LimiterBuilder::namespace`]), if it has one.
+    pub fn namespace(&self) -> Option<&Namespace> {
+        self.inner.namespace.as_ref()
     }
 
     /// Replaces the policy, for every clone of this limiter, without a restart.

@@ -48,8 +48,11 @@
 //! two equal limits always did. Limiters that must count apart use different prefixes
 //! (stores) or identifiers.
 
-use std::fmt::Write;
+use std::fmt::{self, Write};
+use std::str::FromStr;
+use std::sync::Arc;
 
+use super::{ConfigError, ConfigErrorKind};
 use crate::algorithm;
 use crate::policy::{Algorithm, Limit};
 
@@ -105,29 +108,39 @@ fn limit_tag(out: &mut String, limit: &Limit, count: bool) {
     let _ = write!(out, "{n}{unit}");
 }
 
-/// Builds the key of one (identifier, limit) pair; `escaped` comes from [`escape_identifier`].
-pub(crate) fn key(prefix: &str, escaped: &str, limit: &Limit) -> String {
-    let mut out = String::with_capacity(prefix.len() + escaped.len() + 32);
+/// Where a store key starts: `PREFIX:{IDENTIFIER}:`, then `NAMESPACE:` when the limiter has
+/// one; room is made for `tail` more bytes.
+fn key_head(prefix: &str, escaped: &str, namespace: Option<&str>, tail: usize) -> String {
+    let ns = namespace.map_or(0, |n| n.len() + 1);
+    let mut out = String::with_capacity(prefix.len() + escaped.len() + ns + 4 + tail);
     out.push_str(prefix);
     out.push_str(":{");
     out.push_str(escaped);
     out.push_str("}:");
+    if let Some(namespace) = namespace {
+        out.push_str(namespace);
+        out.push(':');
+    }
+    out
+}
+
+/// Builds the key of one (identifier, limit) pair in `namespace` (none: the store's shared
+/// space); `escaped` comes from [`escape_identifier`].
+pub(crate) fn key(prefix: &str, escaped: &str, namespace: Option<&str>, limit: &Limit) -> String {
+    let mut out = key_head(prefix, escaped, namespace, 16);
     limit_tag(&mut out, limit, false);
     out
 }
 
 /// Builds the packed key of an identifier for `limits` (the policy's window and GCRA limits,
-/// in order); `escaped` comes from [`escape_identifier`].
+/// in order) in `namespace`; `escaped` comes from [`escape_identifier`].
 pub(crate) fn packed_key<'a>(
     prefix: &str,
     escaped: &str,
+    namespace: Option<&str>,
     limits: impl IntoIterator<Item = &'a Limit>,
 ) -> String {
-    let mut out = String::with_capacity(prefix.len() + escaped.len() + 64);
-    out.push_str(prefix);
-    out.push_str(":{");
-    out.push_str(escaped);
-    out.push_str("}:");
+    let mut out = key_head(prefix, escaped, namespace, 48);
     for (i, limit) in limits.into_iter().enumerate() {
         if i > 0 {
             out.push(',');
@@ -139,21 +152,26 @@ pub(crate) fn packed_key<'a>(
 
 /// Every key of one identifier for a policy's `limits`, as [`Layout`] orders them: the packed
 /// key (when the policy has window or GCRA limits), then one key per sorted-set limit, in
-/// policy order; `escaped` comes from [`escape_identifier`].
+/// policy order, all in `namespace`; `escaped` comes from [`escape_identifier`].
 ///
 /// [`Layout`]: crate::algorithm::Layout
-pub(crate) fn keys_of(prefix: &str, escaped: &str, limits: &[Limit]) -> Vec<String> {
+pub(crate) fn keys_of(
+    prefix: &str,
+    escaped: &str,
+    namespace: Option<&str>,
+    limits: &[Limit],
+) -> Vec<String> {
     let mut keys = Vec::with_capacity(limits.len());
     if limits.iter().any(algorithm::is_packed) {
         let packed = limits.iter().filter(|l| algorithm::is_packed(l));
-        keys.push(packed_key(prefix, escaped, packed));
+        keys.push(packed_key(prefix, escaped, namespace, packed));
     }
     for limit in limits.iter().filter(|l| !algorithm::is_packed(l)) {
         // another sorted set of the policy with the same name: both name their count
         let shared = limits.iter().any(|o| {
             o != limit && o.algorithm() == limit.algorithm() && o.window_us() == limit.window_us()
         });
-        let mut key = key(prefix, escaped, limit);
+        let mut key = key(prefix, escaped, namespace, limit);
         if shared {
             key.truncate(key.len() - key.rsplit(':').next().map_or(0, str::len));
             limit_tag(&mut key, limit, true);
@@ -161,6 +179,72 @@ pub(crate) fn keys_of(prefix: &str, escaped: &str, limits: &[Limit]) -> Vec<Stri
         keys.push(key);
     }
     keys
+}
+
+/// The space of a limiter's keys on its store, apart from other limiters' state: see
+/// [`LimiterBuilder::namespace`](crate::LimiterBuilder::namespace).
+///
+/// A short name: 1 to [`Namespace::MAX_LEN`] bytes, none of them `:`, `{`, `}`, whitespace or
+/// a control character. The key of a namespaced limit is `PREFIX:{IDENTIFIER}:NAMESPACE:LIMIT`
+/// (`tollgate:{ip:1.2.3.4}:login:w1m`): the hash tag stays the identifier's, so in Redis
+/// Cluster an identifier's keys of every namespace live in one slot, and since no limit's part
+/// of a key holds a `:`, neither may a namespace: no two (namespace, identifier, limit)
+/// triples, and no namespaced and shared limit, ever meet in one key.
+///
+/// ```
+/// use tollgate::store::{ConfigErrorKind, Namespace};
+///
+/// let login: Namespace = "login".parse().unwrap();
+/// assert_eq!(login.as_str(), "login");
+/// let refused = Namespace::new("login:v2").unwrap_err();
+/// assert_eq!(refused.kind(), ConfigErrorKind::Namespace);
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Namespace(Arc<str>);
+
+impl Namespace {
+    /// The longest namespace, in bytes: it is part of every key of the limiter.
+    pub const MAX_LEN: usize = 64;
+
+    /// Validates `name` as a namespace.
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] of kind [`ConfigErrorKind::Namespace`] when `name` is empty, longer
+    /// than [`Namespace::MAX_LEN`] bytes, or holds `:`, `{`, `}`, whitespace or a control
+    /// character.
+    pub fn new(name: impl Into<String>) -> Result<Namespace, ConfigError> {
+        let name = name.into();
+        let usable = !name.is_empty()
+            && name.len() <= Self::MAX_LEN
+            && !name
+                .chars()
+                .any(|c| matches!(c, ':' | '{' | '}') || c.is_whitespace() || c.is_control());
+        if usable {
+            Ok(Namespace(name.into()))
+        } else {
+            Err(ConfigError::new(ConfigErrorKind::Namespace, name))
+        }
+    }
+
+    /// The name.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl FromStr for Namespace {
+    type Err = ConfigError;
+
+    fn from_str(name: &str) -> Result<Namespace, ConfigError> {
+        Namespace::new(name)
+    }
+}
+
+impl fmt::Display for Namespace {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
 }
 
 /// Whether `prefix` is usable: not empty, no braces (they would break the hash tag).
@@ -182,7 +266,7 @@ mod tests {
         ];
         let keys: HashSet<String> = ids
             .iter()
-            .map(|id| key("rl", &escape_identifier(id), &limit))
+            .map(|id| key("rl", &escape_identifier(id), None, &limit))
             .collect();
         assert_eq!(keys.len(), ids.len());
         for k in &keys {
@@ -191,7 +275,7 @@ mod tests {
             assert_eq!(k.matches('}').count(), 1, "{k}");
         }
         assert_eq!(
-            key("rl", &escape_identifier("ip:1.2.3.4"), &limit),
+            key("rl", &escape_identifier("ip:1.2.3.4"), None, &limit),
             "rl:{ip:1.2.3.4}:w1s"
         );
     }
@@ -216,16 +300,16 @@ mod tests {
     fn packed_keys_name_every_limit_and_never_meet_single_limit_keys() {
         let policy: crate::Policy = "10/s, 120/min, 240/h".parse().unwrap();
         let id = escape_identifier("ip:1.2.3.4");
-        let packed = packed_key("rl", &id, policy.limits());
+        let packed = packed_key("rl", &id, None, policy.limits());
         assert_eq!(packed, "rl:{ip:1.2.3.4}:w1s,w1m,w1h");
         let log = Limit::per_second(10)
             .unwrap()
             .with_algorithm(Algorithm::SlidingLog)
             .unwrap();
-        assert_eq!(key("rl", &id, &log), "rl:{ip:1.2.3.4}:l1s");
+        assert_eq!(key("rl", &id, None, &log), "rl:{ip:1.2.3.4}:l1s");
         // another policy, another key
         let other: crate::Policy = "10/s, 120/min".parse().unwrap();
-        assert_ne!(packed_key("rl", &id, other.limits()), packed);
+        assert_ne!(packed_key("rl", &id, None, other.limits()), packed);
     }
 
     #[test]
@@ -274,7 +358,14 @@ mod tests {
     #[test]
     fn counts_stay_out_of_keys_unless_two_logs_would_share_one() {
         let id = escape_identifier("u");
-        let keys = |p: &str| keys_of("rl", &id, p.parse::<crate::Policy>().unwrap().limits());
+        let keys = |p: &str| {
+            keys_of(
+                "rl",
+                &id,
+                None,
+                p.parse::<crate::Policy>().unwrap().limits(),
+            )
+        };
         // a count change keeps every key; a window change or a new limit does not
         assert_eq!(
             keys("10/s, 5/s log, 100/min fixed, 3 concurrent"),
@@ -294,6 +385,52 @@ mod tests {
             keys("10/s log, 20/s log, 5/min log"),
             ["rl:{u}:l10/1s", "rl:{u}:l20/1s", "rl:{u}:l1m"]
         );
+    }
+
+    #[test]
+    fn namespaces_keep_the_identifier_tag_and_never_meet() {
+        let id = escape_identifier("ip:1.2.3.4");
+        let keys = |ns: Option<&str>, p: &str| {
+            keys_of("rl", &id, ns, p.parse::<crate::Policy>().unwrap().limits())
+        };
+        assert_eq!(
+            keys(Some("login"), "10/min, 5/s log, 2 concurrent"),
+            [
+                "rl:{ip:1.2.3.4}:login:w1m",
+                "rl:{ip:1.2.3.4}:login:l1s",
+                "rl:{ip:1.2.3.4}:login:c"
+            ]
+        );
+        // the same limit in two namespaces, and in none: three keys, one hash tag
+        let limit: Limit = "1 concurrent".parse().unwrap();
+        let three = [None, Some("a"), Some("b")].map(|ns| key("rl", &id, ns, &limit));
+        assert_eq!(three.iter().collect::<HashSet<_>>().len(), 3);
+        for k in &three {
+            assert!(k.starts_with("rl:{ip:1.2.3.4}:"), "{k}");
+            assert_eq!(k.matches('{').count(), 1, "{k}");
+        }
+        // a namespace change is another key; a count change within one is not
+        assert_eq!(keys(Some("a"), "10/min"), keys(Some("a"), "100/min"));
+        assert_ne!(keys(Some("a"), "10/min"), keys(Some("b"), "10/min"));
+        // every name the keyspace could confuse is refused
+        for bad in [
+            "",
+            "a:b",
+            "w1m:x",
+            "{a}",
+            "a}",
+            "a b",
+            "a\n",
+            &"n".repeat(65),
+        ] {
+            let e = Namespace::new(bad).unwrap_err();
+            assert_eq!(e.kind(), ConfigErrorKind::Namespace, "{bad:?}");
+            assert_eq!(e.part(), bad);
+        }
+        for good in ["login", "api-v2", "w1m", "%7B", "ünï", &"n".repeat(64)] {
+            assert_eq!(Namespace::new(good).unwrap().as_str(), good);
+        }
+        assert!("a:b".parse::<Namespace>().is_err());
     }
 
     #[test]

@@ -156,7 +156,7 @@ impl MemoryStore {
         let pairs = plan
             .ids
             .iter()
-            .flat_map(|id| keyspace::keys_of(PREFIX, id, plan.limits))
+            .flat_map(|id| keyspace::keys_of(PREFIX, id, plan.namespace, plan.limits))
             .map(|k| ((self.inner.hasher.hash_one(&k) as usize) % SHARDS, k))
             .collect();
         (layout, pairs)

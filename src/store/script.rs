@@ -368,7 +368,7 @@ pub(crate) fn check_args(
 ) {
     debug_assert_eq!(compiled.layout, Layout::of(plan.limits));
     for id in plan.ids {
-        for key in keyspace::keys_of(prefix, id, plan.limits) {
+        for key in keyspace::keys_of(prefix, id, plan.namespace, plan.limits) {
             call.key(key);
         }
     }

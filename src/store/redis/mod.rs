@@ -298,7 +298,12 @@ impl RedisStore {
     pub(crate) async fn reset(&self, plan: &Plan<'_>) -> Result<(), StoreError> {
         let mut del = redis::cmd("DEL");
         for id in plan.ids {
-            del.arg(keyspace::keys_of(&self.prefix, id, plan.limits));
+            del.arg(keyspace::keys_of(
+                &self.prefix,
+                id,
+                plan.namespace,
+                plan.limits,
+            ));
         }
         let call = async {
             let _: i64 = self
