@@ -78,6 +78,10 @@ impl RateLimitLayer {
     /// "/export"`). Rules — this one, [`route_adding`](Self::route_adding) and
     /// [`bypass`](Self::bypass) — are tried in the order given; the first that matches
     /// applies.
+    ///
+    /// A route's limiter on the default limiter's store shares an identifier's state with it
+    /// where their limits share a name (two sliding windows over a minute, two concurrency
+    /// limits): give it a [namespace](crate::LimiterBuilder::namespace) of its own.
     pub fn route_replacing<F>(self, matcher: F, limiter: Limiter) -> Self
     where
         F: Fn(&RequestView<'_>) -> bool + Send + Sync + 'static,
@@ -95,6 +99,9 @@ impl RateLimitLayer {
     /// layers). The response lists the limits of both in its rate-limit headers (only the
     /// route's when the route's limiter denied), and holds the concurrency slots of both
     /// until its body ends.
+    ///
+    /// On one store, give the route's limiter a [namespace](crate::LimiterBuilder::namespace)
+    /// of its own, or its limits count together with the default limiter's of the same name.
     pub fn route_adding<F>(self, matcher: F, limiter: Limiter) -> Self
     where
         F: Fn(&RequestView<'_>) -> bool + Send + Sync + 'static,

@@ -307,7 +307,8 @@ impl Limiter {
     ///
     /// What was counted carries over limit by limit, in the store, where the new limit's
     /// state means what the old one's meant (the rule is the store's key naming, so every
-    /// process of a fleet and every restart agree):
+    /// process of a fleet and every restart agree; the limiter's
+    /// [namespace](LimiterBuilder::namespace) stays):
     ///
     /// * a sliding window, fixed window or sliding log whose count alone changes keeps what
     ///   was counted for it: `10/min` raised to `12/min` with 8 used admits 4 more, not 12;

@@ -45,8 +45,18 @@
 //!
 //! The price: two limiters on one store whose limits share a name (`100/min` on one route,
 //! `10/min` on another, or two concurrency limits) share that state for an identifier, as
-//! two equal limits always did. Limiters that must count apart use different prefixes
-//! (stores) or identifiers.
+//! two equal limits always did.
+//!
+//! # Namespaces
+//!
+//! Limiters that must count apart each take a [`Namespace`]
+//! ([`LimiterBuilder::namespace`](crate::LimiterBuilder::namespace)), which goes between the
+//! hash tag and the limit part of every key: `PREFIX:{IDENTIFIER}:NAMESPACE:LIMIT…`
+//! (`tollgate:{ip:1.2.3.4}:login:w1m`). The hash tag, and so the Cluster slot, stays the
+//! identifier's. No limit part holds a `:` and no namespace may, so the part after the tag is
+//! either a limit part alone (the shared space) or one namespace, `:`, and a limit part: keys
+//! of two namespaces, or of a namespace and the shared space, never meet. A namespace is
+//! limiter-wide and outlives policy changes, so what carries over above carries over in it.
 
 use std::fmt::{self, Write};
 use std::str::FromStr;
