@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use common::{manual_clock, RedisServer};
 use tollgate::store::{ConfigErrorKind, Namespace};
-use tollgate::{Clock, ConcurrencyGuard, Limiter, ManualClock, MemoryStore, Policy, Store};
+use tollgate::{Clock, ConcurrencyGuard, Limiter, ManualClock, MemoryStore, Origin, Policy, Store};
 
 fn memory(clock: &ManualClock) -> Store {
     MemoryStore::builder()
@@ -209,4 +209,26 @@ fn a_bad_namespace_is_refused_clearly() {
     }
     assert!(Namespace::new("x".repeat(Namespace::MAX_LEN + 1)).is_err());
     assert_eq!(Namespace::new("login").unwrap().to_string(), "login");
+}
+
+/// On Redis on the real clock, with the deny cache: a namespaced limiter's denials are
+/// remembered for it alone, and its reset reaches its own keys and its own cache.
+#[tokio::test]
+async fn the_deny_cache_and_reset_keep_to_the_namespace() {
+    let server = RedisServer::start();
+    let store: Store = server.store(Clock::Real).await.into();
+    let login = limiter(&store, "2/min", Some("login"));
+    let default = limiter(&store, "100/min", Some("default"));
+    let held = &mut Vec::new();
+    assert_eq!(admitted(&login, "ip:9", 2, held).await, 2);
+    let d = login.check(&["ip:9"]).await.unwrap();
+    assert_eq!((d.is_allowed(), d.origin()), (false, Origin::Store));
+    let d = login.check(&["ip:9"]).await.unwrap();
+    assert_eq!((d.is_allowed(), d.origin()), (false, Origin::DenyCache));
+    let d = default.check(&["ip:9"]).await.unwrap();
+    assert_eq!((d.is_allowed(), d.origin()), (true, Origin::Store));
+    login.reset(&["ip:9"]).await.unwrap();
+    let d = login.check(&["ip:9"]).await.unwrap();
+    assert_eq!((d.is_allowed(), d.origin()), (true, Origin::Store));
+    assert_eq!(default.usage(&["ip:9"]).await.unwrap()[0].used, 1);
 }
