@@ -47,7 +47,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         None => MemoryStore::new().into(),
     };
     let general = Limiter::new(store.clone(), "10/s, 120/min, 240/h".parse()?);
-    let login = Limiter::new(store, "5/min log".parse()?);
+    // A namespace of its own: on one store, limiters' limits of one name (two per-minute
+    // windows, two concurrency limits) would count together.
+    let login = Limiter::builder(store, "5/min log".parse()?)
+        .namespace("login".parse()?)
+        .build();
 
     let limits = RateLimitLayer::new(general)
         // the client IP as seen through our own proxies (here: any private address)…

@@ -9,7 +9,8 @@
 --
 -- This file packs the ring into one number, for counts up to 1550 (most limits; larger ones
 -- run rolling_window_wide.lua, five counters of four bytes). The ring is the five counters as
--- the digits of one integer in base B = n + 2, the newest lowest:
+-- the digits of one integer in base B = 1552 (for every count: the state means the same
+-- whatever the count, so a count change keeps it), the newest lowest:
 --   ring = c0 + c1 * B + c2 * B^2 + c3 * B^3 + c4 * B^4   (< B^5 <= 2^53: exact in a double)
 -- Every counter, and their sum, is at most n < B - 1, so
 --   * the sum of the counters is ring % (B - 1) (B = 1 modulo B - 1: casting out nines),

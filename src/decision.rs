@@ -97,6 +97,31 @@ pub struct LimitStatus {
     pub retry_after: Option<Duration>,
 }
 
+/// How much of one limit one identifier uses, as [`Limiter::usage`](crate::Limiter::usage)
+/// reads it without charging.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Usage {
+    /// Index of the identifier in the slice given (its first occurrence, when the same
+    /// identifier was given twice).
+    pub identifier: usize,
+    /// Index of the limit in the policy.
+    pub limit_index: usize,
+    /// The limit.
+    pub limit: Limit,
+    /// The quota in use: the limit's quota (its count; a bucket's capacity, a GCRA's burst)
+    /// less what remains, so never above the quota — after a policy lowered a count, a
+    /// client may have used more than the new quota. For a concurrency limit, the slots
+    /// held.
+    pub used: u64,
+    /// How many more cost units the limit admits right now (free slots, for a concurrency
+    /// limit).
+    pub remaining: u64,
+    /// Time until the limit's whole quota is available again (zero when it already is; for
+    /// a concurrency limit, always zero: slots come back when requests end).
+    pub reset_after: Duration,
+}
+
 impl Decision {
     /// An allowed decision that nobody checked (the store failed; the limiter fails open).
     pub(crate) fn unchecked(cost: u64) -> Decision {
@@ -207,8 +232,11 @@ impl Decision {
     }
 
     /// For each limit of the policy, in order, the status of the most constrained identifier
-    /// (least remaining, then longest reset): what rate-limit headers report (they leave the
-    /// concurrency limit out: it is not a quota over time).
+    /// (least remaining, then longest reset). A concurrency limit is listed as the others
+    /// are: its remaining is the free slots, its reset zero (slots come back when requests
+    /// end). The rate-limit headers report one item per limit too, concurrency limits
+    /// included (as `qu="concurrent-requests"`), except that when the request was denied
+    /// they show the identifier that holds it back longest.
     pub fn limits(&self) -> impl Iterator<Item = &LimitStatus> + '_ {
         let n = self
             .statuses

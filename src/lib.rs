@@ -133,7 +133,7 @@ pub mod shed;
 pub mod store;
 
 pub use clock::{Clock, ManualClock};
-pub use decision::{Decision, LimitStatus, Origin};
+pub use decision::{Decision, LimitStatus, Origin, Usage};
 pub use guard::ConcurrencyGuard;
 pub use layer::RateLimitLayer;
 pub use limiter::{Error, Fallback, Limiter, LimiterBuilder, OnStoreError, MAX_IDENTIFIERS};

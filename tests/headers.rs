@@ -81,6 +81,7 @@ struct Entry {
 enum Param {
     Int(i64),
     Str(String),
+    Bytes(Vec<u8>),
 }
 
 impl Entry {
@@ -122,6 +123,7 @@ fn list(headers: &HeaderMap, name: &str) -> Vec<Entry> {
                     let v = match v {
                         BareItem::Integer(n) => Param::Int(i64::from(*n)),
                         BareItem::String(s) => Param::Str(s.as_str().to_owned()),
+                        BareItem::ByteSequence(b) => Param::Bytes(b.clone()),
                         other => panic!("{name}: unexpected parameter {k:?}={other:?}"),
                     };
                     (k.as_str().to_owned(), v)
@@ -427,10 +429,16 @@ async fn routes_add_or_replace_as_said() {
 async fn an_adding_route_holds_both_slots() {
     let clock = manual_clock();
     let store = memory(&clock);
-    let layer = keyed(limiter(&store, "1 concurrent")).route_adding(
-        |req: &RequestView<'_>| req.uri.path() == "/slow",
-        limiter(&store, "100/min, 5 concurrent lease=30s"),
-    );
+    // the route's limiter in a namespace of its own: in the store's shared space, two
+    // concurrency limits hold an identifier's slots together
+    let route = Limiter::builder(
+        store.clone(),
+        "100/min, 5 concurrent lease=30s".parse().unwrap(),
+    )
+    .namespace("slow".parse().unwrap())
+    .build();
+    let layer = keyed(limiter(&store, "1 concurrent"))
+        .route_adding(|req: &RequestView<'_>| req.uri.path() == "/slow", route);
     let app = app(layer);
     let slow = {
         let app = app.clone();
@@ -505,4 +513,51 @@ async fn the_legacy_style_replaces_the_draft_fields() {
     assert_eq!(reply.headers["x-ratelimit-limit"], "3");
     assert_eq!(reply.headers["x-ratelimit-remaining"], "2");
     assert_eq!(reply.headers["x-ratelimit-reset"], "60");
+}
+
+/// With partition keys on, every `RateLimit` item carries `pk`: a byte sequence, the same for
+/// the same identifier and secret, another for another identifier, never the identifier.
+#[tokio::test]
+async fn partition_keys_are_byte_sequences_that_hide_the_identifier() {
+    let clock = manual_clock();
+    let store = memory(&clock);
+    let policy: Policy = "10/s, 100/min, 3 concurrent".parse().unwrap();
+    let layer =
+        |secret: &str| keyed(limiter(&store, "10/s, 100/min, 3 concurrent")).partition_keys(secret);
+    let pks = |reply: &Reply| -> Vec<Vec<u8>> {
+        let items = check_fields(reply, &[&policy]);
+        let mut pks: Vec<Vec<u8>> = ["10/s", "100/min", "3 concurrent"]
+            .iter()
+            .map(|name| match items[*name].params.get("pk") {
+                Some(Param::Bytes(b)) => b.clone(),
+                other => panic!("{name}: pk is {other:?}"),
+            })
+            .collect();
+        pks.dedup();
+        pks
+    };
+    let a = pks(&call(&app(layer("s3cret")), "/").await);
+    assert_eq!(a.len(), 1, "one identifier, one partition key: {a:?}");
+    assert_eq!(a[0].len(), 12);
+    let shown = call(&app(layer("s3cret")), "/").await;
+    let text = shown.headers["ratelimit"].to_str().unwrap();
+    assert!(!text.contains("x-key"), "{text}");
+    assert_eq!(pks(&call(&app(layer("s3cret")), "/").await), a, "stable");
+    assert_ne!(pks(&call(&app(layer("other")), "/").await), a, "keyed");
+    // another identifier, another key
+    let req = Request::get("/")
+        .header("x-key", "k2")
+        .body(Body::empty())
+        .unwrap();
+    let res = app(layer("s3cret")).oneshot(req).await.unwrap();
+    let text = res.headers()["ratelimit"].to_str().unwrap().to_owned();
+    let list: List = Parser::new(&text).parse().unwrap();
+    let ListEntry::Item(first) = &list[0] else {
+        panic!("{text}")
+    };
+    let pk = first.params.get("pk").and_then(BareItem::as_byte_sequence);
+    assert!(pk.is_some_and(|pk| pk != a[0].as_slice()), "{text}");
+    // off by default
+    let plain = call(&app(keyed(limiter(&store, "10/s"))), "/").await;
+    assert!(!plain.headers["ratelimit"].to_str().unwrap().contains("pk="));
 }

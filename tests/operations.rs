@@ -374,3 +374,308 @@ async fn a_raised_limit_is_not_held_back_by_the_deny_cache() {
 }
 
 // ---------------------------------------------------------------------------------------
+// Charging by response
+// ---------------------------------------------------------------------------------------
+
+/// A layer keyed by the `x-user` header that charges only `401` responses.
+fn failures_only(limiter: Limiter) -> RateLimitLayer {
+    RateLimitLayer::new(limiter)
+        .key(Header::named("x-user").unwrap())
+        .charge_if(|res: &http::response::Parts| res.status == StatusCode::UNAUTHORIZED)
+}
+
+/// The `r` of the `RateLimit` item named `name`, read as a structured field.
+fn remaining_in(
+    res: &Response<tollgate::layer::ResponseBody<Full<bytes::Bytes>>>,
+    name: &str,
+) -> i64 {
+    let text = res.headers()["ratelimit"].to_str().unwrap();
+    let list: sfv::List = sfv::Parser::new(text).parse().unwrap();
+    list.iter()
+        .find_map(|entry| match entry {
+            sfv::ListEntry::Item(item)
+                if item.bare_item.as_string().map(|s| s.as_str()) == Some(name) =>
+            {
+                item.params
+                    .get("r")
+                    .and_then(|r| r.as_integer())
+                    .map(i64::from)
+            }
+            _ => None,
+        })
+        .unwrap_or_else(|| panic!("no {name} in {text}"))
+}
+
+/// Only the selected responses are charged; a request is refused before the handler once
+/// the quota is used up, whatever its response would have been; the fields say what is
+/// left. On both stores.
+#[tokio::test]
+async fn only_the_selected_responses_are_charged() {
+    let server = RedisServer::start();
+    let clock = manual_clock();
+    let redis = server.store(Clock::Manual(clock.clone())).await;
+    for store in [memory(&clock), redis.into()] {
+        let limiter = Limiter::new(store, policy("3/min"));
+        let calls = Arc::new(AtomicU64::new(0));
+        let mut svc = failures_only(limiter.clone()).layer(handler(calls.clone()));
+        for _ in 0..5 {
+            let res = svc.ready_oneshot_call(request("a", "/")).await;
+            assert_eq!(res.status(), StatusCode::OK);
+            assert_eq!(remaining_in(&res, "3/min"), 3, "a 200 charges nothing");
+        }
+        for left in [2, 1, 0] {
+            let res = svc.ready_oneshot_call(request("a", "/fail")).await;
+            assert_eq!(res.status(), StatusCode::UNAUTHORIZED);
+            assert_eq!(remaining_in(&res, "3/min"), left, "a 401 is charged");
+            assert!(res.headers().get("retry-after").is_none());
+        }
+        assert_eq!(calls.load(Ordering::SeqCst), 8);
+        // the quota is used up: refused before the handler, a 200 as a 401 would be
+        for path in ["/fail", "/"] {
+            let res = svc.ready_oneshot_call(request("a", path)).await;
+            assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS, "{path}");
+            assert_eq!(remaining_in(&res, "3/min"), 0);
+            assert!(res.headers().get("retry-after").is_some());
+        }
+        assert_eq!(
+            calls.load(Ordering::SeqCst),
+            8,
+            "the handler was not called"
+        );
+        assert_eq!(limiter.usage(&[USER_A]).await.unwrap()[0].used, 3);
+        // another user is untouched
+        let mut other = failures_only(limiter.clone()).layer(handler(calls.clone()));
+        let res = other.ready_oneshot_call(request("b", "/fail")).await;
+        assert_eq!(res.status(), StatusCode::UNAUTHORIZED);
+        assert_eq!(remaining_in(&res, "3/min"), 2);
+    }
+}
+
+/// Requests whose responses are not selected leave Redis exactly as it was: the layer's
+/// check before the handler is a peek.
+#[tokio::test]
+async fn responses_not_charged_leave_redis_as_it_was() {
+    let server = RedisServer::start();
+    let store = server.store(Clock::Real).await;
+    let prefix = store.prefix().to_string();
+    let limiter = Limiter::new(store, policy("5/min, 3/min log, 9/h gcra"));
+    let mut svc = failures_only(limiter).layer(handler(Arc::new(AtomicU64::new(0))));
+    let res = svc.ready_oneshot_call(request("a", "/fail")).await;
+    assert_eq!(res.status(), StatusCode::UNAUTHORIZED);
+    let mut conn = server.conn();
+    let snapshot = |conn: &mut redis::Connection| {
+        let keys: Vec<String> = redis::cmd("KEYS")
+            .arg(format!("{prefix}:*"))
+            .query(conn)
+            .unwrap();
+        keys.into_iter()
+            .map(|k| {
+                let dump: Vec<u8> = redis::cmd("DUMP").arg(&k).query(conn).unwrap();
+                let at: i64 = redis::cmd("PEXPIRETIME").arg(&k).query(conn).unwrap();
+                (k, dump, at)
+            })
+            .collect::<Vec<_>>()
+    };
+    let before = snapshot(&mut conn);
+    assert_eq!(before.len(), 2, "{before:?}");
+    for user in ["a", "a", "b", "a"] {
+        let res = svc.ready_oneshot_call(request(user, "/")).await;
+        assert_eq!(res.status(), StatusCode::OK);
+    }
+    assert_eq!(snapshot(&mut conn), before);
+}
+
+/// Requests in flight together all pass the peek: more than the quota may reach the
+/// handler, but no more than the quota is ever charged.
+#[tokio::test]
+async fn requests_in_flight_together_may_pass_the_quota_but_never_the_count() {
+    let clock = manual_clock();
+    let limiter = Limiter::new(memory(&clock), policy("3/min"));
+    let arrived = Arc::new(tokio::sync::Barrier::new(5));
+    let calls = Arc::new(AtomicU64::new(0));
+    let inner = {
+        let (arrived, calls) = (arrived.clone(), calls.clone());
+        service_fn(move |_req: Request<Full<bytes::Bytes>>| {
+            let (arrived, calls) = (arrived.clone(), calls.clone());
+            async move {
+                calls.fetch_add(1, Ordering::SeqCst);
+                // every request is in the handler before any answers
+                arrived.wait().await;
+                Ok::<_, Infallible>(
+                    Response::builder()
+                        .status(StatusCode::UNAUTHORIZED)
+                        .body(Full::<bytes::Bytes>::default())
+                        .unwrap(),
+                )
+            }
+        })
+    };
+    let svc = failures_only(limiter.clone()).layer(inner);
+    let tasks: Vec<_> = (0..5)
+        .map(|_| {
+            let svc = svc.clone();
+            tokio::spawn(async move { svc.oneshot(request("a", "/")).await.unwrap().status() })
+        })
+        .collect();
+    for t in tasks {
+        assert_eq!(t.await.unwrap(), StatusCode::UNAUTHORIZED);
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), 5, "all five passed the peek");
+    assert_eq!(limiter.usage(&[USER_A]).await.unwrap()[0].used, 3);
+    let mut svc = svc;
+    let res = svc.ready_oneshot_call(request("a", "/")).await;
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+}
+
+/// `ready().await.call(req).await.unwrap()` in one call.
+trait ReadyCall<Req> {
+    type Out;
+    fn ready_oneshot_call(&mut self, req: Req) -> impl std::future::Future<Output = Self::Out>;
+}
+
+impl<S, Req> ReadyCall<Req> for S
+where
+    S: Service<Req>,
+    S::Error: std::fmt::Debug,
+{
+    type Out = S::Response;
+    async fn ready_oneshot_call(&mut self, req: Req) -> S::Response {
+        self.ready().await.unwrap().call(req).await.unwrap()
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Counts carried over a policy change
+// ---------------------------------------------------------------------------------------
+
+/// How many of `n` checks of `id` are allowed (slots taken are kept in `held`).
+async fn admitted(
+    l: &Limiter,
+    id: &str,
+    n: usize,
+    held: &mut Vec<tollgate::ConcurrencyGuard>,
+) -> usize {
+    let mut allowed = 0;
+    for _ in 0..n {
+        let mut d = l.check(&[id]).await.unwrap();
+        if d.is_allowed() {
+            allowed += 1;
+            held.extend(d.take_guard());
+        }
+    }
+    allowed
+}
+
+/// A new count applies to what was already counted, limit by limit, on both stores: 8 used
+/// of 10/min raised to 12/min admits 4 more; lowered below the usage, it denies. A bucket's
+/// or GCRA's burst carries over; its rate starts afresh.
+#[tokio::test]
+async fn counts_carry_over_a_change_of_count() {
+    let server = RedisServer::start();
+    for algorithm in ["", " log", " fixed"] {
+        let clock = manual_clock();
+        let redis = server.store(Clock::Manual(clock.clone())).await;
+        for store in [memory(&clock), redis.into()] {
+            let l = Limiter::new(
+                store,
+                policy(&format!("10/min{algorithm}, 100/h{algorithm}")),
+            );
+            let held = &mut Vec::new();
+            assert_eq!(admitted(&l, "u", 8, held).await, 8);
+            l.set_policy(policy(&format!("12/min{algorithm}, 100/h{algorithm}")));
+            assert_eq!(
+                admitted(&l, "u", 10, held).await,
+                4,
+                "{algorithm}: 12 - 8, not 12"
+            );
+            let u = l.usage(&["u"]).await.unwrap();
+            assert_eq!((u[0].used, u[1].used), (12, 12), "{algorithm}");
+            l.set_policy(policy(&format!("5/min{algorithm}, 100/h{algorithm}")));
+            assert_eq!(
+                admitted(&l, "u", 3, held).await,
+                0,
+                "{algorithm}: 12 used of 5"
+            );
+            assert_eq!(l.usage(&["u"]).await.unwrap()[0].remaining, 0);
+        }
+    }
+    let clock = manual_clock();
+    let redis = server.store(Clock::Manual(clock.clone())).await;
+    for store in [memory(&clock), redis.into()] {
+        let held = &mut Vec::new();
+        // slots held stay held under a new count
+        let l = Limiter::new(store.clone(), policy("3 concurrent"));
+        assert_eq!(admitted(&l, "c", 2, held).await, 2);
+        l.set_policy(policy("5 concurrent lease=30s"));
+        assert_eq!(admitted(&l, "c", 5, held).await, 3, "5 - 2 held");
+        // GCRA: a new burst keeps the arrival time; a new rate starts afresh
+        let g = Limiter::new(store, policy("10/min gcra burst=10"));
+        assert_eq!(admitted(&g, "g", 8, held).await, 8);
+        g.set_policy(policy("10/min gcra burst=12"));
+        assert_eq!(admitted(&g, "g", 10, held).await, 4, "burst 12 - 8 used");
+        g.set_policy(policy("20/min gcra burst=12"));
+        assert_eq!(
+            admitted(&g, "g", 20, held).await,
+            12,
+            "a new rate starts afresh"
+        );
+    }
+}
+
+/// Under load: tasks keep checking one identifier while the count is raised, then lowered.
+/// Every check that starts after a change runs on the new policy, and the count carries over
+/// both changes: 12 admitted in all, whatever the timing (the clock stands still).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_load_a_new_count_applies_at_once_to_what_was_counted() {
+    let server = RedisServer::start();
+    let clock = manual_clock();
+    let redis = server.store(Clock::Manual(clock.clone())).await;
+    for store in [memory(&clock), redis.into()] {
+        let limiter = Limiter::new(store, policy("10/min"));
+        // 0: the first policy; 1: raised to 12/min; 2: lowered to 6/min; 3: stop
+        let phase = Arc::new(AtomicU64::new(0));
+        let tasks: Vec<_> = (0..8)
+            .map(|_| {
+                let (limiter, phase) = (limiter.clone(), phase.clone());
+                tokio::spawn(async move {
+                    let mut allowed = 0;
+                    loop {
+                        let before = phase.load(Ordering::SeqCst);
+                        if before == 3 {
+                            return allowed;
+                        }
+                        let d = limiter.check(&["shared"]).await.unwrap();
+                        let limit = d.limits().next().unwrap().limit.to_string();
+                        match before {
+                            1 => assert!(limit == "12/min" || limit == "6/min", "{limit}"),
+                            2 => {
+                                assert_eq!(limit, "6/min");
+                                assert!(!d.is_allowed(), "12 used of 6");
+                            }
+                            _ => {}
+                        }
+                        allowed += u64::from(d.is_allowed());
+                        tokio::task::yield_now().await;
+                    }
+                })
+            })
+            .collect();
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        assert_eq!(limiter.usage(&["shared"]).await.unwrap()[0].used, 10);
+        limiter.set_policy(policy("12/min"));
+        phase.store(1, Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        limiter.set_policy(policy("6/min"));
+        phase.store(2, Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        phase.store(3, Ordering::SeqCst);
+        let mut total = 0;
+        for t in tasks {
+            total += t.await.unwrap();
+        }
+        assert_eq!(
+            total, 12,
+            "10, then 2 more under 12/min, then none under 6/min"
+        );
+    }
+}

@@ -2,7 +2,7 @@
 //!
 //! | Lua (Redis store)          | Rust (memory store)                 |
 //! |----------------------------|-------------------------------------|
-//! | `lua/check.lua`            | [`decide`] and [`Layout`], here     |
+//! | `lua/check.lua`            | [`decide`], [`peek`], [`Layout`]    |
 //! | `lua/sliding_log.lua`      | `sliding_log.rs`                    |
 //! | `lua/sliding_window.lua`   | `sliding_window.rs`                 |
 //! | `lua/rolling_window.lua`   | `rolling_window.rs` (counts ≤ 1550) |
@@ -351,9 +351,46 @@ pub(crate) fn decide(
     cost: u64,
     lease: &str,
 ) -> Outcome {
+    let verdicts = evaluate_all(states, layout, limits, now, cost);
+    let allowed = verdicts.iter().all(|v| v.allowed);
+    if allowed {
+        let per_id = layout.keys_per_id();
+        for j in 0..states.len() / per_id {
+            for (l, lim) in limits.iter().enumerate() {
+                let k = layout.key_of(l);
+                let st = states[j * per_id + k].get_or_insert_with(|| fresh(layout, limits, k));
+                commit(part(st, layout.slots[l].1), lim, now, cost, lease);
+            }
+        }
+    }
+    outcome(states, layout, limits, now, &verdicts)
+}
+
+/// Phase 1 of [`decide`] alone, the twin of the peek script: what a check of `cost` would
+/// decide now, with every state left as it is. Each entry reports the quota available now
+/// (nothing was charged) and, when denied, when the cost would fit.
+pub(crate) fn peek(
+    states: &mut [Option<State>],
+    layout: &Layout,
+    limits: &[Limit],
+    now: u64,
+    cost: u64,
+) -> Outcome {
+    let verdicts = evaluate_all(states, layout, limits, now, cost);
+    outcome(states, layout, limits, now, &verdicts)
+}
+
+/// Phase 1: every (identifier, limit) pair's verdict on `cost`, identifier-major; nothing is
+/// changed.
+fn evaluate_all(
+    states: &mut [Option<State>],
+    layout: &Layout,
+    limits: &[Limit],
+    now: u64,
+    cost: u64,
+) -> Vec<Verdict> {
     let per_id = layout.keys_per_id();
     let ids = states.len() / per_id;
-    let pos = |l: usize| layout.slots[l].1;
     // A missing state is evaluated as a fresh one, without creating it.
     let mut scratch: Vec<Option<State>> = (0..per_id).map(|_| None).collect();
     let mut verdicts = Vec::with_capacity(ids * limits.len());
@@ -364,27 +401,27 @@ pub(crate) fn decide(
                 Some(st) => st,
                 None => scratch[k].get_or_insert_with(|| fresh(layout, limits, k)),
             };
-            verdicts.push(evaluate(part(st, pos(l)), lim, now, cost));
+            verdicts.push(evaluate(part(st, layout.slots[l].1), lim, now, cost));
         }
     }
-    let allowed = verdicts.iter().all(|v| v.allowed);
+    verdicts
+}
 
-    if allowed {
-        for j in 0..ids {
-            for (l, lim) in limits.iter().enumerate() {
-                let k = layout.key_of(l);
-                let st = states[j * per_id + k].get_or_insert_with(|| fresh(layout, limits, k));
-                commit(part(st, pos(l)), lim, now, cost, lease);
-            }
-        }
-    }
-
+/// The outcome of `verdicts`, reported on `states` as they are now.
+fn outcome(
+    states: &mut [Option<State>],
+    layout: &Layout,
+    limits: &[Limit],
+    now: u64,
+    verdicts: &[Verdict],
+) -> Outcome {
+    let per_id = layout.keys_per_id();
     let mut entries = Vec::with_capacity(verdicts.len());
-    for j in 0..ids {
+    for j in 0..states.len() / per_id {
         for (l, lim) in limits.iter().enumerate() {
             let v = verdicts[j * limits.len() + l];
             let r = match &mut states[j * per_id + layout.key_of(l)] {
-                Some(st) => report(part(st, pos(l)), lim, now),
+                Some(st) => report(part(st, layout.slots[l].1), lim, now),
                 None => Report::empty(lim),
             };
             entries.push(Entry {
@@ -400,7 +437,7 @@ pub(crate) fn decide(
         }
     }
     Outcome {
-        allowed,
+        allowed: verdicts.iter().all(|v| v.allowed),
         entries,
         at_us: now,
     }

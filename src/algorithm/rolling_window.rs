@@ -42,14 +42,16 @@ pub(crate) struct Ring {
 }
 
 /// The largest count whose ring the script packs into one number: the five counters are the
-/// digits of an integer in base `count + 2`, below `(count + 2)^5`, which must stay within
-/// 2^53 (where doubles are exact).
+/// digits of an integer in base `COMPACT_MAX + 2`, below `(COMPACT_MAX + 2)^5`, which must
+/// stay within 2^53 (where doubles are exact).
 pub(crate) const COMPACT_MAX: u64 = 1550;
 
-/// The base of a compact ring: each counter, and their sum, is at most `count`, below
-/// `base - 1`; `None` for a count over [`COMPACT_MAX`] (the wide form).
+/// The base of a compact ring, the same for every count up to [`COMPACT_MAX`]: each counter,
+/// and their sum, is at most the count, below `base - 1`. One base for all counts (rather
+/// than `count + 2`) makes the state mean the same whatever the count, so a count change
+/// keeps it (see `store/keyspace.rs`). `None` for a count over [`COMPACT_MAX`] (the wide form).
 pub(crate) fn base(lim: &Limit) -> Option<u64> {
-    (lim.count() <= COMPACT_MAX).then(|| lim.count() + 2)
+    (lim.count() <= COMPACT_MAX).then_some(COMPACT_MAX + 2)
 }
 
 /// The fields the script packs: the ring in one number (`ring`), or for a count over
@@ -231,7 +233,7 @@ mod tests {
         assert_eq!(r.remaining, 4);
     }
 
-    /// The compact ring read back as the script's arithmetic leaves it: digits in base n + 2,
+    /// The compact ring read back as the script's arithmetic leaves it: digits in base 1552,
     /// the sum by casting out (n + 1)s, a shift by multiplying.
     #[test]
     fn the_compact_ring_is_five_digits() {

@@ -32,6 +32,7 @@ const QU: &KeyRef = key_ref("qu");
 const W: &KeyRef = key_ref("w");
 const R: &KeyRef = key_ref("r");
 const T: &KeyRef = key_ref("t");
+const PK: &KeyRef = key_ref("pk");
 
 /// The quota unit of a concurrency limit.
 const CONCURRENT_REQUESTS: &str = "concurrent-requests";
@@ -93,6 +94,8 @@ pub(crate) struct Advert {
     pub(crate) t: Option<u64>,
     /// The seconds until the whole quota is back (the legacy `X-RateLimit-Reset`).
     pub(crate) full: u64,
+    /// The partition key (`pk`): a keyed hash of the identifier the item describes.
+    pub(crate) pk: Option<Vec<u8>>,
 }
 
 impl Advert {
@@ -123,8 +126,34 @@ fn saturate(n: u128) -> u64 {
     u64::try_from(n).unwrap_or(u64::MAX)
 }
 
-/// The adverts of `decision`, one per limit, in the order of the decision's limits.
-pub(crate) fn adverts(decision: &Decision) -> Vec<Advert> {
+/// The bytes of a partition key.
+const PK_LEN: usize = 12;
+
+/// The partition key of `identifier` under `secret`: HMAC-SHA-1, truncated to 12 bytes. A
+/// keyed hash, so that a client cannot tell an identifier (an IP address) from its key by
+/// hashing candidates; the same secret gives every process of a fleet the same keys.
+pub(crate) fn partition_key(secret: &[u8], identifier: &str) -> Vec<u8> {
+    const BLOCK: usize = 64;
+    let mut key = [0u8; BLOCK];
+    if secret.len() > BLOCK {
+        key[..20].copy_from_slice(&sha1_smol::Sha1::from(secret).digest().bytes());
+    } else {
+        key[..secret.len()].copy_from_slice(secret);
+    }
+    let pad = |byte: u8| key.map(|k| k ^ byte);
+    let mut inner = sha1_smol::Sha1::new();
+    inner.update(&pad(0x36));
+    inner.update(identifier.as_bytes());
+    let mut outer = sha1_smol::Sha1::new();
+    outer.update(&pad(0x5c));
+    outer.update(&inner.digest().bytes());
+    outer.digest().bytes()[..PK_LEN].to_vec()
+}
+
+/// The adverts of `decision`, one per limit, in the order of the decision's limits; with
+/// `pks` (the partition key of each identifier of the check, by index), each with the
+/// partition key of the identifier it describes.
+pub(crate) fn adverts(decision: &Decision, pks: Option<&[Vec<u8>]>) -> Vec<Advert> {
     let mut indexes: Vec<usize> = Vec::new();
     for s in decision.statuses() {
         if !indexes.contains(&s.limit_index) {
@@ -145,7 +174,9 @@ pub(crate) fn adverts(decision: &Decision) -> Vec<Advert> {
                 .filter(|s| !s.allowed)
                 .max_by_key(|s| s.retry_after)
                 .or_else(|| of_limit().min_by_key(|s| (s.remaining, Reverse(s.reset_after))))?;
-            Some(advert(pick))
+            let mut advert = advert(pick);
+            advert.pk = pks.and_then(|pks| pks.get(pick.identifier)).cloned();
+            Some(advert)
         })
         .collect()
 }
@@ -161,6 +192,7 @@ fn advert(s: &LimitStatus) -> Advert {
             r: s.remaining.min(q),
             t: None,
             full: 0,
+            pk: None,
         };
     }
     let (q, w) = quota_and_window(&s.limit);
@@ -179,13 +211,20 @@ fn advert(s: &LimitStatus) -> Advert {
         r: s.remaining.min(q),
         t: Some(t),
         full: ceil_secs(s.reset_after),
+        pk: None,
     }
 }
 
 /// Adds the headers describing `decision` in `style`, and `Retry-After` when it was denied,
 /// to those already there: another layer's items are kept (a limit listed by both appears
-/// once, with the tighter state), and so is a `Retry-After` already set.
-pub(crate) fn add_headers(headers: &mut HeaderMap, decision: &Decision, style: HeaderStyle) {
+/// once, with the tighter state), and so is a `Retry-After` already set. With `pks` (the
+/// partition key of each identifier of the check), the `RateLimit` items carry `pk`.
+pub(crate) fn add_headers(
+    headers: &mut HeaderMap,
+    decision: &Decision,
+    style: HeaderStyle,
+    pks: Option<&[Vec<u8>]>,
+) {
     if let Some(wait) = decision.retry_after() {
         if !headers.contains_key(RETRY_AFTER) {
             headers.insert(RETRY_AFTER, HeaderValue::from(ceil_secs(wait).max(1)));
@@ -195,7 +234,7 @@ pub(crate) fn add_headers(headers: &mut HeaderMap, decision: &Decision, style: H
         .get(RETRY_AFTER)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.trim().parse::<u64>().ok());
-    let ours = adverts(decision);
+    let ours = adverts(decision, pks);
     if style.ietf() {
         merge_ietf(headers, &ours, retry_after);
     }
@@ -274,6 +313,9 @@ fn state_item(a: &Advert) -> Option<ListEntry> {
     let mut params = vec![(R, int(a.r)?)];
     if let Some(t) = a.t {
         params.push((T, int(t)?));
+    }
+    if let Some(pk) = &a.pk {
+        params.push((PK, BareItem::ByteSequence(pk.clone())));
     }
     item(&a.name, &params)
 }

@@ -109,11 +109,6 @@ pub(crate) const TEMPORARY_REDUCED_CAPACITY: &str =
 /// (a load shedder), with the limits that denied as `violated-policies` (named as in the
 /// `RateLimit` fields).
 pub(crate) fn problem_response(status: StatusCode, decision: &Decision) -> Response<Bytes> {
-    let (kind, title) = if status == StatusCode::SERVICE_UNAVAILABLE {
-        (TEMPORARY_REDUCED_CAPACITY, "Temporary Reduced Capacity")
-    } else {
-        (QUOTA_EXCEEDED, "Quota Exceeded")
-    };
     let mut violated: Vec<String> = Vec::new();
     for s in decision.statuses().iter().filter(|s| !s.allowed) {
         let name = s.limit.to_string();
@@ -121,22 +116,44 @@ pub(crate) fn problem_response(status: StatusCode, decision: &Decision) -> Respo
             violated.push(name);
         }
     }
+    problem(status, &limited_message(decision), Some(&violated))
+}
+
+/// The RFC 9457 `application/problem+json` answer of a load shedder: status 503, the draft's
+/// `temporary-reduced-capacity` problem type, `detail`, and no `violated-policies` (no
+/// quota was exceeded).
+pub(crate) fn shed_problem_response(detail: &str) -> Response<Bytes> {
+    problem(StatusCode::SERVICE_UNAVAILABLE, detail, None)
+}
+
+/// A problem+json response: `quota-exceeded`, or `temporary-reduced-capacity` when the
+/// status is 503, with `violated-policies` when given.
+fn problem(status: StatusCode, detail: &str, violated: Option<&[String]>) -> Response<Bytes> {
+    let (kind, title) = if status == StatusCode::SERVICE_UNAVAILABLE {
+        (TEMPORARY_REDUCED_CAPACITY, "Temporary Reduced Capacity")
+    } else {
+        (QUOTA_EXCEEDED, "Quota Exceeded")
+    };
     let mut body = String::from("{");
     let _ = write!(
         body,
-        "\"type\":{},\"title\":{},\"status\":{},\"detail\":{},\"violated-policies\":[",
+        "\"type\":{},\"title\":{},\"status\":{},\"detail\":{}",
         json_string(kind),
         json_string(title),
         status.as_u16(),
-        json_string(&limited_message(decision)),
+        json_string(detail),
     );
-    for (i, name) in violated.iter().enumerate() {
-        if i > 0 {
-            body.push(',');
+    if let Some(violated) = violated {
+        body.push_str(",\"violated-policies\":[");
+        for (i, name) in violated.iter().enumerate() {
+            if i > 0 {
+                body.push(',');
+            }
+            body.push_str(&json_string(name));
         }
-        body.push_str(&json_string(name));
+        body.push(']');
     }
-    body.push_str("]}\n");
+    body.push_str("}\n");
     let mut res = Response::new(Bytes::from(body));
     *res.status_mut() = status;
     res.headers_mut().insert(

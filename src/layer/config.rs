@@ -131,6 +131,8 @@ pub(crate) struct Config {
     /// Charged by response: a peek before the handler, the charge after it for the responses
     /// this selects.
     pub(crate) charge_if: Option<ChargeFn>,
+    /// The secret of the `pk` parameters (none: no `pk`).
+    pub(crate) partition_secret: Option<Arc<[u8]>>,
 }
 
 impl Config {
@@ -151,6 +153,7 @@ impl Config {
             problem_details: settings.problem_details,
             shadow: settings.shadow,
             charge_if: None,
+            partition_secret: None,
         }
     }
 

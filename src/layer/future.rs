@@ -40,6 +40,8 @@ pin_project! {
         grpc: bool,
         // When the layer charges by response: the charge to make if the response is selected.
         pending: Option<Pending>,
+        // The partition key of each identifier of the check, for the `pk` parameters.
+        pks: Option<Arc<[Vec<u8>]>>,
     }
 }
 
@@ -106,7 +108,15 @@ where
             config,
             grpc,
             pending,
+            pks: None,
         }
+    }
+
+    /// Adds `pk` parameters to the `RateLimit` items, from these partition keys (one per
+    /// identifier of the check).
+    pub(crate) fn with_partition_keys(mut self, pks: Option<Arc<[Vec<u8>]>>) -> Self {
+        self.pks = pks;
+        self
     }
 
     /// Passes the request to `inner`, a ready service, unchecked.
@@ -121,6 +131,7 @@ where
             config,
             grpc: false,
             pending: None,
+            pks: None,
         }
     }
 
@@ -132,6 +143,7 @@ where
             config,
             grpc: false,
             pending: None,
+            pks: None,
         }
     }
 }
@@ -151,7 +163,8 @@ where
                     let decision = match outcome {
                         Ok(decision) if decision.is_allowed() => Some(decision),
                         refused => {
-                            let res = refusal(this.config, &req, refused, *this.grpc);
+                            let pks = this.pks.as_deref();
+                            let res = refusal(this.config, &req, refused, *this.grpc, pks);
                             this.state.set(State::Answered { res });
                             continue;
                         }
@@ -178,14 +191,15 @@ where
                             });
                             continue;
                         }
-                        let res = finish(res, peeked, this.config);
+                        let res = finish(res, peeked, this.config, this.pks.as_deref());
                         this.state.set(State::Done);
                         return Poll::Ready(Ok(res));
                     }
                     let guard = decision.as_mut().and_then(Decision::take_guard);
                     let mut res = res.map(|b| ResponseBody::inner(b).guarded(guard));
                     if let Some(decision) = decision {
-                        add_headers(res.headers_mut(), decision, this.config.headers);
+                        let pks = this.pks.as_deref();
+                        add_headers(res.headers_mut(), decision, this.config.headers, pks);
                     }
                     this.state.set(State::Done);
                     return Poll::Ready(Ok(res));
@@ -197,7 +211,8 @@ where
                 } => {
                     let charged = ready!(charge.as_mut().poll(cx));
                     let shown = charged.or_else(|| peeked.take());
-                    let res = res.take().map(|res| finish(res, shown, this.config));
+                    let pks = this.pks.as_deref();
+                    let res = res.take().map(|res| finish(res, shown, this.config, pks));
                     this.state.set(State::Done);
                     if let Some(res) = res {
                         return Poll::Ready(Ok(res));
@@ -222,10 +237,11 @@ fn finish<B>(
     res: Response<B>,
     decision: Option<Decision>,
     config: &Config,
+    pks: Option<&[Vec<u8>]>,
 ) -> Response<ResponseBody<B>> {
     let mut res = res.map(ResponseBody::inner);
     if let Some(decision) = decision {
-        add_headers(res.headers_mut(), &decision, config.headers);
+        add_headers(res.headers_mut(), &decision, config.headers, pks);
     }
     res
 }
@@ -237,9 +253,10 @@ fn refusal<B>(
     req: &Request<B>,
     outcome: Result<Decision, Error>,
     grpc: bool,
+    pks: Option<&[Vec<u8>]>,
 ) -> Response<Bytes> {
     match outcome {
-        Ok(decision) => limited(config, req, &decision, grpc),
+        Ok(decision) => limited(config, req, &decision, grpc, pks),
         Err(Error::Store(_)) => {
             // The store's error stays out of the response: it describes the deployment.
             let mut res = own_response(
@@ -262,11 +279,12 @@ fn limited<B>(
     req: &Request<B>,
     decision: &Decision,
     grpc: bool,
+    pks: Option<&[Vec<u8>]>,
 ) -> Response<Bytes> {
     let mut res = match (&config.on_limited, grpc) {
         (Some(handler), false) => handler(&RequestView::of(req), decision),
         _ => own_response(config.limited_status, &limited_message(decision), grpc),
     };
-    add_headers(res.headers_mut(), decision, config.headers);
+    add_headers(res.headers_mut(), decision, config.headers, pks);
     res
 }

@@ -78,6 +78,10 @@ impl RateLimitLayer {
     /// "/export"`). Rules — this one, [`route_adding`](Self::route_adding) and
     /// [`bypass`](Self::bypass) — are tried in the order given; the first that matches
     /// applies.
+    ///
+    /// A route's limiter on the default limiter's store shares an identifier's state with it
+    /// where their limits share a name (two sliding windows over a minute, two concurrency
+    /// limits): give it a [namespace](crate::LimiterBuilder::namespace) of its own.
     pub fn route_replacing<F>(self, matcher: F, limiter: Limiter) -> Self
     where
         F: Fn(&RequestView<'_>) -> bool + Send + Sync + 'static,
@@ -95,6 +99,9 @@ impl RateLimitLayer {
     /// layers). The response lists the limits of both in its rate-limit headers (only the
     /// route's when the route's limiter denied), and holds the concurrency slots of both
     /// until its body ends.
+    ///
+    /// On one store, give the route's limiter a [namespace](crate::LimiterBuilder::namespace)
+    /// of its own, or its limits count together with the default limiter's of the same name.
     pub fn route_adding<F>(self, matcher: F, limiter: Limiter) -> Self
     where
         F: Fn(&RequestView<'_>) -> bool + Send + Sync + 'static,
@@ -143,11 +150,75 @@ impl RateLimitLayer {
         self.edit(|c| c.cost = Some(Arc::new(cost)))
     }
 
+    /// Charges only the requests whose response `selects` picks (default: every request is
+    /// charged before it is handled). A login endpoint that counts failed attempts only:
+    ///
+    /// ```
+    /// use http::StatusCode;
+    /// use tollgate::key::PeerIp;
+    /// use tollgate::{Limiter, MemoryStore, RateLimitLayer};
+    ///
+    /// let failures = Limiter::new(MemoryStore::new(), "5/15min".parse().unwrap());
+    /// let layer = RateLimitLayer::new(failures)
+    ///     .key(PeerIp::default())
+    ///     .charge_if(|res: &http::response::Parts| res.status == StatusCode::UNAUTHORIZED);
+    /// # let _ = layer;
+    /// ```
+    ///
+    /// What happens to a request:
+    ///
+    /// 1. Before the handler, the layer [peeks](crate::Limiter::peek_n): it asks what a check
+    ///    would decide, charging nothing. A request the limits would deny now — the quota is
+    ///    used up — is refused as usual (429, `Retry-After`, the rate-limit fields) without
+    ///    reaching the handler. The peek is the request's decision in the metrics.
+    /// 2. The handler answers, and `selects` is asked about the response's head (status,
+    ///    headers, extensions; for a gRPC response, `grpc-status` is in the headers only when
+    ///    it is trailers-only).
+    /// 3. A selected response is charged by an ordinary check, all-or-nothing, as if the
+    ///    request had arrived then; a charge the limits no longer admit charges nothing. The
+    ///    charge runs in a task of its own, so a response dropped before it is sent is
+    ///    charged all the same. A response that is not selected charges nothing.
+    ///
+    /// The response carries the rate-limit fields of its charge when it was charged (the
+    /// quota left after it), else those of the peek (the quota left, untouched).
+    ///
+    /// The count never exceeds the limit, but requests can: peek and charge are two steps,
+    /// and requests of one client in flight together all pass the peek before any of them is
+    /// charged. Up to that many requests may reach the handler past the quota — with 5 left,
+    /// 8 requests arriving together are all handled, and only 5 of them can be charged.
+    /// Where that matters, add a concurrency limit for the client on a layer of its own.
+    ///
+    /// No concurrency slot is held: a peek takes none, and a charge gives back at once the
+    /// one it takes. Under [shadow mode](Self::shadow) both steps run, and nothing is refused.
+    pub fn charge_if<F>(self, selects: F) -> Self
+    where
+        F: Fn(&http::response::Parts) -> bool + Send + Sync + 'static,
+    {
+        self.edit(|c| c.charge_if = Some(Arc::new(selects)))
+    }
+
     /// Which rate-limit headers responses carry (default [`HeaderStyle::Ietf`]: the
     /// `RateLimit-Policy` and `RateLimit` fields of draft-ietf-httpapi-ratelimit-headers-11,
     /// described in the [`layer`](super#headers) module).
     pub fn headers(self, style: HeaderStyle) -> Self {
         self.edit(|c| c.headers = style)
+    }
+
+    /// Adds draft-11's `pk` parameter (partition key) to each `RateLimit` item: the keyed
+    /// hash (HMAC-SHA-1 under `secret`, 12 bytes, a structured-field byte sequence) of the
+    /// identifier the item describes, never the identifier itself. Off by default.
+    ///
+    /// A client may use it to tell which of its quotas an item counts (the same key, the same
+    /// partition). Give every process of a fleet the same secret, so that they agree, and
+    /// keep it secret: without it, nobody can recover an identifier (an IP address) by
+    /// hashing candidates.
+    ///
+    /// ```text
+    /// RateLimit: "10/s";r=7;t=1;pk=:x4sWbYlQk0PA2ndV:
+    /// ```
+    pub fn partition_keys(self, secret: impl AsRef<[u8]>) -> Self {
+        let secret: Arc<[u8]> = secret.as_ref().into();
+        self.edit(|c| c.partition_secret = Some(secret))
     }
 
     /// Whether limited HTTP requests are answered with an RFC 9457

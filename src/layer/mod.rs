@@ -23,6 +23,13 @@
 //!   one; both must allow;
 //! * [`bypass`](RateLimitLayer::bypass): no check, no headers.
 //!
+//! # Charging by response
+//!
+//! By default a request is charged before it is handled. With
+//! [`charge_if`](RateLimitLayer::charge_if) the layer only peeks before the handler (refusing
+//! once the quota is used up) and charges the responses a predicate selects, such as a login
+//! endpoint's `401`s.
+//!
 //! # Headers
 //!
 //! With the default [`HeaderStyle::Ietf`], checked responses (allowed or not) carry the
@@ -57,6 +64,9 @@
 //! layers (or a route that adds its limiter) lists the limits of both; a limit listed by
 //! both appears once, with the tighter state. Requests let through without a check (bypass,
 //! a missing key allowed, a store failing open) carry no items.
+//!
+//! With [`partition_keys`](RateLimitLayer::partition_keys), each `RateLimit` item also
+//! carries `pk`, a keyed hash of the identifier it describes (never the identifier).
 //!
 //! [`HeaderStyle::Legacy`] sends `X-RateLimit-Limit`, `X-RateLimit-Remaining` (the `q` and `r`
 //! of the limit closest to exhaustion) and `X-RateLimit-Reset` (the seconds until its whole

@@ -10,6 +10,7 @@ use tower_service::Service;
 use super::check::{check_both, Pending};
 use super::config::{Action, Config, MissingKey};
 use super::future::ResponseFuture;
+use crate::http::headers::partition_key;
 use crate::http::response::own_response;
 use crate::http::ResponseBody;
 use crate::key::{KeyExtractor, PeerIp, RequestView};
@@ -100,6 +101,10 @@ where
             };
         }
         let cost = config.cost.as_ref().map_or(1, |f| f(&view));
+        let pks: Option<Arc<[Vec<u8>]>> = config
+            .partition_secret
+            .as_ref()
+            .map(|secret| ids.iter().map(|id| partition_key(secret, id)).collect());
         let shadow = config.shadow;
         if config.charge_if.is_none() {
             let mode = Mode::CHECK.shadowed(shadow);
@@ -107,7 +112,8 @@ where
                 let decision = check_both(&limiter, also.as_ref(), &ids, cost, mode).await;
                 (decision, req)
             });
-            return ResponseFuture::checking(self.take_ready(), check, config, grpc, None);
+            return ResponseFuture::checking(self.take_ready(), check, config, grpc, None)
+                .with_partition_keys(pks);
         }
         // Charged by response: a peek now (counted as the request's decision), the charge
         // once the response says whether it is charged.
@@ -127,5 +133,6 @@ where
             (decision, req)
         });
         ResponseFuture::checking(self.take_ready(), check, config, grpc, Some(pending))
+            .with_partition_keys(pks)
     }
 }

@@ -7,7 +7,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::deny_cache::DenyCache;
-use super::peek::store_peek;
 use super::{Error, Limiter, OnStoreError, Version, MAX_IDENTIFIERS};
 use crate::decision::{Decision, LimitStatus, Origin};
 use crate::guard::ConcurrencyGuard;
@@ -15,7 +14,7 @@ use crate::observe::{self, Action};
 use crate::policy::{Limit, Policy};
 use crate::store::keyspace;
 use crate::store::lease::{lease_id, Lease};
-use crate::store::{Outcome, Plan, Store, StoreError};
+use crate::store::{Namespace, Outcome, Plan, Store, StoreError};
 
 /// How a check runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -58,6 +57,8 @@ struct Target<'a> {
     policy: &'a Policy,
     deny_cache: Option<(&'a DenyCache, u64)>,
     name: &'a str,
+    /// The limiter's namespace on both its stores.
+    namespace: Option<&'a Namespace>,
 }
 
 impl Limiter {
@@ -112,6 +113,7 @@ impl Limiter {
                 .as_ref()
                 .map(|c| (c, version.generation)),
             name: &version.name,
+            namespace: self.inner.namespace.as_ref(),
         };
         let error = match decide(&target, identifiers, cost, charge).await {
             Err(Error::Store(e)) => e,
@@ -130,6 +132,7 @@ impl Limiter {
                     policy,
                     deny_cache: None,
                     name,
+                    namespace: self.inner.namespace.as_ref(),
                 };
                 match decide(&fallback, identifiers, cost, charge).await {
                     Ok(mut decision) => {
@@ -164,26 +167,7 @@ async fn decide<I: AsRef<str>>(
     if cost == 0 || cost > max {
         return Err(Error::Cost { cost, max });
     }
-    // Distinct identifiers, each with the index of its first occurrence.
-    let mut firsts: Vec<usize> = Vec::with_capacity(identifiers.len());
-    for (i, id) in identifiers.iter().enumerate() {
-        if !firsts
-            .iter()
-            .any(|&f| identifiers[f].as_ref() == id.as_ref())
-        {
-            firsts.push(i);
-        }
-    }
-    if firsts.is_empty() {
-        return Err(Error::NoIdentifiers);
-    }
-    if firsts.len() > MAX_IDENTIFIERS {
-        return Err(Error::TooManyIdentifiers(firsts.len()));
-    }
-    let ids: Vec<String> = firsts
-        .iter()
-        .map(|&i| keyspace::escape_identifier(identifiers[i].as_ref()))
-        .collect();
+    let (firsts, ids) = distinct(identifiers)?;
     let limits = policy.limits();
     if let Some((cache, _)) = target.deny_cache {
         if let Some(decision) = cache.lookup(&ids, &firsts, cost) {
@@ -193,19 +177,22 @@ async fn decide<I: AsRef<str>>(
     }
     let sent = Instant::now();
     let store = target.store.clone();
+    let namespace = target.namespace.map(Namespace::as_str);
     let (outcome, guard) = match policy.concurrency() {
         _ if !charge => {
             let plan = Plan {
                 ids: &ids,
+                namespace,
                 limits,
                 cost,
                 lease: "",
             };
-            (store_peek(&store, &plan).await.map_err(Error::Store)?, None)
+            (store.peek(&plan).await.map_err(Error::Store)?, None)
         }
         None => {
             let plan = Plan {
                 ids: &ids,
+                namespace,
                 limits,
                 cost,
                 lease: "",
@@ -217,7 +204,14 @@ async fn decide<I: AsRef<str>>(
             // that disconnects) while the script runs would leave a slot taken with no
             // guard to give it back. The check therefore runs in a task of its own, which
             // finishes and drops its guard whatever becomes of the caller.
-            let task = take_slot(store, ids.clone(), limits.to_vec(), slot, cost);
+            let task = take_slot(
+                store,
+                ids.clone(),
+                target.namespace.cloned(),
+                limits.to_vec(),
+                slot,
+                cost,
+            );
             match tokio::runtime::Handle::try_current() {
                 Ok(runtime) => match runtime.spawn(task).await {
                     Ok(result) => result?,
@@ -258,24 +252,54 @@ async fn decide<I: AsRef<str>>(
     })
 }
 
+/// The distinct identifiers among `identifiers`: the index of each one's first occurrence,
+/// and each escaped for the store.
+pub(super) fn distinct<I: AsRef<str>>(
+    identifiers: &[I],
+) -> Result<(Vec<usize>, Vec<String>), Error> {
+    let mut firsts: Vec<usize> = Vec::with_capacity(identifiers.len());
+    for (i, id) in identifiers.iter().enumerate() {
+        if !firsts
+            .iter()
+            .any(|&f| identifiers[f].as_ref() == id.as_ref())
+        {
+            firsts.push(i);
+        }
+    }
+    if firsts.is_empty() {
+        return Err(Error::NoIdentifiers);
+    }
+    if firsts.len() > MAX_IDENTIFIERS {
+        return Err(Error::TooManyIdentifiers(firsts.len()));
+    }
+    let ids = firsts
+        .iter()
+        .map(|&i| keyspace::escape_identifier(identifiers[i].as_ref()))
+        .collect();
+    Ok((firsts, ids))
+}
+
 /// Checks a policy with a concurrency limit; when allowed, holds the slot in a guard.
 async fn take_slot(
     store: Store,
     ids: Vec<String>,
+    namespace: Option<Namespace>,
     limits: Vec<Limit>,
     slot: Limit,
     cost: u64,
 ) -> Result<(Outcome, Option<ConcurrencyGuard>), Error> {
     let id = lease_id();
+    let namespace = namespace.as_ref().map(Namespace::as_str);
     let plan = Plan {
         ids: &ids,
+        namespace,
         limits: &limits,
         cost,
         lease: &id,
     };
     let result = store.check(&plan).await;
     let lease = Lease {
-        keys: ids.iter().map(|i| store.key(i, &slot)).collect(),
+        keys: ids.iter().map(|i| store.key(i, namespace, &slot)).collect(),
         id,
         lease_us: slot.window_us(),
     };

@@ -16,10 +16,11 @@
 //!   can predict;
 //! * it is used only with the real clock (a manual clock can jump).
 //!
-//! What it gives up: a reset of the identifier in Redis, or a policy change, is seen by this
-//! process only when its entry expires (at most the denied limit's retry time). Memory is
-//! bounded by a number of identifiers; at the bound, expired entries are swept, and new
-//! denials are not cached until there is room.
+//! What it gives up: a reset of the identifier made elsewhere (another process's
+//! `Limiter::reset`, or in Redis by hand) is seen by this process only when its entry expires
+//! (at most the denied limit's retry time); a reset or a policy change through this limiter
+//! empties the entries concerned at once. Memory is bounded by a number of identifiers; at
+//! the bound, expired entries are swept, and new denials are not cached until there is room.
 
 use std::collections::HashMap;
 use std::sync::{Mutex, PoisonError};
@@ -154,6 +155,14 @@ impl DenyCache {
         let mut entries = self.entries.lock().unwrap_or_else(PoisonError::into_inner);
         entries.map.clear();
         entries.generation = generation;
+    }
+
+    /// Forgets the entries of `ids` (escaped): their state in the store was reset.
+    pub(crate) fn forget(&self, ids: &[String]) {
+        let mut entries = self.entries.lock().unwrap_or_else(PoisonError::into_inner);
+        for id in ids {
+            entries.map.remove(id);
+        }
     }
 
     #[cfg(test)]

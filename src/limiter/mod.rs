@@ -11,13 +11,13 @@ use arc_swap::ArcSwap;
 use crate::decision::Decision;
 use crate::observe::{self, ShadowLog};
 use crate::policy::Policy;
-use crate::store::{MemoryStore, Store};
+use crate::store::{MemoryStore, Namespace, Store};
 
 mod check;
 mod deny_cache;
 mod error;
 mod failure;
-mod peek;
+mod inspect;
 
 use deny_cache::DenyCache;
 
@@ -50,6 +50,8 @@ pub struct Limiter {
 
 struct Inner {
     store: Store,
+    /// Where the limiter's keys live on its stores (none: the store's shared space).
+    namespace: Option<Namespace>,
     on_error: OnStoreError,
     /// The name given to the builder; without one, each version is named by its policy.
     given_name: Option<Arc<str>>,
@@ -108,6 +110,7 @@ impl fmt::Debug for Limiter {
         f.debug_struct("Limiter")
             .field("name", &version.name)
             .field("store", &self.inner.store)
+            .field("namespace", &self.inner.namespace)
             .field("policy", &version.policy.to_string())
             .field("on_store_error", &self.inner.on_error)
             .field("shadow", &self.is_shadow())
@@ -122,6 +125,7 @@ pub struct LimiterBuilder {
     policy: Policy,
     on_error: OnStoreError,
     name: Option<String>,
+    namespace: Option<Namespace>,
     deny_cache: usize,
     shadow: bool,
 }
@@ -134,8 +138,9 @@ impl LimiterBuilder {
     /// until then, without a round trip: a client flooding the fleet is answered without
     /// touching Redis. It never denies a request Redis would allow (others' requests only
     /// use quota; concurrency limits are never cached); what it gives up is that resetting
-    /// the identifier in Redis is seen here only when the entry expires. The memory store and
-    /// a manual clock never use it.
+    /// the identifier elsewhere (another process's [`Limiter::reset`], or in Redis by hand) is
+    /// seen here only when the entry expires. The memory store and a manual clock never use
+    /// it.
     pub fn deny_cache(mut self, max_identifiers: usize) -> Self {
         self.deny_cache = max_identifiers;
         self
@@ -152,6 +157,55 @@ impl LimiterBuilder {
     /// label value.
     pub fn name(mut self, name: impl Into<String>) -> Self {
         self.name = Some(name.into());
+        self
+    }
+
+    /// Keeps the limiter's state in a space of its own on the store (default: none, the
+    /// store's shared space), so that it counts apart from every other limiter.
+    ///
+    /// A store names an identifier's state by what it means — the algorithm and window of a
+    /// limit, not its count (so that [a policy change](Limiter::set_policy) carries counts
+    /// over). Without a namespace, two limiters on one store whose limits share a name share
+    /// that state for an identifier: a login route's `10/min` and the default `100/min`
+    /// count the same requests together, and any two concurrency limits hold the same
+    /// slots. That is what the processes of one fleet, configured alike, want (and sharing
+    /// can only admit less, never more); limiters with different jobs — one per route —
+    /// each want a namespace.
+    ///
+    /// The namespace is part of every key of the limiter (`tollgate:{user:42}:login:w1m`),
+    /// in the check, the peek, [`usage`](Limiter::usage), [`reset`](Limiter::reset), the
+    /// renewal and release of concurrency slots and the fallback store; it stays across
+    /// policy changes, so counts carry over as without one. Every process of a fleet gives
+    /// the same limiter the same namespace. Two limiters in one namespace share state as two
+    /// limiters without one do.
+    ///
+    /// ```
+    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    /// use tollgate::{Limiter, MemoryStore};
+    ///
+    /// let store = MemoryStore::new();
+    /// let default = Limiter::builder(store.clone(), "100/min".parse()?)
+    ///     .namespace("default".parse()?)
+    ///     .build();
+    /// let login = Limiter::builder(store, "10/min".parse()?)
+    ///     .namespace("login".parse()?)
+    ///     .build();
+    ///
+    /// for _ in 0..10 {
+    ///     assert!(login.check(&["ip:203.0.113.9"]).await?.is_allowed());
+    /// }
+    /// assert!(!login.check(&["ip:203.0.113.9"]).await?.is_allowed());
+    /// // the default limiter counted none of them
+    /// let usage = default.usage(&["ip:203.0.113.9"]).await?;
+    /// assert_eq!(usage[0].remaining, 100);
+    /// # Ok(()) }
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(run()).unwrap();
+    /// ```
+    ///
+    /// A [`Namespace`] is validated where it is made ([`Namespace::new`] or `parse`), so
+    /// that building the limiter cannot fail.
+    pub fn namespace(mut self, namespace: Namespace) -> Self {
+        self.namespace = Some(namespace);
         self
     }
 
@@ -184,6 +238,7 @@ impl LimiterBuilder {
         Limiter {
             inner: Arc::new(Inner {
                 store: self.store,
+                namespace: self.namespace,
                 on_error: self.on_error,
                 given_name,
                 deny_cache,
@@ -211,6 +266,7 @@ impl Limiter {
             policy,
             on_error: OnStoreError::default(),
             name: None,
+            namespace: None,
             deny_cache: deny_cache::DEFAULT_CAPACITY,
             shadow: false,
         }
@@ -237,6 +293,11 @@ impl Limiter {
         &self.inner.store
     }
 
+    /// The limiter's namespace on its store ([`LimiterBuilder::namespace`]), if it has one.
+    pub fn namespace(&self) -> Option<&Namespace> {
+        self.inner.namespace.as_ref()
+    }
+
     /// Replaces the policy, for every clone of this limiter, without a restart.
     ///
     /// Checks that have started finish on the policy they started with; every check that
@@ -244,18 +305,37 @@ impl Limiter {
     /// it, scaled as before, and so does the limiter's name unless it was given one. The
     /// deny cache is emptied.
     ///
-    /// What was counted carries over limit by limit, as long as the store keeps the limit's
-    /// state under the same key:
+    /// What was counted carries over limit by limit, in the store, where the new limit's
+    /// state means what the old one's meant (the rule is the store's key naming, so every
+    /// process of a fleet and every restart agree; the limiter's
+    /// [namespace](LimiterBuilder::namespace) stays):
     ///
-    /// * a limit whose count alone changes keeps what was counted for it: `10/s` raised to
-    ///   `20/s` with 8 used has 12 left; lowered to `5/s`, it denies until the usage has
-    ///   fallen below 5. This holds for the sliding window, sliding log and fixed window;
+    /// * a sliding window, fixed window or sliding log whose count alone changes keeps what
+    ///   was counted for it: `10/min` raised to `12/min` with 8 used admits 4 more, not 12;
+    ///   lowered to `5/min`, it denies until the usage has fallen below 5;
     /// * a concurrency limit keeps its held slots whatever its count or lease;
     /// * a token bucket or GCRA keeps its usage when its burst (capacity) changes, and starts
     ///   afresh when its rate (count or window) does: its state is a time measured in steps
     ///   of that rate;
     /// * a limit whose window or algorithm changes starts afresh (its old state expires by
-    ///   itself); so does a limit that is new to the policy.
+    ///   itself); so does a limit that is new to the policy;
+    /// * the window, fixed-window, bucket and GCRA limits of a policy keep their state
+    ///   together (one store key per identifier): they carry over when each of them does, and
+    ///   all start afresh when one of them starts afresh, is added or is removed.
+    ///
+    /// ```
+    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    /// use tollgate::{Limiter, MemoryStore};
+    ///
+    /// let limiter = Limiter::new(MemoryStore::new(), "10/min".parse()?);
+    /// for _ in 0..8 {
+    ///     let _ = limiter.check(&["user:42"]).await?;
+    /// }
+    /// limiter.set_policy("12/min".parse()?);
+    /// assert_eq!(limiter.peek(&["user:42"]).await?.statuses()[0].remaining, 4);
+    /// # Ok(()) }
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(run()).unwrap();
+    /// ```
     ///
     /// Setting the policy in force again changes nothing.
     pub fn set_policy(&self, policy: Policy) {
@@ -373,19 +453,61 @@ impl Limiter {
         self.run(identifiers, cost, Mode::CHECK).await
     }
 
-    /// What a check of cost `cost` would decide now, without charging anything: whether it
-    /// fits, and per (identifier, limit) pair the quota available now and the times of a
-    /// check's decision. The store writes nothing (on Redis, no key, value or TTL changes),
-    /// and no concurrency slot is taken.
+    /// What a check of cost 1 would decide now, without charging anything. See
+    /// [`Limiter::peek_n`].
     ///
-    /// It answers as a check does when the store fails (the failure policy, the fallback),
-    /// and in shadow mode. It is not counted in the decision metrics.
+    /// # Errors
     ///
-    /// Not public yet: the stores need a read-only check for it (a store verb that evaluates
-    /// without writing); until they have one a peek fails as a store error, so nothing that
-    /// users can reach calls it (the HTTP layer's charging by response waits on it too).
-    #[allow(dead_code)]
-    pub(crate) async fn peek_n<I: AsRef<str>>(
+    /// As [`Limiter::peek_n`].
+    pub async fn peek<I: AsRef<str>>(&self, identifiers: &[I]) -> Result<Decision, Error> {
+        self.peek_n(identifiers, 1).await
+    }
+
+    /// What a check of cost `cost` would decide now, without charging anything: whether the
+    /// request would be allowed (every limit admits `cost` for every identifier), and per
+    /// (identifier, limit) pair the quota available now and, for the limits that would deny,
+    /// when the cost would fit. It is the check's evaluation alone: the store writes nothing
+    /// (on Redis a read-only script runs, and no key, value or TTL changes), so peeking any
+    /// number of times charges nothing, and no concurrency slot is taken (the decision holds
+    /// no guard). A check made right after may still decide otherwise: others' requests may
+    /// be charged in between.
+    ///
+    /// It answers as a check does in every other respect:
+    ///
+    /// * when the store cannot decide, the limiter's [`OnStoreError`]: an allowed decision
+    ///   without figures ([`Origin::FailOpen`](crate::Origin)), the error, or the fallback's
+    ///   peek on its own counts;
+    /// * the deny cache: an identifier the store denied a moment ago is answered in process
+    ///   ([`Origin::DenyCache`](crate::Origin)), and a peek the store denies is remembered as a
+    ///   check's denial is (it is as exact: until then a check of that cost would be denied);
+    /// * in shadow mode the decision is allowed, with [`Decision::would_deny`] telling what
+    ///   enforcing would say.
+    ///
+    /// Peeks are not counted in the decision metrics.
+    ///
+    /// ```
+    /// # async fn run() -> Result<(), tollgate::Error> {
+    /// use tollgate::{Limiter, MemoryStore};
+    ///
+    /// let limiter = Limiter::new(MemoryStore::new(), "2/min".parse().unwrap());
+    /// let peek = limiter.peek(&["user:42"]).await?;
+    /// assert!(peek.is_allowed());
+    /// assert_eq!(peek.statuses()[0].remaining, 2); // nothing was charged
+    ///
+    /// for _ in 0..2 {
+    ///     assert!(limiter.check(&["user:42"]).await?.is_allowed());
+    /// }
+    /// let peek = limiter.peek(&["user:42"]).await?;
+    /// assert!(!peek.is_allowed());
+    /// assert!(peek.retry_after().is_some());
+    /// # Ok(()) }
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(run()).unwrap();
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`Limiter::check_n`].
+    pub async fn peek_n<I: AsRef<str>>(
         &self,
         identifiers: &[I],
         cost: u64,

@@ -15,7 +15,7 @@ use tower_service::Service;
 
 use super::priority::Classifier;
 use super::{InFlight, InFlightGuard, Priority, ShedConfig, UtilizationShedder};
-use crate::http::response::own_response;
+use crate::http::response::{own_response, shed_problem_response};
 use crate::http::ResponseBody;
 use crate::key::RequestView;
 
@@ -36,6 +36,7 @@ pub struct UtilizationShedLayer {
     shedder: Arc<UtilizationShedder>,
     classify: Classifier,
     retry_after: HeaderValue,
+    problem_details: bool,
 }
 
 impl fmt::Debug for UtilizationShedLayer {
@@ -43,6 +44,7 @@ impl fmt::Debug for UtilizationShedLayer {
         f.debug_struct("UtilizationShedLayer")
             .field("shedder", &self.shedder)
             .field("retry_after", &self.retry_after)
+            .field("problem_details", &self.problem_details)
             .finish_non_exhaustive()
     }
 }
@@ -62,6 +64,7 @@ impl UtilizationShedLayer {
             shedder: shedder.into(),
             classify: Arc::new(|_: &RequestView<'_>| Priority::Normal),
             retry_after: HeaderValue::from(1u64),
+            problem_details: false,
         }
     }
 
@@ -95,6 +98,25 @@ impl UtilizationShedLayer {
     pub fn retry_after(mut self, wait: Duration) -> Self {
         let secs = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
         self.retry_after = HeaderValue::from(secs.max(1));
+        self
+    }
+
+    /// Whether shed HTTP requests are answered with an RFC 9457 `application/problem+json`
+    /// body (default: no, a line of text): the problem type `temporary-reduced-capacity` of
+    /// draft-ietf-httpapi-ratelimit-headers-11, as a [`RateLimitLayer`](crate::RateLimitLayer)
+    /// answering 503 uses. gRPC requests still get `UNAVAILABLE`.
+    ///
+    /// ```text
+    /// HTTP/1.1 503 Service Unavailable
+    /// Content-Type: application/problem+json
+    /// Retry-After: 1
+    ///
+    /// {"type":"https://iana.org/assignments/http-problem-types#temporary-reduced-capacity",
+    ///  "title":"Temporary Reduced Capacity","status":503,
+    ///  "detail":"server overloaded: request shed; retry later"}
+    /// ```
+    pub fn problem_details(mut self, on: bool) -> Self {
+        self.problem_details = on;
         self
     }
 
@@ -155,6 +177,7 @@ where
                 kind: Kind::Shed {
                     grpc: view.is_grpc(),
                     retry_after: layer.retry_after.clone(),
+                    problem: layer.problem_details,
                 },
             };
         }
@@ -168,11 +191,14 @@ where
     }
 }
 
-/// The answer to a shed request: plain text for HTTP; for gRPC a trailers-only response
-/// (HTTP 200, `grpc-status` and `grpc-message` in the headers), which is what gRPC clients
-/// read.
-fn shed_response(grpc: bool, retry_after: &HeaderValue) -> Response<Bytes> {
-    let mut res = own_response(StatusCode::SERVICE_UNAVAILABLE, MESSAGE, grpc);
+/// The answer to a shed request: plain text (or problem details) for HTTP; for gRPC a
+/// trailers-only response (HTTP 200, `grpc-status` and `grpc-message` in the headers), which
+/// is what gRPC clients read.
+fn shed_response(grpc: bool, retry_after: &HeaderValue, problem: bool) -> Response<Bytes> {
+    let mut res = match problem && !grpc {
+        true => shed_problem_response(MESSAGE),
+        false => own_response(StatusCode::SERVICE_UNAVAILABLE, MESSAGE, grpc),
+    };
     if !grpc {
         res.headers_mut().insert(RETRY_AFTER, retry_after.clone());
     }
@@ -204,6 +230,7 @@ pin_project! {
         Shed {
             grpc: bool,
             retry_after: HeaderValue,
+            problem: bool,
         },
     }
 }
@@ -233,8 +260,12 @@ where
                 let res = ready!(fut.poll(cx))?;
                 Poll::Ready(Ok(res.map(ResponseBody::inner)))
             }
-            KindProj::Shed { grpc, retry_after } => {
-                let res = shed_response(*grpc, retry_after);
+            KindProj::Shed {
+                grpc,
+                retry_after,
+                problem,
+            } => {
+                let res = shed_response(*grpc, retry_after, *problem);
                 Poll::Ready(Ok(res.map(ResponseBody::full)))
             }
         }

@@ -78,7 +78,8 @@ impl From<ConfigError> for StoreError {
     }
 }
 
-/// A store's configuration is unusable: which setting, and what is wrong with it.
+/// A store's configuration (or a limiter's [namespace](crate::store::Namespace) on it) is
+/// unusable: which setting, and what is wrong with it.
 #[derive(Debug)]
 pub struct ConfigError {
     kind: ConfigErrorKind,
@@ -97,6 +98,9 @@ pub enum ConfigErrorKind {
     Url,
     /// Sentinel credentials were given for a URL without sentinels.
     SentinelCredentials,
+    /// A limiter's [`Namespace`](crate::store::Namespace) is empty, too long, or holds `:`,
+    /// `{`, `}`, whitespace or a control character.
+    Namespace,
 }
 
 /// The Redis commands the store sends, as an ACL rule: its own calls (`EVALSHA`,
@@ -250,7 +254,6 @@ impl std::error::Error for Misconfiguration {
 }
 
 impl ConfigError {
-    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn new(kind: ConfigErrorKind, part: impl Into<String>) -> ConfigError {
         ConfigError {
             kind,
@@ -278,6 +281,11 @@ impl fmt::Display for ConfigError {
                 "key prefix {part:?} must be non-empty and contain no braces"
             ),
             ConfigErrorKind::Timeout => write!(f, "{part} must be longer than 0"),
+            ConfigErrorKind::Namespace => write!(
+                f,
+                "namespace {part:?} must be 1 to 64 bytes without ':', '{{', '}}', whitespace \
+                 or control characters"
+            ),
             ConfigErrorKind::SentinelCredentials => write!(
                 f,
                 "a Sentinel user or password was given, but {part:?} is not a \

@@ -1,27 +1,69 @@
 //! Store keys: `PREFIX:{IDENTIFIER}:LIMIT,LIMIT…` for an identifier's packed key (every
-//! window and GCRA limit of a policy in one string: `tollgate:{ip:1.2.3.4}:w10/1s,w120/1m`),
+//! window and GCRA limit of a policy in one string: `tollgate:{ip:1.2.3.4}:w1s,w1m`),
 //! `PREFIX:{IDENTIFIER}:LIMIT` for a sorted set (a sliding log, a concurrency limit:
-//! `tollgate:{ip:1.2.3.4}:l10/1s`).
+//! `tollgate:{ip:1.2.3.4}:l1s`, `tollgate:{ip:1.2.3.4}:c`).
 //!
 //! * All keys of one identifier share the `{hash tag}`, so in Redis Cluster they live in one
 //!   slot.
 //! * The identifier is escaped so that user input cannot close the tag or collide with another
 //!   identifier: `%`, `{`, `}` and `#` become `%25`, `%7B`, `%7D` and `%23`. Escaping is
 //!   injective, and the prefix may not contain braces, so the key determines prefix,
-//!   identifier and limit uniquely.
+//!   identifier and limit part uniquely.
 //! * An identifier longer than [`MAX_PLAIN_ID`] bytes (once escaped) is replaced by `#` and its
 //!   SHA-1 in hex: a 10 KB header value costs 41 bytes of key, not 10 KB, in every key and
 //!   every memory-store entry. `#` cannot start an escaped identifier, so hashed and plain
 //!   identifiers never meet; two long identifiers would need a SHA-1 collision to share state,
 //!   which gives the party who forged it nothing but sharing its own budget.
-//! * The limit part names the algorithm and all its parameters — for the packed key, of every
-//!   limit it holds, in order — so that changing a policy starts new state instead of reading
-//!   state of another shape. A packed key names only window and GCRA limits, a sorted set one
-//!   log or concurrency limit, so the two never meet; names are short, because Redis hashes
-//!   and copies them in every command.
+//! * A packed key names only window and GCRA limits, a sorted set one log or concurrency
+//!   limit, so the two never meet; names are short, because Redis hashes and copies them in
+//!   every command.
+//!
+//! # What a limit's name holds, and what carries over a policy change
+//!
+//! A limit's part of a key names what its state *means*, and nothing else, so that a policy
+//! change keeps the state of every limit whose state still means the same (both stores, since
+//! both name their state this way):
+//!
+//! * **sliding window, fixed window, sliding log**: the algorithm and the window (`w1s`,
+//!   `f1m`, `l1s`), not the count. Their state — counts per window, entry times — is what was
+//!   charged, whatever the count: `10/min` raised to `12/min` with 8 used admits 4 more, and
+//!   lowered to `5/min` denies until the usage falls below 5.
+//! * **concurrency**: `c` alone. Its state is the slots held, each with its own deadline; a
+//!   new count or lease applies to the slots taken from then on.
+//! * **token bucket, GCRA**: the algorithm, count and window (`g3/1300ms`), not the burst (or
+//!   capacity). The state is a theoretical arrival time kept in steps of `window / count`
+//!   (the fraction in units of `1 / count` µs): it means the same whatever the burst, which
+//!   only decides how far ahead of now it may run, but another rate would read it wrongly.
+//!   A rate change starts afresh.
+//! * A changed window or algorithm starts afresh; the old state expires by itself.
+//!
+//! Every window and GCRA limit of a policy lives in the one packed key, whose name lists
+//! theirs in order: they carry over together, when each keeps its name, or start afresh
+//! together, when one changes or one is added or removed among them. Two sliding logs of
+//! one policy with the same window (`10/s log, 20/s log`) would share a name: there, and only
+//! there, the name holds the count too (`l10/1s`), so each has its set.
+//!
+//! The price: two limiters on one store whose limits share a name (`100/min` on one route,
+//! `10/min` on another, or two concurrency limits) share that state for an identifier, as
+//! two equal limits always did.
+//!
+//! # Namespaces
+//!
+//! Limiters that must count apart each take a [`Namespace`]
+//! ([`LimiterBuilder::namespace`](crate::LimiterBuilder::namespace)), which goes between the
+//! hash tag and the limit part of every key: `PREFIX:{IDENTIFIER}:NAMESPACE:LIMIT…`
+//! (`tollgate:{ip:1.2.3.4}:login:w1m`). The hash tag, and so the Cluster slot, stays the
+//! identifier's. No limit part holds a `:` and no namespace may, so the part after the tag is
+//! either a limit part alone (the shared space) or one namespace, `:`, and a limit part: keys
+//! of two namespaces, or of a namespace and the shared space, never meet. A namespace is
+//! limiter-wide and outlives policy changes, so what carries over above carries over in it.
 
-use std::fmt::Write;
+use std::fmt::{self, Write};
+use std::str::FromStr;
+use std::sync::Arc;
 
+use super::{ConfigError, ConfigErrorKind};
+use crate::algorithm;
 use crate::policy::{Algorithm, Limit};
 
 /// Identifiers longer than this (escaped) are hashed.
@@ -46,19 +88,30 @@ pub(crate) fn escape_identifier(id: &str) -> String {
     out
 }
 
-/// The limit part of a key, e.g. `r10/1s` (rolling window, 10 per second), `w10/1s` (sliding
-/// window), `g3/1300msb2`
-/// (GCRA, 3 per 1.3 s, burst 2): the algorithm's letter, the count, `/`, the window in its
-/// largest whole unit (`d`, `h`, `m`, `s` or `ms`), then a bucket's or GCRA's burst after `b`.
-/// Every limit has exactly one such name, and the name gives the limit back.
-fn limit_tag(out: &mut String, limit: &Limit) {
+/// The limit part of a key: the algorithm's letter, then the window in its largest whole
+/// unit (`d`, `h`, `m`, `s` or `ms`) — `r1s` (rolling window over a second; `R1s` for a count over 1550, whose ring has
+/// another shape), `w1s` (sliding window), `f1m`, `l90m` —
+/// with the count before it (`g3/1300ms`) for a bucket or GCRA, or when `count` asks for it;
+/// a concurrency limit is `c`. See the module documentation for why.
+fn limit_tag(out: &mut String, limit: &Limit, count: bool) {
     let algorithm = limit.algorithm();
-    let burst = match algorithm {
-        Algorithm::TokenBucket { capacity } => Some(capacity),
-        Algorithm::Gcra { burst } => Some(burst),
-        _ => None,
-    };
-    let letter = algorithm.key_letter();
+    if algorithm == Algorithm::RollingWindow && algorithm::rolling_window::base(limit).is_none() {
+        // the wide form of the rolling window (counts over 1550) keeps its ring in another
+        // shape: another name
+        out.push('R');
+    } else {
+        out.push(algorithm.key_letter());
+    }
+    if algorithm == Algorithm::Concurrency {
+        return;
+    }
+    let rate = matches!(
+        algorithm,
+        Algorithm::TokenBucket { .. } | Algorithm::Gcra { .. }
+    );
+    if count || rate {
+        let _ = write!(out, "{}/", limit.count());
+    }
     let ms = limit.window_us() / 1000;
     let (n, unit) = [
         (86_400_000, "d"),
@@ -69,42 +122,146 @@ fn limit_tag(out: &mut String, limit: &Limit) {
     .into_iter()
     .find(|(u, _)| ms.is_multiple_of(*u))
     .map_or((ms, "ms"), |(u, name)| (ms / u, name));
-    let _ = write!(out, "{letter}{}/{n}{unit}", limit.count());
-    if let Some(b) = burst {
-        let _ = write!(out, "b{b}");
-    }
+    let _ = write!(out, "{n}{unit}");
 }
 
-/// Builds the key of one (identifier, limit) pair; `escaped` comes from [`escape_identifier`].
-pub(crate) fn key(prefix: &str, escaped: &str, limit: &Limit) -> String {
-    let mut out = String::with_capacity(prefix.len() + escaped.len() + 32);
+/// Where a store key starts: `PREFIX:{IDENTIFIER}:`, then `NAMESPACE:` when the limiter has
+/// one; room is made for `tail` more bytes.
+fn key_head(prefix: &str, escaped: &str, namespace: Option<&str>, tail: usize) -> String {
+    let ns = namespace.map_or(0, |n| n.len() + 1);
+    let mut out = String::with_capacity(prefix.len() + escaped.len() + ns + 4 + tail);
     out.push_str(prefix);
     out.push_str(":{");
     out.push_str(escaped);
     out.push_str("}:");
-    limit_tag(&mut out, limit);
+    if let Some(namespace) = namespace {
+        out.push_str(namespace);
+        out.push(':');
+    }
+    out
+}
+
+/// Builds the key of one (identifier, limit) pair in `namespace` (none: the store's shared
+/// space); `escaped` comes from [`escape_identifier`].
+pub(crate) fn key(prefix: &str, escaped: &str, namespace: Option<&str>, limit: &Limit) -> String {
+    let mut out = key_head(prefix, escaped, namespace, 16);
+    limit_tag(&mut out, limit, false);
     out
 }
 
 /// Builds the packed key of an identifier for `limits` (the policy's window and GCRA limits,
-/// in order); `escaped` comes from [`escape_identifier`].
+/// in order) in `namespace`; `escaped` comes from [`escape_identifier`].
 pub(crate) fn packed_key<'a>(
     prefix: &str,
     escaped: &str,
+    namespace: Option<&str>,
     limits: impl IntoIterator<Item = &'a Limit>,
 ) -> String {
-    let mut out = String::with_capacity(prefix.len() + escaped.len() + 64);
-    out.push_str(prefix);
-    out.push_str(":{");
-    out.push_str(escaped);
-    out.push_str("}:");
+    let mut out = key_head(prefix, escaped, namespace, 48);
     for (i, limit) in limits.into_iter().enumerate() {
         if i > 0 {
             out.push(',');
         }
-        limit_tag(&mut out, limit);
+        limit_tag(&mut out, limit, false);
     }
     out
+}
+
+/// Every key of one identifier for a policy's `limits`, as [`Layout`] orders them: the packed
+/// key (when the policy has window or GCRA limits), then one key per sorted-set limit, in
+/// policy order, all in `namespace`; `escaped` comes from [`escape_identifier`].
+///
+/// [`Layout`]: crate::algorithm::Layout
+pub(crate) fn keys_of(
+    prefix: &str,
+    escaped: &str,
+    namespace: Option<&str>,
+    limits: &[Limit],
+) -> Vec<String> {
+    let mut keys = Vec::with_capacity(limits.len());
+    if limits.iter().any(algorithm::is_packed) {
+        let packed = limits.iter().filter(|l| algorithm::is_packed(l));
+        keys.push(packed_key(prefix, escaped, namespace, packed));
+    }
+    for limit in limits.iter().filter(|l| !algorithm::is_packed(l)) {
+        // another sorted set of the policy with the same name: both name their count
+        let shared = limits.iter().any(|o| {
+            o != limit && o.algorithm() == limit.algorithm() && o.window_us() == limit.window_us()
+        });
+        let mut key = key(prefix, escaped, namespace, limit);
+        if shared {
+            key.truncate(key.len() - key.rsplit(':').next().map_or(0, str::len));
+            limit_tag(&mut key, limit, true);
+        }
+        keys.push(key);
+    }
+    keys
+}
+
+/// The space of a limiter's keys on its store, apart from other limiters' state: see
+/// [`LimiterBuilder::namespace`](crate::LimiterBuilder::namespace).
+///
+/// A short name: 1 to [`Namespace::MAX_LEN`] bytes, none of them `:`, `{`, `}`, whitespace or
+/// a control character. The key of a namespaced limit is `PREFIX:{IDENTIFIER}:NAMESPACE:LIMIT`
+/// (`tollgate:{ip:1.2.3.4}:login:w1m`): the hash tag stays the identifier's, so in Redis
+/// Cluster an identifier's keys of every namespace live in one slot, and since no limit's part
+/// of a key holds a `:`, neither may a namespace: no two (namespace, identifier, limit)
+/// triples, and no namespaced and shared limit, ever meet in one key.
+///
+/// ```
+/// use tollgate::store::{ConfigErrorKind, Namespace};
+///
+/// let login: Namespace = "login".parse().unwrap();
+/// assert_eq!(login.as_str(), "login");
+/// let refused = Namespace::new("login:v2").unwrap_err();
+/// assert_eq!(refused.kind(), ConfigErrorKind::Namespace);
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Namespace(Arc<str>);
+
+impl Namespace {
+    /// The longest namespace, in bytes: it is part of every key of the limiter.
+    pub const MAX_LEN: usize = 64;
+
+    /// Validates `name` as a namespace.
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] of kind [`ConfigErrorKind::Namespace`] when `name` is empty, longer
+    /// than [`Namespace::MAX_LEN`] bytes, or holds `:`, `{`, `}`, whitespace or a control
+    /// character.
+    pub fn new(name: impl Into<String>) -> Result<Namespace, ConfigError> {
+        let name = name.into();
+        let usable = !name.is_empty()
+            && name.len() <= Self::MAX_LEN
+            && !name
+                .chars()
+                .any(|c| matches!(c, ':' | '{' | '}') || c.is_whitespace() || c.is_control());
+        if usable {
+            Ok(Namespace(name.into()))
+        } else {
+            Err(ConfigError::new(ConfigErrorKind::Namespace, name))
+        }
+    }
+
+    /// The name.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl FromStr for Namespace {
+    type Err = ConfigError;
+
+    fn from_str(name: &str) -> Result<Namespace, ConfigError> {
+        Namespace::new(name)
+    }
+}
+
+impl fmt::Display for Namespace {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
 }
 
 /// Whether `prefix` is usable: not empty, no braces (they would break the hash tag).
@@ -125,22 +282,11 @@ mod tests {
             .with_algorithm(Algorithm::SlidingWindow)
             .unwrap();
         let ids = [
-            "a",
-            "a}",
-            "{a}",
-            "a%7D",
-            "a%257D",
-            "#a",
-            "%23a",
-            "",
-            "}",
-            "{",
-            "a:b",
-            "a}:w10/1s",
+            "a", "a}", "{a}", "a%7D", "a%257D", "#a", "%23a", "", "}", "{", "a:b", "a}:w1s",
         ];
         let keys: HashSet<String> = ids
             .iter()
-            .map(|id| key("rl", &escape_identifier(id), &limit))
+            .map(|id| key("rl", &escape_identifier(id), None, &limit))
             .collect();
         assert_eq!(keys.len(), ids.len());
         for k in &keys {
@@ -149,8 +295,8 @@ mod tests {
             assert_eq!(k.matches('}').count(), 1, "{k}");
         }
         assert_eq!(
-            key("rl", &escape_identifier("ip:1.2.3.4"), &limit),
-            "rl:{ip:1.2.3.4}:w10/1s"
+            key("rl", &escape_identifier("ip:1.2.3.4"), None, &limit),
+            "rl:{ip:1.2.3.4}:w1s"
         );
     }
 
@@ -176,26 +322,26 @@ mod tests {
             .parse()
             .unwrap();
         let id = escape_identifier("ip:1.2.3.4");
-        let packed = packed_key("rl", &id, policy.limits());
-        assert_eq!(packed, "rl:{ip:1.2.3.4}:w10/1s,w120/1m,w240/1h");
+        let packed = packed_key("rl", &id, None, policy.limits());
+        assert_eq!(packed, "rl:{ip:1.2.3.4}:w1s,w1m,w1h");
         // the default algorithm, the rolling window
         let default: crate::Policy = "10/s, 120/min, 240/h".parse().unwrap();
         assert_eq!(
-            packed_key("rl", &id, default.limits()),
-            "rl:{ip:1.2.3.4}:r10/1s,r120/1m,r240/1h"
+            packed_key("rl", &id, None, default.limits()),
+            "rl:{ip:1.2.3.4}:r1s,r1m,r1h"
         );
         let log = Limit::per_second(10)
             .unwrap()
             .with_algorithm(Algorithm::SlidingLog)
             .unwrap();
-        assert_eq!(key("rl", &id, &log), "rl:{ip:1.2.3.4}:l10/1s");
+        assert_eq!(key("rl", &id, None, &log), "rl:{ip:1.2.3.4}:l1s");
         // another policy, another key
         let other: crate::Policy = "10/s sliding, 120/min sliding".parse().unwrap();
-        assert_ne!(packed_key("rl", &id, other.limits()), packed);
+        assert_ne!(packed_key("rl", &id, None, other.limits()), packed);
     }
 
     #[test]
-    fn limit_names_are_short_and_one_to_one() {
+    fn limit_names_are_short_and_name_what_the_state_means() {
         let names: Vec<String> = [
             "1/ms sliding",
             "1/1000ms sliding",
@@ -213,20 +359,108 @@ mod tests {
             "31/300ms gcra burst=2",
             "3 concurrent",
             "3 concurrent lease=90s",
+            "7/1001ms sliding",
+            "5/s log",
+            "5/s fixed",
         ]
         .iter()
         .map(|p| {
             let limit: Limit = p.parse().unwrap();
             let mut out = String::new();
-            limit_tag(&mut out, &limit);
+            limit_tag(&mut out, &limit, false);
             out
         })
         .collect();
-        assert_eq!(names[..4], ["w1/1ms", "w1/1s", "w1/1001ms", "w1/1m"]);
-        assert_eq!(names[4], "r1/61s");
-        assert_eq!(names[10], "g3/1300msb2");
+        assert_eq!(names[..4], ["w1ms", "w1s", "w1001ms", "w1m"]);
+        assert_eq!(names[4..6], ["r61s", "w61s"]);
+        assert_eq!(names[10], "g3/1300ms");
+        assert_eq!(names[14], "c");
+        assert_eq!(names[17..], ["l1s", "f1s"]);
+        // the same state whatever the burst, the lease or the count of a window
+        assert_eq!(names[10], names[12]);
+        assert_eq!(names[14], names[15]);
+        assert_eq!(names[2], names[16]);
+        // every other difference is another name
         let distinct: HashSet<&String> = names.iter().collect();
-        assert_eq!(distinct.len(), names.len(), "{names:?}");
+        assert_eq!(distinct.len(), names.len() - 3, "{names:?}");
+    }
+
+    #[test]
+    fn counts_stay_out_of_keys_unless_two_logs_would_share_one() {
+        let id = escape_identifier("u");
+        let keys = |p: &str| {
+            keys_of(
+                "rl",
+                &id,
+                None,
+                p.parse::<crate::Policy>().unwrap().limits(),
+            )
+        };
+        // a count change keeps every key; a window change or a new limit does not
+        assert_eq!(
+            keys("10/s, 5/s log, 100/min fixed, 3 concurrent"),
+            ["rl:{u}:r1s,f1m", "rl:{u}:l1s", "rl:{u}:c"]
+        );
+        assert_eq!(
+            keys("20/s, 2/s log, 90/min fixed, 1 concurrent lease=1m"),
+            keys("10/s, 5/s log, 100/min fixed, 3 concurrent")
+        );
+        assert_ne!(keys("10/2s")[0], keys("10/s")[0]);
+        assert_ne!(keys("10/s, 100/h")[0], keys("10/s")[0]);
+        // a GCRA names its rate, not its burst
+        assert_eq!(keys("3/s gcra burst=9"), ["rl:{u}:g3/1s"]);
+        assert_ne!(keys("4/s gcra"), keys("3/s gcra"));
+        // two logs of one window: each names its count, so each has its set
+        assert_eq!(
+            keys("10/s log, 20/s log, 5/min log"),
+            ["rl:{u}:l10/1s", "rl:{u}:l20/1s", "rl:{u}:l1m"]
+        );
+    }
+
+    #[test]
+    fn namespaces_keep_the_identifier_tag_and_never_meet() {
+        let id = escape_identifier("ip:1.2.3.4");
+        let keys = |ns: Option<&str>, p: &str| {
+            keys_of("rl", &id, ns, p.parse::<crate::Policy>().unwrap().limits())
+        };
+        assert_eq!(
+            keys(Some("login"), "10/min, 5/s log, 2 concurrent"),
+            [
+                "rl:{ip:1.2.3.4}:login:r1m",
+                "rl:{ip:1.2.3.4}:login:l1s",
+                "rl:{ip:1.2.3.4}:login:c"
+            ]
+        );
+        // the same limit in two namespaces, and in none: three keys, one hash tag
+        let limit: Limit = "1 concurrent".parse().unwrap();
+        let three = [None, Some("a"), Some("b")].map(|ns| key("rl", &id, ns, &limit));
+        assert_eq!(three.iter().collect::<HashSet<_>>().len(), 3);
+        for k in &three {
+            assert!(k.starts_with("rl:{ip:1.2.3.4}:"), "{k}");
+            assert_eq!(k.matches('{').count(), 1, "{k}");
+        }
+        // a namespace change is another key; a count change within one is not
+        assert_eq!(keys(Some("a"), "10/min"), keys(Some("a"), "100/min"));
+        assert_ne!(keys(Some("a"), "10/min"), keys(Some("b"), "10/min"));
+        // every name the keyspace could confuse is refused
+        for bad in [
+            "",
+            "a:b",
+            "w1m:x",
+            "{a}",
+            "a}",
+            "a b",
+            "a\n",
+            &"n".repeat(65),
+        ] {
+            let e = Namespace::new(bad).unwrap_err();
+            assert_eq!(e.kind(), ConfigErrorKind::Namespace, "{bad:?}");
+            assert_eq!(e.part(), bad);
+        }
+        for good in ["login", "api-v2", "w1m", "%7B", "ünï", &"n".repeat(64)] {
+            assert_eq!(Namespace::new(good).unwrap().as_str(), good);
+        }
+        assert!("a:b".parse::<Namespace>().is_err());
     }
 
     #[test]

@@ -27,7 +27,6 @@ use super::lease::{KeeperSlot, Lease};
 use super::{Outcome, Plan};
 use crate::algorithm::{self, Layout, State};
 use crate::clock::{system_micros, Clock};
-use crate::policy::Limit;
 
 const SHARDS: usize = 64;
 const DEFAULT_MAX_KEYS: usize = 1_000_000;
@@ -133,19 +132,42 @@ impl MemoryStore {
     }
 
     pub(crate) fn check(&self, plan: &Plan<'_>) -> Outcome {
-        let inner = &*self.inner;
-        let now = self.now();
+        self.decide(plan, true)
+    }
 
-        // (shard, key) per key of each identifier, identifier-major: the keys the Redis
-        // store would use.
+    /// What a check of `plan` would decide now; no state changes (one that expired may be
+    /// dropped: it decides like none).
+    pub(crate) fn peek(&self, plan: &Plan<'_>) -> Outcome {
+        self.decide(plan, false)
+    }
+
+    /// Forgets every state of `plan`'s identifiers for its limits: they start afresh.
+    pub(crate) fn reset(&self, plan: &Plan<'_>) {
+        let (_, pairs) = self.keys(plan);
+        for (s, key) in &pairs {
+            lock(&self.inner.shards[*s]).map.remove(key);
+        }
+    }
+
+    /// The layout of `plan`'s limits and, per key of each identifier (identifier-major), its
+    /// shard and name: the keys the Redis store would use.
+    fn keys(&self, plan: &Plan<'_>) -> (Layout, Vec<(usize, String)>) {
         let layout = Layout::of(plan.limits);
-        let per_id = layout.keys_per_id();
-        let pairs: Vec<(usize, String)> = plan
+        let pairs = plan
             .ids
             .iter()
-            .flat_map(|id| (0..per_id).map(|k| key_of(id, k, &layout, plan.limits)))
-            .map(|k| ((inner.hasher.hash_one(&k) as usize) % SHARDS, k))
+            .flat_map(|id| keyspace::keys_of(PREFIX, id, plan.namespace, plan.limits))
+            .map(|k| ((self.inner.hasher.hash_one(&k) as usize) % SHARDS, k))
             .collect();
+        (layout, pairs)
+    }
+
+    /// A check (`charge`), or a peek: the same evaluation, and only a check writes.
+    fn decide(&self, plan: &Plan<'_>, charge: bool) -> Outcome {
+        let inner = &*self.inner;
+        let now = self.now();
+        let (layout, pairs) = self.keys(plan);
+        let per_id = layout.keys_per_id();
         // Lock every shard involved, in index order, so that checks never deadlock.
         let mut shard_ids: Vec<usize> = pairs.iter().map(|(s, _)| *s).collect();
         shard_ids.sort_unstable();
@@ -155,31 +177,41 @@ impl MemoryStore {
         let guard_of = |s: usize| shard_ids.binary_search(&s).unwrap_or(0);
 
         // The states leave their maps for the decision (an expired one is dropped: it decides
-        // like none), and those that exist afterwards go back with their new expiry.
+        // like none), and those that exist afterwards go back with their new expiry (after a
+        // peek, with the one they had).
         let mut present = Vec::with_capacity(pairs.len());
+        let mut expiry = Vec::with_capacity(pairs.len());
         let mut states: Vec<Option<State>> = pairs
             .iter()
             .map(|(s, key)| {
                 let stored = guards[guard_of(*s)].map.remove(key);
                 present.push(stored.is_some());
+                expiry.push(stored.as_ref().map_or(0, |st| st.expires_at));
                 stored.filter(|st| st.expires_at > now).map(|st| st.state)
             })
             .collect();
-        let outcome = algorithm::decide(
-            &mut states,
-            &layout,
-            plan.limits,
-            now,
-            plan.cost,
-            plan.lease,
-        );
+        let outcome = if charge {
+            algorithm::decide(
+                &mut states,
+                &layout,
+                plan.limits,
+                now,
+                plan.cost,
+                plan.lease,
+            )
+        } else {
+            algorithm::peek(&mut states, &layout, plan.limits, now, plan.cost)
+        };
         for (k, ((s, key), state)) in pairs.iter().zip(states).enumerate() {
             let Some(state) = state else { continue };
             let shard = &mut *guards[guard_of(*s)];
             if !present[k] {
                 make_room(shard, now, inner.max_per_shard, &pairs);
             }
-            let expires_at = algorithm::expires_at(&state, &layout, plan.limits, k % per_id);
+            let expires_at = match charge {
+                true => algorithm::expires_at(&state, &layout, plan.limits, k % per_id),
+                false => expiry[k],
+            };
             shard.map.insert(key.clone(), Stored { state, expires_at });
         }
         outcome
@@ -288,16 +320,6 @@ impl MemoryStore {
             inner: self.inner.clone(),
             keeper: Arc::default(),
         }
-    }
-}
-
-/// The name of key `k` of identifier `id` (escaped).
-fn key_of(id: &str, k: usize, layout: &Layout, limits: &[Limit]) -> String {
-    if k == 0 && layout.has_packed() {
-        keyspace::packed_key(PREFIX, id, layout.limits_of(0).map(|l| &limits[l]))
-    } else {
-        let l = layout.limits_of(k).next().unwrap_or(0);
-        keyspace::key(PREFIX, id, &limits[l])
     }
 }
 

@@ -20,6 +20,7 @@ mod script;
 
 pub(crate) use crate::algorithm::Outcome;
 pub use error::{ConfigError, ConfigErrorKind, Misconfiguration, MisconfigurationKind, StoreError};
+pub use keyspace::Namespace;
 use lease::{Backend, Keeper, Lease};
 pub use memory::{MemoryStore, MemoryStoreBuilder};
 #[cfg(feature = "redis")]
@@ -55,6 +56,8 @@ impl From<RedisStore> for Store {
 #[derive(Debug)]
 pub(crate) struct Plan<'a> {
     pub(crate) ids: &'a [String],
+    /// The limiter's namespace: its keys live there (none: the store's shared space).
+    pub(crate) namespace: Option<&'a str>,
     pub(crate) limits: &'a [Limit],
     pub(crate) cost: u64,
     /// The id of the slot a concurrency limit takes (empty when the policy has none).
@@ -76,6 +79,30 @@ impl Store {
             Store::Memory(m) => Ok(m.check(plan)),
             #[cfg(feature = "redis")]
             Store::Redis(r) => r.check(plan).await,
+        }
+    }
+
+    /// What a check of `plan` would decide now, charging nothing: the check's evaluation
+    /// alone (phase 1), with no state written — on Redis no key, value or TTL changes. The
+    /// plan's lease is empty: a peek takes no slot.
+    pub(crate) async fn peek(&self, plan: &Plan<'_>) -> Result<Outcome, StoreError> {
+        match self {
+            Store::Memory(m) => Ok(m.peek(plan)),
+            #[cfg(feature = "redis")]
+            Store::Redis(r) => r.peek(plan).await,
+        }
+    }
+
+    /// Forgets the state of `plan`'s identifiers for its limits (every key a check of the
+    /// plan reads): they start afresh, held concurrency slots included.
+    pub(crate) async fn reset(&self, plan: &Plan<'_>) -> Result<(), StoreError> {
+        match self {
+            Store::Memory(m) => {
+                m.reset(plan);
+                Ok(())
+            }
+            #[cfg(feature = "redis")]
+            Store::Redis(r) => r.reset(plan).await,
         }
     }
 
@@ -105,13 +132,14 @@ impl Store {
         }
     }
 
-    /// The store's key for an (escaped identifier, limit) pair.
-    pub(crate) fn key(&self, escaped_id: &str, limit: &Limit) -> String {
-        match self {
-            Store::Memory(_) => keyspace::key(memory::PREFIX, escaped_id, limit),
+    /// The store's key for an (escaped identifier, limit) pair in `namespace`.
+    pub(crate) fn key(&self, escaped_id: &str, namespace: Option<&str>, limit: &Limit) -> String {
+        let prefix = match self {
+            Store::Memory(_) => memory::PREFIX,
             #[cfg(feature = "redis")]
-            Store::Redis(r) => keyspace::key(r.prefix(), escaped_id, limit),
-        }
+            Store::Redis(r) => r.prefix(),
+        };
+        keyspace::key(prefix, escaped_id, namespace, limit)
     }
 
     /// Holds a slot the check took: renews its lease until it is let go.

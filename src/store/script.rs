@@ -392,7 +392,8 @@ pub(crate) fn check_args(
     now: Option<u64>,
     plan: &Plan<'_>,
 ) {
-    push_keys(call, !compiled.packed.is_empty(), prefix, plan);
+    debug_assert_eq!(compiled.layout, Layout::of(plan.limits));
+    push_keys(call, prefix, plan);
     call.arg(plan.cost);
     if now.is_some() || !plan.lease.is_empty() {
         call.arg(now_arg(now));
@@ -402,16 +403,12 @@ pub(crate) fn check_args(
     }
 }
 
-/// The KEYS of a check of `plan` (and of its refund): per identifier, its packed key (when
-/// `packed`: the policy has packed limits), then one key per sorted-set limit.
-fn push_keys(call: &mut ScriptInvocation<'_>, packed: bool, prefix: &str, plan: &Plan<'_>) {
+/// The KEYS of a check of `plan` (and of its refund and peek): per identifier, its packed key
+/// (when the policy has packed limits), then one key per sorted-set limit.
+fn push_keys(call: &mut ScriptInvocation<'_>, prefix: &str, plan: &Plan<'_>) {
     for id in plan.ids {
-        if packed {
-            let limits = plan.limits.iter().filter(|l| algorithm::is_packed(l));
-            call.key(keyspace::packed_key(prefix, id, limits));
-        }
-        for limit in plan.limits.iter().filter(|l| !algorithm::is_packed(l)) {
-            call.key(keyspace::key(prefix, id, limit));
+        for key in keyspace::keys_of(prefix, id, plan.namespace, plan.limits) {
+            call.key(key);
         }
     }
 }
@@ -485,6 +482,19 @@ pub(crate) fn parse_reply(
     compiled: &CheckScript,
     plan: &Plan<'_>,
 ) -> Result<Outcome, StoreError> {
+    let (allowed, now, mut states) = read_reply(reply, compiled, plan)?;
+    let layout = &compiled.layout;
+    let outcome = algorithm::decide(&mut states, layout, plan.limits, now, plan.cost, plan.lease);
+    agree(allowed, outcome)
+}
+
+/// The script's verdict, the time it read and the states it returned (a sorted set's as the
+/// script's report on it).
+fn read_reply(
+    reply: Value,
+    compiled: &CheckScript,
+    plan: &Plan<'_>,
+) -> Result<(bool, u64, Vec<Option<State>>), StoreError> {
     let layout = &compiled.layout;
     let ids = plan.ids.len();
     let sorted = layout.keys_per_id() - usize::from(layout.has_packed());
@@ -544,7 +554,11 @@ pub(crate) fn parse_reply(
             })));
         }
     }
-    let outcome = algorithm::decide(&mut states, layout, plan.limits, now, plan.cost, plan.lease);
+    Ok((allowed, now, states))
+}
+
+/// The twin's outcome, if the script's verdict agrees with it.
+fn agree(allowed: bool, outcome: Outcome) -> Result<Outcome, StoreError> {
     if outcome.allowed != allowed {
         return Err(unexpected(format!(
             "the script {} what the state it returned {}",
@@ -555,8 +569,10 @@ pub(crate) fn parse_reply(
     Ok(outcome)
 }
 
+mod peek;
 mod refund;
 
+pub(crate) use peek::{parse_peek_reply, peek_script};
 pub(crate) use refund::{refund_args, refund_script};
 
 #[cfg(test)]

@@ -29,6 +29,7 @@ fn advert(name: &str, q: u64, w: u64, r: u64, t: u64) -> Advert {
         r,
         t: Some(t),
         full: 0,
+        pk: None,
     }
 }
 
@@ -37,7 +38,7 @@ type Figures = (String, u64, Option<u64>, u64, Option<u64>);
 
 /// The figures of each limit, leaving the legacy reset out.
 fn figures(decision: &Decision) -> Vec<Figures> {
-    adverts(decision)
+    adverts(decision, None)
         .into_iter()
         .map(|a| (a.name, a.q, a.w, a.r, a.t))
         .collect()
@@ -130,7 +131,7 @@ async fn a_concurrency_limit_is_advertised_in_concurrent_requests() {
     let (l, _) = limiter("10/s, 2 concurrent");
     let held = check(&l).await;
     let mut headers = HeaderMap::new();
-    add_headers(&mut headers, &held, HeaderStyle::Ietf);
+    add_headers(&mut headers, &held, HeaderStyle::Ietf, None);
     assert_eq!(
         headers["ratelimit-policy"],
         r#""10/s";q=10;w=1, "2 concurrent";q=2;qu="concurrent-requests""#
@@ -143,7 +144,7 @@ async fn a_concurrency_limit_is_advertised_in_concurrent_requests() {
     let refused = check(&l).await;
     assert!(!refused.is_allowed());
     let mut headers = HeaderMap::new();
-    add_headers(&mut headers, &refused, HeaderStyle::Ietf);
+    add_headers(&mut headers, &refused, HeaderStyle::Ietf, None);
     assert_eq!(
         headers["ratelimit"],
         r#""10/s";r=8;t=1, "2 concurrent";r=0"#
@@ -162,7 +163,7 @@ async fn a_denial_never_points_before_the_effective_windows() {
     let denied = check(&l).await;
     assert!(!denied.is_allowed());
     let mut headers = HeaderMap::new();
-    add_headers(&mut headers, &denied, HeaderStyle::Ietf);
+    add_headers(&mut headers, &denied, HeaderStyle::Ietf, None);
     // the first entry leaves the log 45 s from now; the day has 86,385 s left, capped at 45
     assert_eq!(headers[RETRY_AFTER], "45");
     assert_eq!(
@@ -178,7 +179,7 @@ async fn a_heavier_request_waits_for_its_cost() {
     let denied = l.check_n(&["k"], 5).await.unwrap();
     assert!(!denied.is_allowed());
     let mut headers = HeaderMap::new();
-    add_headers(&mut headers, &denied, HeaderStyle::Ietf);
+    add_headers(&mut headers, &denied, HeaderStyle::Ietf, None);
     // 2 left; 5 fit again once 3 tokens have come back, 300 ms from now
     assert_eq!(headers["ratelimit"], r#""10/s bucket";r=2;t=1"#);
     assert_eq!(headers[RETRY_AFTER], "1");
@@ -194,8 +195,8 @@ async fn stacked_layers_list_every_limit_once() {
     }
     let inner_d = check(&inner).await;
     let outer_d = check(&outer).await;
-    add_headers(&mut headers, &inner_d, HeaderStyle::Ietf);
-    add_headers(&mut headers, &outer_d, HeaderStyle::Ietf);
+    add_headers(&mut headers, &inner_d, HeaderStyle::Ietf, None);
+    add_headers(&mut headers, &outer_d, HeaderStyle::Ietf, None);
     assert_eq!(
         headers["ratelimit-policy"],
         r#""10/s";q=10;w=1, "5 concurrent";q=5;qu="concurrent-requests", "100/min";q=100;w=60"#
@@ -215,7 +216,7 @@ async fn an_inner_retry_after_caps_the_outer_windows() {
     let mut headers = HeaderMap::new();
     headers.insert(RETRY_AFTER, HeaderValue::from_static("7"));
     headers.insert(RATELIMIT, HeaderValue::from_static(r#""1/min";r=0;t=7"#));
-    add_headers(&mut headers, &check(&outer).await, HeaderStyle::Ietf);
+    add_headers(&mut headers, &check(&outer).await, HeaderStyle::Ietf, None);
     assert_eq!(
         headers["ratelimit"],
         r#""1/min";r=0;t=7, "1000/d fixed";r=999;t=7"#
@@ -228,7 +229,7 @@ async fn fields_the_application_broke_are_left_alone() {
     let (l, _) = limiter("10/s");
     let mut headers = HeaderMap::new();
     headers.insert(RATELIMIT, HeaderValue::from_static("not, a ;; list"));
-    add_headers(&mut headers, &check(&l).await, HeaderStyle::Ietf);
+    add_headers(&mut headers, &check(&l).await, HeaderStyle::Ietf, None);
     assert_eq!(headers[RATELIMIT], "not, a ;; list");
     assert_eq!(headers["ratelimit-policy"], r#""10/s";q=10;w=1"#);
 }
@@ -238,14 +239,14 @@ async fn the_legacy_style_shows_the_limit_closest_to_exhaustion() {
     let (l, _) = limiter("10/s, 3/min fixed");
     let d = check(&l).await;
     let mut headers = HeaderMap::new();
-    add_headers(&mut headers, &d, HeaderStyle::Legacy);
+    add_headers(&mut headers, &d, HeaderStyle::Legacy, None);
     assert!(headers.get(RATELIMIT).is_none());
     assert_eq!(headers["x-ratelimit-limit"], "3");
     assert_eq!(headers["x-ratelimit-remaining"], "2");
     assert_eq!(headers["x-ratelimit-reset"], "60");
     // a layer around it with more left does not replace it
     let (outer, _) = limiter("100/min");
-    add_headers(&mut headers, &check(&outer).await, HeaderStyle::Both);
+    add_headers(&mut headers, &check(&outer).await, HeaderStyle::Both, None);
     assert_eq!(headers["x-ratelimit-remaining"], "2");
     assert_eq!(headers[RATELIMIT], r#""100/min";r=99;t=60"#);
 }
@@ -256,4 +257,31 @@ fn adverts_serialize_as_structured_fields() {
     super::merge_ietf(&mut headers, &[advert("10/s", 10, 1, 3, 1)], None);
     assert_eq!(headers[RATELIMIT], r#""10/s";r=3;t=1"#);
     assert_eq!(headers["ratelimit-policy"], r#""10/s";q=10;w=1"#);
+}
+
+#[test]
+fn partition_keys_are_keyed_hashes_in_byte_sequences() {
+    use super::partition_key;
+    // RFC 2202's first HMAC-SHA-1 test case, truncated to 12 bytes
+    let key = [0x0b; 20];
+    assert_eq!(
+        partition_key(&key, "Hi There"),
+        [0xb6, 0x17, 0x31, 0x86, 0x55, 0x05, 0x72, 0x64, 0xe2, 0x8b, 0xc0, 0xb6]
+    );
+    // a long secret is hashed first (RFC 2202 case 6)
+    assert_eq!(
+        partition_key(
+            &[0xaa; 80],
+            "Test Using Larger Than Block-Size Key - Hash Key First"
+        )[..4],
+        [0xaa, 0x4a, 0xe5, 0xe1]
+    );
+    assert_ne!(partition_key(b"s", "ip:1"), partition_key(b"t", "ip:1"));
+    assert_ne!(partition_key(b"s", "ip:1"), partition_key(b"s", "ip:2"));
+
+    let mut a = advert("10/s", 10, 1, 3, 1);
+    a.pk = Some(vec![0xb6, 0x17, 0x31]);
+    let mut headers = HeaderMap::new();
+    super::merge_ietf(&mut headers, &[a], None);
+    assert_eq!(headers[RATELIMIT], r#""10/s";r=3;t=1;pk=:thcx:"#);
 }

@@ -176,3 +176,30 @@ fn retry_after_rounds_up_to_whole_seconds() {
         "31"
     );
 }
+
+#[tokio::test]
+async fn shed_requests_get_problem_details_when_asked() {
+    let layer = UtilizationShedLayer::new(overloaded()).problem_details(true);
+    let svc = tower_layer::Layer::layer(&layer, service_fn(ok));
+    let res = svc.clone().oneshot(get("/list")).await.unwrap();
+    assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(res.headers()[RETRY_AFTER], "1");
+    assert_eq!(res.headers()[CONTENT_TYPE], "application/problem+json");
+    let body = res.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(
+        std::str::from_utf8(&body).unwrap(),
+        concat!(
+            r#"{"type":"https://iana.org/assignments/http-problem-types#temporary-reduced-capacity","#,
+            r#""title":"Temporary Reduced Capacity","status":503,"#,
+            r#""detail":"server overloaded: request shed; retry later"}"#,
+            "\n"
+        )
+    );
+    // gRPC clients still read UNAVAILABLE
+    let grpc = Request::post("/pkg.Svc/Call")
+        .header(CONTENT_TYPE, "application/grpc")
+        .body(())
+        .unwrap();
+    let res = svc.oneshot(grpc).await.unwrap();
+    assert_eq!(res.headers()["grpc-status"], "14");
+}

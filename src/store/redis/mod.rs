@@ -304,6 +304,43 @@ impl RedisStore {
         self.breaker.call(call, || self.prober()).await
     }
 
+    /// What a check of `plan` would decide now, with nothing written: the peek script (the
+    /// check's phase 1, declared `no-writes`), through the breaker as a check.
+    pub(crate) async fn peek(&self, plan: &Plan<'_>) -> Result<Outcome, StoreError> {
+        let call = async {
+            let compiled = script::peek_script(plan.limits, plan.ids.len());
+            let mut call = compiled.script.prepare_invoke();
+            let now = self.clock.manual_now();
+            script::check_args(&mut call, &compiled, &self.prefix, now, plan);
+            let reply: redis::Value = self
+                .run(|mut conn| async move { call.invoke_async(&mut conn).await })
+                .await?;
+            script::parse_peek_reply(reply, &compiled, plan)
+        };
+        self.breaker.call(call, || self.prober()).await
+    }
+
+    /// Deletes every key of `plan`'s identifiers for its limits: one `DEL` naming exactly
+    /// those keys.
+    pub(crate) async fn reset(&self, plan: &Plan<'_>) -> Result<(), StoreError> {
+        let mut del = redis::cmd("DEL");
+        for id in plan.ids {
+            del.arg(keyspace::keys_of(
+                &self.prefix,
+                id,
+                plan.namespace,
+                plan.limits,
+            ));
+        }
+        let call = async {
+            let _: i64 = self
+                .run(|mut conn| async move { del.query_async(&mut conn).await })
+                .await?;
+            Ok(())
+        };
+        self.breaker.call(call, || self.prober()).await
+    }
+
     /// What the breaker runs to learn whether Redis is back: a `TIME` (a command the store's
     /// ACL grants anyway) on a connection that passed the start-up checks, under the timeout.
     /// It holds the connection's handle only, not the store's keeper or breaker.

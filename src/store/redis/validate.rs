@@ -299,16 +299,16 @@ pub(crate) async fn probe(
     let packed = limits.iter().filter(|l| crate::algorithm::is_packed(l));
     let day = probe_packed();
     for key in [
-        keyspace::packed_key(prefix, probe_id, packed),
-        keyspace::packed_key(prefix, probe_id, &day),
-        keyspace::packed_key(prefix, &ids.second, &day),
+        keyspace::packed_key(prefix, probe_id, None, packed),
+        keyspace::packed_key(prefix, probe_id, None, &day),
+        keyspace::packed_key(prefix, &ids.second, None, &day),
     ] {
         clean.cmd("PEXPIRE").arg(key).arg(0).ignore();
     }
     for limit in limits.iter().filter(|l| !crate::algorithm::is_packed(l)) {
         clean
             .cmd("PEXPIRE")
-            .arg(keyspace::key(prefix, probe_id, limit))
+            .arg(keyspace::key(prefix, probe_id, None, limit))
             .arg(0)
             .ignore();
     }
@@ -334,6 +334,7 @@ async fn run_probe(
     let ids = [probe_id.to_string()];
     let plan = Plan {
         ids: &ids,
+        namespace: None,
         limits,
         cost: 1,
         lease: lease_id,
@@ -355,6 +356,7 @@ async fn run_probe(
     for _ in 0..2 {
         let plan = Plan {
             ids: &ids,
+            namespace: None,
             limits: &packed_only,
             cost: 1,
             lease: "",
@@ -368,7 +370,7 @@ async fn run_probe(
         keys: limits
             .iter()
             .filter(|l| l.is_concurrency())
-            .map(|l| keyspace::key(prefix, probe_id, l))
+            .map(|l| keyspace::key(prefix, probe_id, None, l))
             .collect(),
         id: lease_id.to_string(),
         lease_us: 1_000_000,

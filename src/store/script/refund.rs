@@ -108,7 +108,7 @@ pub(crate) fn refund_args(
     plan: &Plan<'_>,
     at_us: u64,
 ) {
-    push_keys(call, compiled.packed, prefix, plan);
+    push_keys(call, prefix, plan);
     call.arg(plan.cost).arg(at_us);
     if !plan.lease.is_empty() {
         call.arg(plan.lease);

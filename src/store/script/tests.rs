@@ -359,6 +359,7 @@ fn replies_are_derived_with_the_twin() {
     let ids = vec!["a".to_string()];
     let plan = Plan {
         ids: &ids,
+        namespace: None,
         limits: &l,
         cost: 1,
         lease: "",
