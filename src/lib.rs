@@ -136,7 +136,10 @@ pub use clock::{Clock, ManualClock};
 pub use decision::{Decision, LimitStatus, Origin};
 pub use guard::ConcurrencyGuard;
 pub use layer::RateLimitLayer;
-pub use limiter::{Error, Fallback, Limiter, LimiterBuilder, OnStoreError, MAX_IDENTIFIERS};
+pub use limiter::{
+    Error, Fallback, Limiter, LimiterBuilder, OnStoreError, Scheduler, SchedulerBuilder,
+    MAX_IDENTIFIERS,
+};
 pub use policy::{Algorithm, Limit, Policy, PolicyError};
 pub use service::{KeyedRateLimitLayer, RateLimited};
 #[cfg(feature = "redis")]

@@ -9,6 +9,7 @@
 //! | `lua/gcra.lua`             | `gcra.rs`                           |
 //! | `lua/concurrency.lua`      | `concurrency.rs`                    |
 //! | `lua/renew.lua`            | `concurrency::renew`                |
+//! | `lua/schedule.lua`         | `schedule.rs` (the scheduler)       |
 //! | `lua/prelude.lua`          | none: the script's clock            |
 //!
 //! The Redis check script is generated per policy from those files (`src/store/script.rs`):
@@ -43,6 +44,7 @@ use crate::policy::{Algorithm, Limit};
 mod concurrency;
 mod fixed_window;
 mod gcra;
+pub(crate) mod schedule;
 mod sliding_log;
 mod sliding_window;
 

@@ -22,6 +22,7 @@
 
 use std::fmt::Write;
 
+use crate::algorithm::schedule::Rate;
 use crate::policy::{Algorithm, Limit};
 
 /// Identifiers longer than this (escaped) are hashed.
@@ -102,6 +103,34 @@ pub(crate) fn packed_key<'a>(
             out.push(',');
         }
         limit_tag(&mut out, limit);
+    }
+    out
+}
+
+/// Builds the key of a scheduler's queue for an identifier: `PREFIX:{ID}:q4/1s`, the rate in
+/// the same form as a limit's name (`q`, the count, `/`, the window), then the burst after `b`
+/// when it is not 1 (`q4/1sb3`). `escaped` comes from [`escape_identifier`]. A queue holds
+/// another kind of state than any limit; its letter is none of theirs, so the two never meet.
+pub(crate) fn schedule_key(prefix: &str, escaped: &str, rate: &Rate) -> String {
+    let mut out = String::with_capacity(prefix.len() + escaped.len() + 16);
+    out.push_str(prefix);
+    out.push_str(":{");
+    out.push_str(escaped);
+    out.push_str("}:q");
+    // the window in its largest whole unit, as limit names have it
+    let ms = rate.window_us / 1000;
+    let (n, unit) = [
+        (86_400_000, "d"),
+        (3_600_000, "h"),
+        (60_000, "m"),
+        (1000, "s"),
+    ]
+    .into_iter()
+    .find(|(u, _)| ms.is_multiple_of(*u))
+    .map_or((ms, "ms"), |(u, name)| (ms / u, name));
+    let _ = write!(out, "{}/{n}{unit}", rate.count);
+    if rate.burst != 1 {
+        let _ = write!(out, "b{}", rate.burst);
     }
     out
 }
@@ -213,6 +242,34 @@ mod tests {
         assert_eq!(names[9], "g3/1300msb2");
         let distinct: HashSet<&String> = names.iter().collect();
         assert_eq!(distinct.len(), names.len(), "{names:?}");
+    }
+
+    #[test]
+    fn schedule_keys_name_the_rate_and_never_meet_limit_keys() {
+        let id = escape_identifier("psp:acme");
+        let rate = |count, window_us, burst| Rate {
+            count,
+            window_us,
+            burst,
+        };
+        assert_eq!(
+            schedule_key("rl", &id, &rate(4, 1_000_000, 1)),
+            "rl:{psp:acme}:q4/1s"
+        );
+        assert_eq!(
+            schedule_key("rl", &id, &rate(3, 1_300_000, 2)),
+            "rl:{psp:acme}:q3/1300msb2"
+        );
+        let letters = [
+            Algorithm::SlidingLog,
+            Algorithm::SlidingWindow,
+            Algorithm::FixedWindow,
+            Algorithm::TokenBucket { capacity: 1 },
+            Algorithm::Gcra { burst: 1 },
+            Algorithm::Concurrency,
+        ]
+        .map(|a| a.key_letter());
+        assert!(!letters.contains(&'q'));
     }
 
     #[test]

@@ -25,6 +25,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use super::keyspace;
 use super::lease::{KeeperSlot, Lease};
 use super::{Outcome, Plan};
+use crate::algorithm::schedule::{self, Placement, Rate};
 use crate::algorithm::{self, Layout, State};
 use crate::clock::{system_micros, Clock};
 use crate::policy::Limit;
@@ -219,6 +220,48 @@ impl MemoryStore {
                 });
             }
         }
+    }
+
+    /// Places an event in the queue at `key` (the scheduler's; see `algorithm::schedule`).
+    pub(crate) fn schedule(&self, key: &str, rate: &Rate, cost: u64, longest_us: u64) -> Placement {
+        let now = self.now();
+        let inner = &*self.inner;
+        let s = (inner.hasher.hash_one(key) as usize) % SHARDS;
+        let mut shard = lock(&inner.shards[s]);
+        let stored = shard
+            .map
+            .get(key)
+            .filter(|st| st.expires_at > now)
+            .and_then(|st| schedule::from_state(&st.state));
+        let placement = schedule::place(stored, rate, now, cost, longest_us);
+        if placement.placed {
+            if !shard.map.contains_key(key) {
+                make_room(
+                    &mut shard,
+                    now,
+                    inner.max_per_shard,
+                    &[(s, key.to_string())],
+                );
+            }
+            let stored = Stored {
+                state: schedule::to_state(placement.after),
+                expires_at: schedule::expires_at(placement.after),
+            };
+            shard.map.insert(key.to_string(), stored);
+        }
+        placement
+    }
+
+    /// Gives a placement's slot back when it is still the last one placed; whether it did.
+    pub(crate) fn give_back(&self, key: &str, placement: &Placement) -> bool {
+        let mut done = false;
+        self.with_state(key, |stored| {
+            if let Some(mut tat) = schedule::from_state(&stored.state) {
+                done = schedule::give_back(&mut tat, placement);
+                stored.state = schedule::to_state(tat);
+            }
+        });
+        done
     }
 
     #[cfg(test)]

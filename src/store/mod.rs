@@ -18,6 +18,7 @@ pub(crate) mod redis;
 #[cfg(feature = "redis")]
 mod script;
 
+use crate::algorithm::schedule::{Placement, Rate};
 pub(crate) use crate::algorithm::Outcome;
 pub use error::{ConfigError, ConfigErrorKind, Misconfiguration, MisconfigurationKind, StoreError};
 use lease::{Backend, Keeper, Lease};
@@ -76,6 +77,49 @@ impl Store {
             Store::Memory(m) => Ok(m.check(plan)),
             #[cfg(feature = "redis")]
             Store::Redis(r) => r.check(plan).await,
+        }
+    }
+
+    /// Places an event of `cost` in the scheduler's queue of `escaped_id` at `rate`, when its
+    /// wait is at most `longest_us`; the placement and the queue's key.
+    pub(crate) async fn schedule(
+        &self,
+        escaped_id: &str,
+        rate: &Rate,
+        cost: u64,
+        longest_us: u64,
+    ) -> Result<(Placement, String), StoreError> {
+        match self {
+            Store::Memory(m) => {
+                let key = keyspace::schedule_key(memory::PREFIX, escaped_id, rate);
+                Ok((m.schedule(&key, rate, cost, longest_us), key))
+            }
+            #[cfg(feature = "redis")]
+            Store::Redis(r) => {
+                let key = keyspace::schedule_key(r.prefix(), escaped_id, rate);
+                Ok((r.schedule(&key, rate, cost, longest_us).await?, key))
+            }
+        }
+    }
+
+    /// Gives a slot back without waiting (from `Drop`): in process at once; for Redis in a
+    /// task of its own, once, on the current Tokio runtime (without one, the slot stays
+    /// used). Best effort: a give-back that fails leaves the slot used, as one that comes
+    /// after a later placement does.
+    pub(crate) fn give_back_soon(&self, key: String, placement: Placement) {
+        match self {
+            Store::Memory(m) => {
+                m.give_back(&key, &placement);
+            }
+            #[cfg(feature = "redis")]
+            Store::Redis(r) => {
+                if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                    let r = r.clone();
+                    runtime.spawn(async move {
+                        let _ = r.give_back(&key, &placement).await;
+                    });
+                }
+            }
         }
     }
 

@@ -92,7 +92,7 @@ pub(crate) struct CheckScript {
 }
 
 /// The text of a Lua file's section `name` (empty when it has none).
-fn section<'a>(file: &'a str, name: &str) -> &'a str {
+pub(crate) fn section<'a>(file: &'a str, name: &str) -> &'a str {
     let marker = format!("--@ {name}\n");
     let Some(start) = file.find(&marker).map(|i| i + marker.len()) else {
         return "";

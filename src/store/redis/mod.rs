@@ -27,6 +27,7 @@ use super::{Outcome, Plan, StoreError};
 use crate::clock::Clock;
 
 mod connection;
+mod schedule;
 mod sentinel;
 mod url;
 mod validate;
