@@ -92,6 +92,8 @@
 //! * [`Policy`] / [`Limit`] / [`Algorithm`]: what is limited, and how; the text syntax is
 //!   described in [`policy`].
 //! * [`Limiter`]: checks requests; returns a [`Decision`].
+//! * [`Scheduler`]: paces events to a rate, each waiting for its own slot (calls to a third
+//!   party that limits you).
 //! * [`MemoryStore`] and [`RedisStore`]: where the counters live.
 //! * [`RateLimitLayer`] ([`layer`]): tower middleware for HTTP services (axum, tonic, hyper),
 //!   with [`key`] extractors; [`KeyedRateLimitLayer`] ([`service`]): for any tower service.
