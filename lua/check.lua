@@ -31,6 +31,11 @@
 -- it runs, does not follow the caller's.
 -- Phase 1 only reads. Only when every pair admits does phase 2 write: a denied request
 -- charges nothing anywhere and leaves every key, TTLs included, as it was.
+--
+-- A check that may wait has a second form, with phase 1 in passes (reserve.lua): $skip
+-- says when an identifier goes unevaluated (`not ok`: once one denied; `false` when every
+-- pair must say when it admits), $real names the clock's time (`now`, or `real` while
+-- `now` is the time a waiting check is decided at).
 
 --@ head
 local cost = tonumber(ARGV[1])
@@ -52,7 +57,7 @@ do
   local j, base = $j, $b
 
 --@ unpack
-  if not ok then
+  if $skip then
     -- denied already: the client derives every figure from the states returned
   elseif $same then
     -- the same state as the previous identifier's: the same verdict, the same new state
@@ -91,7 +96,7 @@ do
       elseif life == lastlife then
         ttl$j = lastttl
       else
-        local ms = life - now + 999
+        local ms = life - $real + 999
         ms = (ms - ms % 1000) / 1000 + 1
         if not realtime and ms < 60000 then
           -- Redis' clock, on which the TTL runs, does not follow a caller's clock: a state

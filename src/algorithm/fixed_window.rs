@@ -31,7 +31,11 @@ pub(crate) fn load(lim: &Limit, at: u64, fields: &[u64]) -> Fixed {
 pub(crate) fn evaluate(st: &Fixed, lim: &Limit, now: u64, cost: u64) -> Verdict {
     let w = lim.window_us();
     let i = now / w;
-    let count = if st.idx >= i { st.count } else { 0 };
+    if st.idx > i {
+        // charged as of a later window (a waiting check): full until that window begins
+        return Verdict::deny(st.idx * w);
+    }
+    let count = if st.idx == i { st.count } else { 0 };
     if count + cost <= lim.count() {
         Verdict::ADMIT
     } else {

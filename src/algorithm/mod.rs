@@ -41,9 +41,12 @@
 
 use crate::policy::{Algorithm, Limit};
 
+pub(crate) use reserve::decide_within;
+
 mod concurrency;
 mod fixed_window;
 mod gcra;
+mod reserve;
 pub(crate) mod schedule;
 mod sliding_log;
 mod sliding_window;
@@ -183,6 +186,9 @@ impl Report {
 pub(crate) struct Outcome {
     pub(crate) allowed: bool,
     pub(crate) entries: Vec<Entry>,
+    /// How long an allowed check waits for the time it was admitted at (0 but for a check
+    /// that may wait: see `reserve`).
+    pub(crate) wait_us: u64,
 }
 
 /// One (identifier, limit) pair of an [`Outcome`].
@@ -270,12 +276,13 @@ fn evaluate(part: Part<'_>, lim: &Limit, now: u64, cost: u64) -> Verdict {
     }
 }
 
-fn commit(part: Part<'_>, lim: &Limit, now: u64, cost: u64, lease: &str) {
+/// Charges `cost` at `now`; `real` is the clock's time (earlier for a waiting check).
+fn commit(part: Part<'_>, lim: &Limit, real: u64, now: u64, cost: u64, lease: &str) {
     match part {
         Part::Counter(Counter::Window(s)) => sliding_window::commit(s, lim, now, cost),
         Part::Counter(Counter::Fixed(s)) => fixed_window::commit(s, lim, now, cost),
         Part::Counter(Counter::Gcra(s)) => gcra::commit(s, lim, now, cost),
-        Part::Log(s) => sliding_log::commit(s, lim, now, cost),
+        Part::Log(s) => sliding_log::commit(s, lim, real, now, cost),
         Part::Leases(s) => concurrency::commit(s, lim, now, lease),
         // the script charged it already
         Part::Settled(_) => {}
@@ -320,24 +327,16 @@ pub(crate) fn expires_at(st: &State, layout: &Layout, limits: &[Limit], k: usize
     }
 }
 
-/// One check, all-or-nothing: the twin of `lua/check.lua`.
-///
-/// `states` holds the keys of every identifier, identifier-major, as `layout` lays them out
-/// for `limits` (`None`: never charged, or expired). Phase 1 only reads; only when every pair
-/// admits does phase 2 charge `cost` everywhere (a concurrency limit takes the slot `lease`),
-/// creating the states it needs. A denied check leaves every state as it was. The outcome
-/// holds one entry per (identifier, limit) pair, identifier-major, limits in policy order.
-pub(crate) fn decide(
+/// Phase 1 of a check: every (identifier, limit) pair evaluated at `now`, nothing written.
+fn evaluate_all(
     states: &mut [Option<State>],
     layout: &Layout,
     limits: &[Limit],
     now: u64,
     cost: u64,
-    lease: &str,
-) -> Outcome {
+) -> Vec<Verdict> {
     let per_id = layout.keys_per_id();
     let ids = states.len() / per_id;
-    let pos = |l: usize| layout.slots[l].1;
     // A missing state is evaluated as a fresh one, without creating it.
     let mut scratch: Vec<Option<State>> = (0..per_id).map(|_| None).collect();
     let mut verdicts = Vec::with_capacity(ids * limits.len());
@@ -348,9 +347,48 @@ pub(crate) fn decide(
                 Some(st) => st,
                 None => scratch[k].get_or_insert_with(|| fresh(layout, limits, k)),
             };
-            verdicts.push(evaluate(part(st, pos(l)), lim, now, cost));
+            verdicts.push(evaluate(part(st, layout.slots[l].1), lim, now, cost));
         }
     }
+    verdicts
+}
+
+/// One check, all-or-nothing: the twin of `lua/check.lua`.
+///
+/// `states` holds the keys of every identifier, identifier-major, as `layout` lays them out
+/// for `limits` (`None`: never charged, or expired). Phase 1 only reads; only when every pair
+/// admits does phase 2 charge `cost` everywhere (a concurrency limit takes the slot `lease`),
+/// creating the states it needs. A denied check leaves every state as it was. The outcome
+/// holds one entry per (identifier, limit) pair, identifier-major, limits in policy order.
+#[cfg_attr(not(test), allow(dead_code))]
+pub(crate) fn decide(
+    states: &mut [Option<State>],
+    layout: &Layout,
+    limits: &[Limit],
+    now: u64,
+    cost: u64,
+    lease: &str,
+) -> Outcome {
+    decide_at(states, layout, limits, now, now, cost, lease)
+}
+
+/// [`decide`] as of `at` (`now` or later: the time a waiting check is admitted at, see
+/// `reserve`): every pair is evaluated and charged at `at`; reset and retry times are counted
+/// from `now`, and an allowed outcome waits `at - now`.
+pub(crate) fn decide_at(
+    states: &mut [Option<State>],
+    layout: &Layout,
+    limits: &[Limit],
+    now: u64,
+    at: u64,
+    cost: u64,
+    lease: &str,
+) -> Outcome {
+    let (real, now) = (now, at.max(now));
+    let per_id = layout.keys_per_id();
+    let ids = states.len() / per_id;
+    let pos = |l: usize| layout.slots[l].1;
+    let verdicts = evaluate_all(states, layout, limits, now, cost);
     let allowed = verdicts.iter().all(|v| v.allowed);
 
     if allowed {
@@ -358,7 +396,7 @@ pub(crate) fn decide(
             for (l, lim) in limits.iter().enumerate() {
                 let k = layout.key_of(l);
                 let st = states[j * per_id + k].get_or_insert_with(|| fresh(layout, limits, k));
-                commit(part(st, pos(l)), lim, now, cost, lease);
+                commit(part(st, pos(l)), lim, real, now, cost, lease);
             }
         }
     }
@@ -374,16 +412,24 @@ pub(crate) fn decide(
             entries.push(Entry {
                 allowed: v.allowed,
                 remaining: r.remaining,
-                reset_after_us: r.reset_after,
+                // counted from `real`: the report is the state's at `now`, the time decided at
+                reset_after_us: match r.reset_after {
+                    0 => 0,
+                    reset => reset + (now - real),
+                },
                 retry_after_us: if v.allowed {
                     0
                 } else {
-                    v.retry_at.saturating_sub(now)
+                    v.retry_at.saturating_sub(real)
                 },
             });
         }
     }
-    Outcome { allowed, entries }
+    Outcome {
+        allowed,
+        entries,
+        wait_us: if allowed { now - real } else { 0 },
+    }
 }
 
 /// Extends the lease `id` held in `st` (a concurrency state) to `now + lease_us`, if it is

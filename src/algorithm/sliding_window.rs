@@ -68,6 +68,10 @@ fn first_admitting(x: f64, lo: u64, hi: u64, admits: impl Fn(u64) -> bool) -> u6
 pub(crate) fn evaluate(st: &Window, lim: &Limit, now: u64, cost: u64) -> Verdict {
     let (n, w) = (lim.count(), lim.window_us());
     let (i, e) = (now / w, now % w);
+    if st.idx > i {
+        // charged as of a later window (a waiting check): full until that window begins
+        return Verdict::deny(st.idx * w);
+    }
     let (curr, prev) = window_counts(st, i);
     if window_admits(n, w, prev, curr, e, cost) {
         return Verdict::ADMIT;

@@ -196,6 +196,7 @@ mod tests {
         // a: denied by the rate limit for 1 s; b: denied by the concurrency limit only.
         let outcome = Outcome {
             allowed: false,
+            wait_us: 0,
             entries: vec![denied(1_000_000), allowed(), allowed(), denied(1_000_000)],
         };
         cache.record(&ids, &limits, &outcome, 2, Instant::now(), 0);
@@ -231,6 +232,7 @@ mod tests {
         let limits = ["10/s".parse::<Limit>().unwrap()];
         let outcome = Outcome {
             allowed: false,
+            wait_us: 0,
             entries: vec![denied(1)],
         };
         for id in ["a", "b", "c"] {
@@ -244,6 +246,7 @@ mod tests {
         );
         let long = Outcome {
             allowed: false,
+            wait_us: 0,
             entries: vec![denied(10_000_000)],
         };
         cache.record(&["d".to_string()], &limits, &long, 1, Instant::now(), 0);
@@ -259,6 +262,7 @@ mod tests {
         let limits = ["10/s".parse::<Limit>().unwrap()];
         let outcome = Outcome {
             allowed: false,
+            wait_us: 0,
             entries: vec![denied(10_000_000)],
         };
         let ids = ["a".to_string()];

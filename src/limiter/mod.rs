@@ -19,6 +19,7 @@ mod error;
 mod failure;
 mod peek;
 mod schedule;
+mod wait;
 
 use deny_cache::DenyCache;
 

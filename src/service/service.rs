@@ -10,7 +10,7 @@ use super::future::KeyedResponseFuture;
 use super::layer::Gate;
 use super::{Identifiers, KeyedRateLimitLayer};
 use crate::limiter::{CheckFuture, Mode};
-use crate::{Decision, Error, Limiter, Scheduler};
+use crate::{Decision, Error, Scheduler};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -81,7 +81,7 @@ where
                 let limiter = limiter.clone();
                 let mode = Mode::CHECK.shadowed(shadow);
                 Box::pin(async move {
-                    let outcome = check_waiting(&limiter, &ids, cost, max_wait, mode).await;
+                    let outcome = limiter.wait_within(&ids, cost, mode, max_wait).await;
                     (outcome, req)
                 })
             }
@@ -104,32 +104,6 @@ where
             drop(ready);
             let unready = self.inner.clone();
             KeyedResponseFuture::checking_unready(unready, check)
-        }
-    }
-}
-
-/// Checks (in `mode`) until the limiter admits the request, as long as the wait ends by
-/// `max_wait` from now; the decision that admits it, or the one that does not within
-/// `max_wait`.
-///
-/// # Errors
-///
-/// The limiter's, when a check fails.
-async fn check_waiting(
-    limiter: &Limiter,
-    ids: &[String],
-    cost: u64,
-    max_wait: Duration,
-    mode: Mode,
-) -> Result<Decision, Error> {
-    let deadline = tokio::time::Instant::now() + max_wait;
-    loop {
-        let decision = limiter.run(ids, cost, mode).await?;
-        match decision.retry_after() {
-            Some(wait) if tokio::time::Instant::now() + wait <= deadline => {
-                tokio::time::sleep(wait).await;
-            }
-            _ => return Ok(decision),
         }
     }
 }

@@ -133,7 +133,13 @@ impl MemoryStore {
         self.len() == 0
     }
 
+    #[allow(dead_code)]
     pub(crate) fn check(&self, plan: &Plan<'_>) -> Outcome {
+        self.check_within(plan, 0)
+    }
+
+    /// A check that may wait up to `max_wait_us` to be admitted (`algorithm::decide_within`).
+    pub(crate) fn check_within(&self, plan: &Plan<'_>, max_wait_us: u64) -> Outcome {
         let inner = &*self.inner;
         let now = self.now();
 
@@ -166,13 +172,14 @@ impl MemoryStore {
                 stored.filter(|st| st.expires_at > now).map(|st| st.state)
             })
             .collect();
-        let outcome = algorithm::decide(
+        let outcome = algorithm::decide_within(
             &mut states,
             &layout,
             plan.limits,
             now,
             plan.cost,
             plan.lease,
+            max_wait_us,
         );
         for (k, ((s, key), state)) in pairs.iter().zip(states).enumerate() {
             let Some(state) = state else { continue };

@@ -73,10 +73,22 @@ pub(crate) enum LetGo {
 
 impl Store {
     pub(crate) async fn check(&self, plan: &Plan<'_>) -> Result<Outcome, StoreError> {
+        self.check_within(plan, 0).await
+    }
+
+    /// A check that, when denied now, is admitted as of the earliest time every limit admits
+    /// it, if that lies at most `max_wait_us` ahead (`algorithm::reserve`): the outcome's
+    /// `wait_us` says how long the caller waits for it. Not for policies with a concurrency
+    /// limit.
+    pub(crate) async fn check_within(
+        &self,
+        plan: &Plan<'_>,
+        max_wait_us: u64,
+    ) -> Result<Outcome, StoreError> {
         match self {
-            Store::Memory(m) => Ok(m.check(plan)),
+            Store::Memory(m) => Ok(m.check_within(plan, max_wait_us)),
             #[cfg(feature = "redis")]
-            Store::Redis(r) => r.check(plan).await,
+            Store::Redis(r) => r.check_within(plan, max_wait_us).await,
         }
     }
 

@@ -28,6 +28,7 @@ const SLIDING_WINDOW: &str = include_str!("../../lua/sliding_window.lua");
 const FIXED_WINDOW: &str = include_str!("../../lua/fixed_window.lua");
 const GCRA: &str = include_str!("../../lua/gcra.lua");
 const CONCURRENCY: &str = include_str!("../../lua/concurrency.lua");
+const RESERVE: &str = include_str!("../../lua/reserve.lua");
 
 /// The largest integer a double holds exactly: 2^53.
 const MAX_EXACT: f64 = 9_007_199_254_740_992.0;
@@ -139,16 +140,39 @@ fn fill(out: &mut String, text: &str, vars: &[(&str, String)]) {
     out.push_str(rest);
 }
 
-/// The placeholders of limit `l` (key `key` of its identifier).
-fn limit_vars(limits: &[Limit], l: usize, key: usize) -> Vec<(&'static str, String)> {
+/// The placeholders of limit `l` (key `key` of its identifier), in the script of a check that
+/// may wait when `reserving`.
+fn limit_vars(
+    limits: &[Limit],
+    l: usize,
+    key: usize,
+    reserving: bool,
+) -> Vec<(&'static str, String)> {
     let limit = &limits[l];
     let (n, w) = (limit.count(), limit.window_us());
+    let ttl = w.div_ceil(1000) + 1;
+    let (cut, life) = if reserving {
+        (
+            format!("string.format('%d', real - {w})"),
+            // longer by the wait; with a caller's clock at least a minute, as a packed key's
+            // (Redis' clock, on which the TTL runs, does not follow the caller's, and a
+            // waiting caller sleeps in real time)
+            format!(
+                "string.format('%d', (realtime and {ttl} or {}) + math.ceil((now - real) / 1000))",
+                ttl.max(60_000)
+            ),
+        )
+    } else {
+        (format!("string.sub(live{}, 2)", l + 1), format!("'{ttl}'"))
+    };
     let mut vars = vec![
         ("x", (l + 1).to_string()),
         ("n", n.to_string()),
         ("w", w.to_string()),
         ("key", format!("KEYS[base + {}]", key + 1)),
-        ("ttl", (w.div_ceil(1000) + 1).to_string()),
+        ("ttl", ttl.to_string()),
+        ("cut", cut),
+        ("life", life),
     ];
     if let Algorithm::TokenBucket { .. } | Algorithm::Gcra { .. } = limit.algorithm() {
         // burst·T as (µs, remainder), as the twin's `times` computes it
@@ -159,6 +183,42 @@ fn limit_vars(limits: &[Limit], l: usize, key: usize) -> Vec<(&'static str, Stri
         vars.push(("tr", (burst * r % n).to_string()));
     }
     vars
+}
+
+/// The section of `reserve.lua` that says when a denying limit of `algorithm` admits (empty
+/// for an algorithm that has none: its pairs then never make a check wait).
+fn retry(algorithm: Algorithm) -> &'static str {
+    match algorithm.code() {
+        1 => section(RESERVE, "retry_sliding_log"),
+        2 => section(RESERVE, "retry_sliding_window"),
+        3 => section(RESERVE, "retry_fixed_window"),
+        4 => section(RESERVE, "retry_gcra"),
+        _ => "",
+    }
+}
+
+/// Emits each limit in `ls`'s retry section (see [`retry`]), in a block of its own when
+/// `scoped`.
+fn retries_of(
+    out: &mut String,
+    limits: &[Limit],
+    vars: &[Vec<(&str, String)>],
+    ls: &[usize],
+    scoped: bool,
+) {
+    for &l in ls {
+        let text = retry(limits[l].algorithm());
+        if text.trim().is_empty() {
+            continue;
+        }
+        if scoped {
+            out.push_str("do\n");
+        }
+        fill(out, text, &vars[l]);
+        if scoped {
+            out.push_str("end\n");
+        }
+    }
 }
 
 /// Emits `section` of each limit in `ls`, each in a block of its own when `scoped` (its
@@ -185,7 +245,18 @@ fn fragments_of(
 
 /// The check script of a policy for `ids` identifiers: the text, and what reading its reply
 /// needs.
+#[cfg(test)]
 fn generate(limits: &[Limit], ids: usize) -> (String, Layout, Vec<usize>, Vec<Wire>) {
+    generate_within(limits, ids, false)
+}
+
+/// [`generate`], or when `reserving` (a policy without a concurrency limit) the script of a
+/// check that may wait: phase 1 in passes (`lua/reserve.lua`).
+fn generate_within(
+    limits: &[Limit],
+    ids: usize,
+    reserving: bool,
+) -> (String, Layout, Vec<usize>, Vec<Wire>) {
     let layout = Layout::of(limits);
     let per_id = layout.keys_per_id();
     let packed: Vec<usize> = layout
@@ -232,6 +303,11 @@ fn generate(limits: &[Limit], ids: usize) -> (String, Layout, Vec<usize>, Vec<Wi
             list(&|j| format!("KEYS[{}]", (j - 1) * per_id + 1)),
         ),
         ("most", most.to_string()),
+        (
+            "skip",
+            if reserving { "false" } else { "not ok" }.to_string(),
+        ),
+        ("real", if reserving { "real" } else { "now" }.to_string()),
     ];
     let id_vars = |j: usize| {
         let mut v = common.clone();
@@ -249,7 +325,7 @@ fn generate(limits: &[Limit], ids: usize) -> (String, Layout, Vec<usize>, Vec<Wi
         v
     };
     let vars: Vec<_> = (0..limits.len())
-        .map(|l| limit_vars(limits, l, layout.key_of(l)))
+        .map(|l| limit_vars(limits, l, layout.key_of(l), reserving))
         .collect();
 
     let mut out = String::with_capacity(4096 * ids);
@@ -260,6 +336,9 @@ fn generate(limits: &[Limit], ids: usize) -> (String, Layout, Vec<usize>, Vec<Wi
 
     out.push_str(section(PRELUDE, "clock"));
     driver(&mut out, "head", &common);
+    if reserving {
+        out.push_str(section(RESERVE, "pass_open"));
+    }
     fragments_of(&mut out, limits, &vars, &all, "prepare", false);
     if !packed.is_empty() {
         driver(
@@ -279,6 +358,9 @@ fn generate(limits: &[Limit], ids: usize) -> (String, Layout, Vec<usize>, Vec<Wi
             driver(&mut out, "ttl", &v);
             driver(&mut out, "stored", &v);
             fragments_of(&mut out, limits, &vars, &packed, "evaluate", true);
+            if reserving {
+                retries_of(&mut out, limits, &vars, &packed, true);
+            }
             driver(&mut out, "pack_open", &v);
             fragments_of(&mut out, limits, &vars, &packed, "commit", true);
             fragments_of(&mut out, limits, &vars, &packed, "expires", true);
@@ -287,7 +369,13 @@ fn generate(limits: &[Limit], ids: usize) -> (String, Layout, Vec<usize>, Vec<Wi
             driver(&mut out, "stored_close", &v);
         }
         fragments_of(&mut out, limits, &vars, &sorted, "evaluate", false);
+        if reserving {
+            retries_of(&mut out, limits, &vars, &sorted, false);
+        }
         driver(&mut out, "id_close", &v);
+    }
+    if reserving {
+        out.push_str(section(RESERVE, "pass_final"));
     }
     // phase 2: write, only when every pair admits
     driver(&mut out, "phase2", &common);
@@ -319,15 +407,28 @@ fn generate(limits: &[Limit], ids: usize) -> (String, Layout, Vec<usize>, Vec<Wi
         }
         driver(&mut out, "tail", &common);
     }
+    if reserving {
+        out.push_str(section(RESERVE, "pass_close"));
+    }
     (out, layout, packed, wire)
 }
 
 /// The check script of `limits` for `ids` identifiers, generated on first use and then cached.
 pub(crate) fn check_script(limits: &[Limit], ids: usize) -> Arc<CheckScript> {
-    type Cache = HashMap<(Vec<Limit>, usize), Arc<CheckScript>>;
+    check_script_within(limits, ids, false)
+}
+
+/// [`check_script`], or when `reserving` the script of a check that may wait (for a policy
+/// without a concurrency limit).
+pub(crate) fn check_script_within(
+    limits: &[Limit],
+    ids: usize,
+    reserving: bool,
+) -> Arc<CheckScript> {
+    type Cache = HashMap<(Vec<Limit>, usize, bool), Arc<CheckScript>>;
     static CACHE: OnceLock<Mutex<Cache>> = OnceLock::new();
     let cache = CACHE.get_or_init(Mutex::default);
-    let key = (limits.to_vec(), ids);
+    let key = (limits.to_vec(), ids, reserving);
     if let Some(found) = cache
         .lock()
         .unwrap_or_else(PoisonError::into_inner)
@@ -335,7 +436,7 @@ pub(crate) fn check_script(limits: &[Limit], ids: usize) -> Arc<CheckScript> {
     {
         return found.clone();
     }
-    let (text, layout, packed, wire) = generate(limits, ids);
+    let (text, layout, packed, wire) = generate_within(limits, ids, reserving);
     let compiled = Arc::new(CheckScript {
         script: Script::new(&text),
         layout,
@@ -384,6 +485,15 @@ pub(crate) fn check_args(
     }
 }
 
+/// The longest wait of a check that may wait, after `check_args`'s: the time argument first
+/// when `check_args` left it out. Only for a script generated `reserving`.
+pub(crate) fn reserve_arg(call: &mut ScriptInvocation<'_>, now: Option<u64>, max_wait_us: u64) {
+    if now.is_none() {
+        call.arg(now_arg(now));
+    }
+    call.arg(max_wait_us);
+}
+
 fn unexpected(what: impl Into<String>) -> StoreError {
     StoreError::UnexpectedReply(what.into())
 }
@@ -428,6 +538,22 @@ fn decode(bytes: &[u8], compiled: &CheckScript, limits: &[Limit]) -> Result<Stat
     Ok(State::Counters(counters))
 }
 
+/// Reads the time the script stamped its reply with, `SECONDS,MICROSECONDS`, and the wait
+/// of a check admitted as of a later time (`,WAIT` after it; 0 without).
+fn stamp_and_wait(text: &[u8]) -> Result<(u64, u64), StoreError> {
+    let text = std::str::from_utf8(text).map_err(|_| unexpected("a time that is not text"))?;
+    match text.splitn(3, ',').nth(2) {
+        None => Ok((stamp(text.as_bytes())?, 0)),
+        Some(wait) => {
+            let time = &text[..text.len() - wait.len() - 1];
+            let wait = wait
+                .parse::<u64>()
+                .map_err(|_| unexpected(format!("a wait of {wait:?}")))?;
+            Ok((stamp(time.as_bytes())?, wait))
+        }
+    }
+}
+
 /// Reads the time the script stamped its reply with: `SECONDS,MICROSECONDS`.
 fn stamp(text: &[u8]) -> Result<u64, StoreError> {
     let text = std::str::from_utf8(text).map_err(|_| unexpected("a time that is not text"))?;
@@ -469,7 +595,7 @@ pub(crate) fn parse_reply(
         Some(b'0') => false,
         _ => return Err(unexpected("a reply without a verdict")),
     };
-    let now = stamp(&reply[1..split])?;
+    let (now, wait) = stamp_and_wait(&reply[1..split])?;
     let state_len = if layout.has_packed() {
         compiled.wire.iter().map(|w| w.len()).sum()
     } else {
@@ -512,7 +638,16 @@ pub(crate) fn parse_reply(
             })));
         }
     }
-    let outcome = algorithm::decide(&mut states, layout, plan.limits, now, plan.cost, plan.lease);
+    let at = now + wait;
+    let outcome = algorithm::decide_at(
+        &mut states,
+        layout,
+        plan.limits,
+        now,
+        at,
+        plan.cost,
+        plan.lease,
+    );
     if outcome.allowed != allowed {
         return Err(unexpected(format!(
             "the script {} what the state it returned {}",

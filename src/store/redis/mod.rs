@@ -264,12 +264,22 @@ impl RedisStore {
     }
 
     /// One check, through the breaker: while Redis is known to be failing it fails at once.
-    pub(crate) async fn check(&self, plan: &Plan<'_>) -> Result<Outcome, StoreError> {
+    /// It may wait up to `max_wait_us` to be admitted (see `Store::check_within`).
+    pub(crate) async fn check_within(
+        &self,
+        plan: &Plan<'_>,
+        max_wait_us: u64,
+    ) -> Result<Outcome, StoreError> {
         let call = async {
-            let compiled = script::check_script(plan.limits, plan.ids.len());
+            // a check that may wait has a script of its own (never with a concurrency limit)
+            let reserving = max_wait_us > 0 && plan.lease.is_empty();
+            let compiled = script::check_script_within(plan.limits, plan.ids.len(), reserving);
             let mut call = compiled.script.prepare_invoke();
             let now = self.clock.manual_now();
             script::check_args(&mut call, &compiled, &self.prefix, now, plan);
+            if reserving {
+                script::reserve_arg(&mut call, now, max_wait_us);
+            }
             let reply: redis::Value = self
                 .run(|mut conn| async move { call.invoke_async(&mut conn).await })
                 .await?;
