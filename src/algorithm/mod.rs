@@ -10,6 +10,7 @@
 //! | `lua/concurrency.lua`      | `concurrency.rs`                    |
 //! | `lua/renew.lua`            | `concurrency::renew`                |
 //! | `lua/schedule.lua`         | `schedule.rs` (the scheduler)       |
+//! | `lua/reserve.lua`          | `reserve.rs` (checks that may wait) |
 //! | `lua/prelude.lua`          | none: the script's clock            |
 //!
 //! The Redis check script is generated per policy from those files (`src/store/script.rs`):

@@ -182,11 +182,14 @@ impl<F> KeyedRateLimitLayer<F> {
     }
 
     /// Instead of failing at once, wait for the limit to admit the request when that takes
-    /// at most `max_wait` (throttling: outbound calls paced to a third party's limit). A
-    /// request that would wait longer fails with [`RateLimited`](crate::RateLimited) without
-    /// waiting. A waiting call gives the inner service's readiness back and gets ready again
-    /// after the wait, so it does not hold a `Buffer` slot or a concurrency permit while it
-    /// sleeps.
+    /// at most `max_wait` (throttling: outbound calls paced to a third party's limit). The
+    /// request reserves its time in the same store call that checks it
+    /// ([`Limiter::check_n_waiting`]): waiting calls go in the order they came, each at the
+    /// earliest time the limits admit it, without checking again. A request that would wait
+    /// longer fails with [`RateLimited`](crate::RateLimited) at once. A waiting call gives the
+    /// inner service's readiness back and gets ready again after the wait, so it does not
+    /// hold a `Buffer` slot or a concurrency permit while it sleeps. With a
+    /// [scheduler](Self::scheduled), the longest wait for a slot.
     pub fn wait_up_to(mut self, max_wait: Duration) -> Self {
         self.max_wait = max_wait;
         self
