@@ -9,8 +9,8 @@
 -- it would admit (the `retry_*` sections, by algorithm, after its `evaluate`), into `tstar`,
 -- the latest such time; every algorithm is monotone (a state that admits at t admits later
 -- without new charges), so at `tstar` every pair admits, and the next pass runs at
--- `tstar`. A state charged as of a later window says so only as a retry time (its window's
--- start), which is why there is a third pass. The last pass — one that admits, the third, or
+-- `tstar`, where every pair admits; a third pass is a safeguard (a pair whose retry time
+-- came short denies there too, and the check with it). The last pass — one that admits, the third, or
 -- one whose `tstar` lies past the longest wait — writes (when it admits) and replies, its
 -- time appended to the reply's as the wait (`SECONDS,MICROSECONDS,WAIT`). Every identifier
 -- is evaluated in every pass, denied or not, so that `tstar` hears from every pair.
@@ -44,21 +44,24 @@ end
   end
 
 --@ retry_sliding_window
+    -- the window seen from: now's, or a later one the state was charged as of (full until
+    -- it begins, then as its counts say: evaluate left them unshifted)
+    local s0, e0 = s$x, now - s$x
     if T >= s$x + $w then
-      -- charged as of a later window: full until it begins
-      local b = T - T % $w
-      if b > tstar then
-        tstar = b
+      s0, e0 = T - T % $w, 0
+      if s0 > tstar then
+        tstar = s0
       end
-    elseif p$x * ($w - (now - s$x)) / $w + (c$x + cost) > $n then
+    end
+    if p$x * ($w - e0) / $w + (c$x + cost) > $n then
       -- the first offset o of a window that admits, from an estimate x corrected with the
       -- admission test itself (the twin's `first_admitting`), as prev's weight decays in
       -- this window, or else in the next one, where curr becomes prev
-      local start, lo, prev, curr, x = s$x, now - s$x + 1, p$x, c$x, 0
+      local start, lo, prev, curr, x = s0, e0 + 1, p$x, c$x, 0
       if c$x + cost <= $n then
         x = $w - ($n - c$x - cost) * $w / p$x
       else
-        start, lo, prev, curr = s$x + $w, 0, c$x, 0
+        start, lo, prev, curr = s0 + $w, 0, c$x, 0
         x = $w - ($n - cost) * $w / c$x
       end
       local o = math.min(math.max(math.ceil(x), lo), $w)
@@ -75,8 +78,11 @@ end
 
 --@ retry_fixed_window
     if T >= s$x + $w then
-      -- charged as of a later window: full until it begins
+      -- charged as of a later window: full until it begins, then as its count says
       local b = T - T % $w
+      if c$x + cost > $n then
+        b = b + $w
+      end
       if b > tstar then
         tstar = b
       end

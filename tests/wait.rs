@@ -31,7 +31,8 @@ async fn twenty_at_once(limiter: &Limiter) -> (usize, Vec<Duration>) {
         let (allowed, took) = c.await.unwrap();
         if allowed {
             admitted += 1;
-            assert!(took <= Duration::from_millis(2100), "{took:?}");
+            // at most the 2 s it may wait, and the timer's and a busy machine's lateness
+            assert!(took <= Duration::from_secs(3), "{took:?}");
         } else {
             denied.push(took);
         }
@@ -56,17 +57,40 @@ async fn stores(server: &RedisServer, clock: &ManualClock) -> [Store; 2] {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn twenty_requests_at_five_a_second_with_two_seconds_to_wait() {
     let server = RedisServer::start();
-    for (policy, expected) in [("5/s log", 15), ("5/s gcra", 15), ("5/s", 10)] {
-        let clock = manual_clock();
-        for store in stores(&server, &clock).await {
-            let limiter = Limiter::new(store.clone(), policy.parse().unwrap());
+    let policies = [
+        ("5/s log", 15),
+        ("5/s gcra", 15),
+        ("5/s", 10),
+        ("5/s fixed", 15),
+    ];
+    for (policy, expected) in policies {
+        let mut later = Vec::new();
+        for on_redis in [true, false] {
+            let clock = manual_clock();
+            let store: Store = if on_redis {
+                server.store(Clock::Manual(clock.clone())).await.into()
+            } else {
+                let memory = MemoryStore::builder().clock(Clock::Manual(clock.clone()));
+                memory.build().into()
+            };
+            let limiter = Limiter::new(store, policy.parse().unwrap());
             let (admitted, denied) = twenty_at_once(&limiter).await;
-            assert_eq!(admitted, expected, "{policy} on {store:?}");
+            assert_eq!(admitted, expected, "{policy}");
             assert_eq!(denied.len(), 20 - expected, "{policy}");
             for took in denied {
                 // one store call, among 20 made together; never the wait
                 assert!(took < Duration::from_millis(200), "{policy}: {took:?}");
             }
+            // an ordinary check at 1.5 s does not pass the reservations
+            clock.advance(Duration::from_millis(1500));
+            let d = limiter.check(&["psp:acme"]).await.unwrap();
+            assert!(!d.is_allowed(), "{policy}");
+            later.push(d);
+        }
+        assert_eq!(later[0], later[1], "{policy}");
+        if policy == "5/s fixed" {
+            // the window of 2 s is reserved full: not before 3 s
+            assert_eq!(later[0].retry_after(), Some(Duration::from_millis(1500)));
         }
     }
 }
@@ -129,8 +153,20 @@ async fn the_memory_store_reserves_as_redis_does() {
         let in_memory = Limiter::new(memory, policy.parse().unwrap());
         let mut waited = 0;
         for step in 0..40u64 {
-            let ids: &[&str] = if step % 5 == 0 { &["a", "b"] } else { &["a"] };
-            let max_wait = Duration::from_micros((step * 3331) % 12_000);
+            // every fourth an ordinary check: it must not pass the reservations before it.
+            // (With a caller's clock an ordinary check gives a sliding log's new key the
+            // window's TTL in real time, which the waits here outlast: those touch only an
+            // identifier charged every step.)
+            let ordinary = step % 4 == 3;
+            let ids: &[&str] = if step % 5 == 0 && !ordinary {
+                &["a", "b"]
+            } else {
+                &["a"]
+            };
+            let max_wait = match ordinary {
+                true => Duration::ZERO,
+                false => Duration::from_micros((step * 3331) % 12_000 + 1),
+            };
             let a = on_redis.check_waiting(ids, max_wait).await.unwrap();
             let b = in_memory.check_waiting(ids, max_wait).await.unwrap();
             assert_eq!(a, b, "{policy}, step {step}");

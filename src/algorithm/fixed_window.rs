@@ -32,8 +32,10 @@ pub(crate) fn evaluate(st: &Fixed, lim: &Limit, now: u64, cost: u64) -> Verdict 
     let w = lim.window_us();
     let i = now / w;
     if st.idx > i {
-        // charged as of a later window (a waiting check): full until that window begins
-        return Verdict::deny(st.idx * w);
+        // charged as of a later window (a waiting check): full until that window begins,
+        // then as its count says
+        let full = st.count + cost > lim.count();
+        return Verdict::deny((st.idx + u64::from(full)) * w);
     }
     let count = if st.idx == i { st.count } else { 0 };
     if count + cost <= lim.count() {

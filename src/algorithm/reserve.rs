@@ -12,10 +12,9 @@
 //! entries in the future (they count against every window until they leave it, so nobody is
 //! admitted past them), a window counter a window that has not begun (it is full until it
 //! begins: its `evaluate` denies until then), a GCRA a later arrival time (as any charge
-//! does). A state whose window has not begun says so only as a retry time, so a first pass
-//! may learn a later time than the true one from it: up to three passes are made (at now,
-//! at the latest retry time, and at the latest after that); past them, or past the longest
-//! wait, the check is denied.
+//! does). Its retry time is when it admits, seen from that window: exact, as every other.
+//! Two passes therefore decide (at now, then at the latest retry time); a third is a
+//! safeguard, and past it, or past the longest wait, the check is denied.
 
 use super::{decide_at, evaluate_all, Layout, Limit, Outcome, State};
 

@@ -69,8 +69,11 @@ pub(crate) fn evaluate(st: &Window, lim: &Limit, now: u64, cost: u64) -> Verdict
     let (n, w) = (lim.count(), lim.window_us());
     let (i, e) = (now / w, now % w);
     if st.idx > i {
-        // charged as of a later window (a waiting check): full until that window begins
-        return Verdict::deny(st.idx * w);
+        // charged as of a later window (a waiting check): full until that window begins,
+        // then as its counts say
+        let begins = st.idx * w;
+        let then = evaluate(st, lim, begins, cost);
+        return Verdict::deny(if then.allowed { begins } else { then.retry_at });
     }
     let (curr, prev) = window_counts(st, i);
     if window_admits(n, w, prev, curr, e, cost) {

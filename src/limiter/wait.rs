@@ -196,10 +196,11 @@ mod tests {
         let expected: Vec<u64> = [0, S, 2 * S].iter().flat_map(|&t| [t; 5]).collect();
         assert_eq!(waits, at(&expected));
         // reservations charged the windows of 1 s and 2 s: a check at 1.5 s finds its window
-        // full, and one at 2.5 s too, until 3 s
+        // full, and the next one too (charged ahead, full until it begins, then by its
+        // count): not before 3 s; one at 2.5 s, the same
         clock.advance(Duration::from_millis(1500));
         let d = l.check(&["psp:acme"]).await.unwrap();
-        assert_eq!(d.retry_after(), Some(Duration::from_millis(500)));
+        assert_eq!(d.retry_after(), Some(Duration::from_millis(1500)));
         clock.advance(Duration::from_secs(1));
         let d = l.check(&["psp:acme"]).await.unwrap();
         assert_eq!(d.retry_after(), Some(Duration::from_millis(500)));
@@ -236,5 +237,92 @@ mod tests {
         assert!(!d.is_allowed());
         assert!(wait.is_zero());
         assert_eq!(d.retry_after(), Some(Duration::from_millis(6500)));
+    }
+}
+
+#[cfg(test)]
+mod never_over_admits {
+    use super::*;
+    use crate::clock::{Clock, ManualClock};
+    use crate::MemoryStore;
+
+    /// Arrivals at random steps, some waiting up to random times, some not at all: the times
+    /// requests were admitted at (the arrival plus the wait), in order.
+    async fn admissions(policy: &str, seed: u64) -> Vec<u64> {
+        let clock = ManualClock::new(1_767_225_600_000_000);
+        let store = MemoryStore::builder()
+            .clock(Clock::Manual(clock.clone()))
+            .build();
+        let l = Limiter::new(store, policy.parse().unwrap());
+        let mut x = seed;
+        let mut next = |m: u64| {
+            x = x
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            (x >> 33) % m
+        };
+        let mut admitted = Vec::new();
+        for _ in 0..400 {
+            let max_wait = match next(3) {
+                0 => Duration::ZERO,
+                _ => Duration::from_micros(next(3_000_000)),
+            };
+            let (d, wait) = l
+                .run_within(&["k"], 1, Mode::CHECK, max_wait)
+                .await
+                .unwrap();
+            if d.is_allowed() {
+                admitted.push(clock.now_micros() + wait.as_micros() as u64);
+            }
+            clock.advance(Duration::from_micros(next(150_000)));
+        }
+        admitted
+    }
+
+    #[tokio::test]
+    async fn a_log_never_holds_more_than_its_count_in_any_window() {
+        for seed in 1..6 {
+            let mut times = admissions("5/s log", seed).await;
+            assert!(times.len() > 50);
+            times.sort_unstable();
+            // every window (t - 1 s, t] ending at an admission holds at most 5
+            for (i, &t) in times.iter().enumerate() {
+                let inside = times[..=i].iter().filter(|&&s| s + 1_000_000 > t).count();
+                assert!(
+                    inside <= 5,
+                    "seed {seed}: {inside} in the window ending at {t}"
+                );
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn a_fixed_window_never_holds_more_than_its_count() {
+        for seed in 1..6 {
+            let times = admissions("5/s fixed", seed).await;
+            let mut per_window = std::collections::HashMap::new();
+            for t in times {
+                *per_window.entry(t / 1_000_000).or_insert(0) += 1;
+            }
+            assert!(
+                per_window.values().all(|&n| n <= 5),
+                "seed {seed}: {per_window:?}"
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn gcra_admissions_conform() {
+        // 5/s with a burst of 2: admitting at t needs max(tat, t) + T - t <= 2T
+        for seed in 1..6 {
+            let mut times = admissions("5/s gcra burst=2", seed).await;
+            times.sort_unstable();
+            let mut tat = 0u64;
+            for t in times {
+                let next = tat.max(t) + 200_000;
+                assert!(next - t <= 400_000, "seed {seed}: at {t}");
+                tat = next;
+            }
+        }
     }
 }
