@@ -20,6 +20,8 @@ use super::keyspace;
 use super::{Outcome, Plan, StoreError};
 use crate::algorithm::{self, Counter, Entry, Layout, State};
 use crate::policy::{Algorithm, Limit};
+pub(crate) use reserve::reserve_arg;
+use reserve::{retries_of, stamp_and_wait};
 
 const PRELUDE: &str = include_str!("../../lua/prelude.lua");
 const DRIVER: &str = include_str!("../../lua/check.lua");
@@ -183,42 +185,6 @@ fn limit_vars(
         vars.push(("tr", (burst * r % n).to_string()));
     }
     vars
-}
-
-/// The section of `reserve.lua` that says when a denying limit of `algorithm` admits (empty
-/// for an algorithm that has none: its pairs then never make a check wait).
-fn retry(algorithm: Algorithm) -> &'static str {
-    match algorithm.code() {
-        1 => section(RESERVE, "retry_sliding_log"),
-        2 => section(RESERVE, "retry_sliding_window"),
-        3 => section(RESERVE, "retry_fixed_window"),
-        4 => section(RESERVE, "retry_gcra"),
-        _ => "",
-    }
-}
-
-/// Emits each limit in `ls`'s retry section (see [`retry`]), in a block of its own when
-/// `scoped`.
-fn retries_of(
-    out: &mut String,
-    limits: &[Limit],
-    vars: &[Vec<(&str, String)>],
-    ls: &[usize],
-    scoped: bool,
-) {
-    for &l in ls {
-        let text = retry(limits[l].algorithm());
-        if text.trim().is_empty() {
-            continue;
-        }
-        if scoped {
-            out.push_str("do\n");
-        }
-        fill(out, text, &vars[l]);
-        if scoped {
-            out.push_str("end\n");
-        }
-    }
 }
 
 /// Emits `section` of each limit in `ls`, each in a block of its own when `scoped` (its
@@ -485,15 +451,6 @@ pub(crate) fn check_args(
     }
 }
 
-/// The longest wait of a check that may wait, after `check_args`'s: the time argument first
-/// when `check_args` left it out. Only for a script generated `reserving`.
-pub(crate) fn reserve_arg(call: &mut ScriptInvocation<'_>, now: Option<u64>, max_wait_us: u64) {
-    if now.is_none() {
-        call.arg(now_arg(now));
-    }
-    call.arg(max_wait_us);
-}
-
 fn unexpected(what: impl Into<String>) -> StoreError {
     StoreError::UnexpectedReply(what.into())
 }
@@ -536,22 +493,6 @@ fn decode(bytes: &[u8], compiled: &CheckScript, limits: &[Limit]) -> Result<Stat
         })
         .collect();
     Ok(State::Counters(counters))
-}
-
-/// Reads the time the script stamped its reply with, `SECONDS,MICROSECONDS`, and the wait
-/// of a check admitted as of a later time (`,WAIT` after it; 0 without).
-fn stamp_and_wait(text: &[u8]) -> Result<(u64, u64), StoreError> {
-    let text = std::str::from_utf8(text).map_err(|_| unexpected("a time that is not text"))?;
-    match text.splitn(3, ',').nth(2) {
-        None => Ok((stamp(text.as_bytes())?, 0)),
-        Some(wait) => {
-            let time = &text[..text.len() - wait.len() - 1];
-            let wait = wait
-                .parse::<u64>()
-                .map_err(|_| unexpected(format!("a wait of {wait:?}")))?;
-            Ok((stamp(time.as_bytes())?, wait))
-        }
-    }
 }
 
 /// Reads the time the script stamped its reply with: `SECONDS,MICROSECONDS`.
@@ -658,5 +599,6 @@ pub(crate) fn parse_reply(
     Ok(outcome)
 }
 
+mod reserve;
 #[cfg(test)]
 mod tests;
