@@ -35,6 +35,11 @@
 -- Each fragment file also has a `refund` section, which this script does not use: it goes
 -- into the refund script, which gives back what an admitted check charged (refund.lua, whose
 -- header states what a refund fragment may read and write).
+--
+-- A check that may wait has a second form, with phase 1 in passes (reserve.lua): $skip
+-- says when an identifier goes unevaluated (`not ok`: once one denied; `false` when every
+-- pair must say when it admits), $real names the clock's time (`now`, or `real` while
+-- `now` is the time a waiting check is decided at).
 
 --@ head
 local cost = tonumber(ARGV[1])
@@ -56,7 +61,7 @@ do
   local j, base = $j, $b
 
 --@ unpack
-  if not ok then
+  if $skip then
     -- denied already: the client derives every figure from the states returned
   elseif $same then
     -- the same state as the previous identifier's: the same verdict, the same new state
@@ -95,7 +100,7 @@ do
       elseif life == lastlife then
         ttl$j = lastttl
       else
-        local ms = life - now + 999
+        local ms = life - $real + 999
         ms = (ms - ms % 1000) / 1000 + 1
         if not realtime and ms < 60000 then
           -- Redis' clock, on which the TTL runs, does not follow a caller's clock: a state

@@ -22,11 +22,17 @@ local life$x = s$x + $w
     end
 
 --@ evaluate
-    if T < s$x then
-      c$x = 0
-    end
-    if c$x + cost > $n then
+    if T >= s$x + $w then
+      -- charged as of a later window (a check that waits for it, reserve.lua): full until
+      -- that window begins
       ok = false
+    else
+      if T < s$x then
+        c$x = 0
+      end
+      if c$x + cost > $n then
+        ok = false
+      end
     end
 
 --@ commit

@@ -5,7 +5,7 @@
 -- Rust twin: src/algorithm/sliding_log.rs.
 --
 -- Fragments of the generated check script (see check.lua), for the limit $x: $n its count,
--- $w its window (µs), $key its sorted set, $ttl the key's TTL in ms after a charge (the
+-- $w its window (µs), $key its sorted set, $life the key's TTL in ms after a charge (the
 -- window, rounded up, plus 1 ms: see `expires` in check.lua's header). The key outlives its
 -- newest entry by the window: a charge sets the TTL to the window, never shortening it (GT)
 -- when the key already holds live entries.
@@ -37,7 +37,9 @@ local L$x = {}
 
 --@ commit
     do
-      redis.call('ZREMRANGEBYSCORE', $key, '-inf', string.sub(live$x, 2))
+      -- the entries out of the window by the clock's time ($cut: from live$x, or for a check
+      -- admitted as of a later time, reserve.lua, from `real`)
+      redis.call('ZREMRANGEBYSCORE', $key, '-inf', $cut)
       local at = string.format('%d', now)
       local k = 0
       if L$x[3 * j - 1] >= now then
@@ -58,10 +60,11 @@ local L$x = {}
           m = m + 500
         end
       end
+      -- $life: the TTL, longer by the wait for a check admitted as of a later time
       if L$x[3 * j - 2] > 0 then
-        redis.call('PEXPIRE', $key, '$ttl', 'GT')
+        redis.call('PEXPIRE', $key, $life, 'GT')
       else
-        redis.call('PEXPIRE', $key, '$ttl')
+        redis.call('PEXPIRE', $key, $life)
       end
     end
 

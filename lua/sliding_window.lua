@@ -30,16 +30,22 @@ local life$x = s$x + 2 * $w
     end
 
 --@ evaluate
-    -- the (curr, prev) counts seen from the current window
-    if T < s$x then
-      if T >= s$x - $w then
-        c$x, p$x = 0, c$x
-      else
-        c$x, p$x = 0, 0
-      end
-    end
-    if p$x * ($w - (now - s$x)) / $w + (c$x + cost) > $n then
+    if T >= s$x + $w then
+      -- charged as of a later window (a check that waits for it, reserve.lua): full until
+      -- that window begins
       ok = false
+    else
+      -- the (curr, prev) counts seen from the current window
+      if T < s$x then
+        if T >= s$x - $w then
+          c$x, p$x = 0, c$x
+        else
+          c$x, p$x = 0, 0
+        end
+      end
+      if p$x * ($w - (now - s$x)) / $w + (c$x + cost) > $n then
+        ok = false
+      end
     end
 
 --@ commit

@@ -92,6 +92,8 @@
 //! * [`Policy`] / [`Limit`] / [`Algorithm`]: what is limited, and how; the text syntax is
 //!   described in [`policy`].
 //! * [`Limiter`]: checks requests; returns a [`Decision`].
+//! * [`Scheduler`]: paces events to a rate, each waiting for its own slot (calls to a third
+//!   party that limits you).
 //! * [`MemoryStore`] and [`RedisStore`]: where the counters live.
 //! * [`RateLimitLayer`] ([`layer`]): tower middleware for HTTP services (axum, tonic, hyper),
 //!   with [`key`] extractors; [`KeyedRateLimitLayer`] ([`service`]): for any tower service.
@@ -136,7 +138,10 @@ pub use clock::{Clock, ManualClock};
 pub use decision::{Decision, LimitStatus, Origin, Usage};
 pub use guard::ConcurrencyGuard;
 pub use layer::RateLimitLayer;
-pub use limiter::{Error, Fallback, Limiter, LimiterBuilder, OnStoreError, MAX_IDENTIFIERS};
+pub use limiter::{
+    Error, Fallback, Limiter, LimiterBuilder, OnStoreError, Scheduler, SchedulerBuilder,
+    MAX_IDENTIFIERS,
+};
 pub use policy::{Algorithm, Limit, Policy, PolicyError};
 pub use service::{KeyedRateLimitLayer, RateLimited};
 #[cfg(feature = "redis")]

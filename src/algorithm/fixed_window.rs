@@ -31,7 +31,13 @@ pub(crate) fn load(lim: &Limit, at: u64, fields: &[u64]) -> Fixed {
 pub(crate) fn evaluate(st: &Fixed, lim: &Limit, now: u64, cost: u64) -> Verdict {
     let w = lim.window_us();
     let i = now / w;
-    let count = if st.idx >= i { st.count } else { 0 };
+    if st.idx > i {
+        // charged as of a later window (a waiting check): full until that window begins,
+        // then as its count says
+        let full = st.count + cost > lim.count();
+        return Verdict::deny((st.idx + u64::from(full)) * w);
+    }
+    let count = if st.idx == i { st.count } else { 0 };
     if count + cost <= lim.count() {
         Verdict::ADMIT
     } else {

@@ -27,6 +27,13 @@ pub(crate) struct Tat {
 #[cfg_attr(not(feature = "redis"), allow(dead_code))]
 pub(crate) const FIELDS: &[&str] = &["t", "r"];
 
+impl Tat {
+    /// The theoretical arrival time as `(us, rem)`, as the script packs it.
+    pub(crate) fn fields(&self) -> (u64, u64) {
+        self.tat
+    }
+}
+
 /// The state from the packed fields and the time `at` of the key's last charge.
 #[cfg_attr(not(feature = "redis"), allow(dead_code))]
 pub(crate) fn load(at: u64, fields: &[u64]) -> Tat {

@@ -12,6 +12,8 @@
 //! | `lua/concurrency.lua`      | `concurrency.rs`                    |
 //! | `lua/renew.lua`            | `concurrency::renew`                |
 //! | `lua/refund.lua`           | [`refund`], each file's `refund`    |
+//! | `lua/schedule.lua`         | `schedule.rs` (the scheduler)       |
+//! | `lua/reserve.lua`          | `reserve.rs` (checks that may wait) |
 //! | `lua/prelude.lua`          | none: the script's clock            |
 //!
 //! The Redis check script is generated per policy from those files (`src/store/script.rs`):
@@ -45,10 +47,14 @@
 
 use crate::policy::{Algorithm, Limit};
 
+pub(crate) use reserve::decide_within;
+
 mod concurrency;
 mod fixed_window;
 mod gcra;
 pub(crate) mod rolling_window;
+mod reserve;
+pub(crate) mod schedule;
 mod sliding_log;
 mod sliding_window;
 
@@ -192,6 +198,9 @@ pub(crate) struct Outcome {
     /// Redis script read (`TIME`, or the caller's clock). A charge is given back at this time
     /// ([`refund`]).
     pub(crate) at_us: u64,
+    /// How long an allowed check waits for the time it was admitted at (0 but for a check
+    /// that may wait: see `reserve`).
+    pub(crate) wait_us: u64,
 }
 
 /// One (identifier, limit) pair of an [`Outcome`].
@@ -283,13 +292,14 @@ fn evaluate(part: Part<'_>, lim: &Limit, now: u64, cost: u64) -> Verdict {
     }
 }
 
-fn commit(part: Part<'_>, lim: &Limit, now: u64, cost: u64, lease: &str) {
+/// Charges `cost` at `now`; `real` is the clock's time (earlier for a waiting check).
+fn commit(part: Part<'_>, lim: &Limit, real: u64, now: u64, cost: u64, lease: &str) {
     match part {
         Part::Counter(Counter::Window(s)) => sliding_window::commit(s, lim, now, cost),
         Part::Counter(Counter::Ring(s)) => rolling_window::commit(s, lim, now, cost),
         Part::Counter(Counter::Fixed(s)) => fixed_window::commit(s, lim, now, cost),
         Part::Counter(Counter::Gcra(s)) => gcra::commit(s, lim, now, cost),
-        Part::Log(s) => sliding_log::commit(s, lim, now, cost),
+        Part::Log(s) => sliding_log::commit(s, lim, real, now, cost),
         Part::Leases(s) => concurrency::commit(s, lim, now, lease),
         // the script charged it already
         Part::Settled(_) => {}
@@ -336,52 +346,8 @@ pub(crate) fn expires_at(st: &State, layout: &Layout, limits: &[Limit], k: usize
     }
 }
 
-/// One check, all-or-nothing: the twin of `lua/check.lua`.
-///
-/// `states` holds the keys of every identifier, identifier-major, as `layout` lays them out
-/// for `limits` (`None`: never charged, or expired). Phase 1 only reads; only when every pair
-/// admits does phase 2 charge `cost` everywhere (a concurrency limit takes the slot `lease`),
-/// creating the states it needs. A denied check leaves every state as it was. The outcome
-/// holds one entry per (identifier, limit) pair, identifier-major, limits in policy order.
-pub(crate) fn decide(
-    states: &mut [Option<State>],
-    layout: &Layout,
-    limits: &[Limit],
-    now: u64,
-    cost: u64,
-    lease: &str,
-) -> Outcome {
-    let verdicts = evaluate_all(states, layout, limits, now, cost);
-    let allowed = verdicts.iter().all(|v| v.allowed);
-    if allowed {
-        let per_id = layout.keys_per_id();
-        for j in 0..states.len() / per_id {
-            for (l, lim) in limits.iter().enumerate() {
-                let k = layout.key_of(l);
-                let st = states[j * per_id + k].get_or_insert_with(|| fresh(layout, limits, k));
-                commit(part(st, layout.slots[l].1), lim, now, cost, lease);
-            }
-        }
-    }
-    outcome(states, layout, limits, now, &verdicts)
-}
-
-/// Phase 1 of [`decide`] alone, the twin of the peek script: what a check of `cost` would
-/// decide now, with every state left as it is. Each entry reports the quota available now
-/// (nothing was charged) and, when denied, when the cost would fit.
-pub(crate) fn peek(
-    states: &mut [Option<State>],
-    layout: &Layout,
-    limits: &[Limit],
-    now: u64,
-    cost: u64,
-) -> Outcome {
-    let verdicts = evaluate_all(states, layout, limits, now, cost);
-    outcome(states, layout, limits, now, &verdicts)
-}
-
-/// Phase 1: every (identifier, limit) pair's verdict on `cost`, identifier-major; nothing is
-/// changed.
+/// Phase 1 of a check: every (identifier, limit) pair's verdict on `cost` at `now`,
+/// identifier-major; nothing is changed.
 fn evaluate_all(
     states: &mut [Option<State>],
     layout: &Layout,
@@ -407,12 +373,76 @@ fn evaluate_all(
     verdicts
 }
 
-/// The outcome of `verdicts`, reported on `states` as they are now.
-fn outcome(
+/// One check, all-or-nothing: the twin of `lua/check.lua`.
+///
+/// `states` holds the keys of every identifier, identifier-major, as `layout` lays them out
+/// for `limits` (`None`: never charged, or expired). Phase 1 only reads; only when every pair
+/// admits does phase 2 charge `cost` everywhere (a concurrency limit takes the slot `lease`),
+/// creating the states it needs. A denied check leaves every state as it was. The outcome
+/// holds one entry per (identifier, limit) pair, identifier-major, limits in policy order.
+#[cfg_attr(not(test), allow(dead_code))]
+pub(crate) fn decide(
     states: &mut [Option<State>],
     layout: &Layout,
     limits: &[Limit],
     now: u64,
+    cost: u64,
+    lease: &str,
+) -> Outcome {
+    decide_at(states, layout, limits, now, now, cost, lease)
+}
+
+/// [`decide`] as of `at` (`now` or later: the time a waiting check is admitted at, see
+/// `reserve`): every pair is evaluated and charged at `at`; reset and retry times are counted
+/// from `now`, and an allowed outcome waits `at - now`.
+pub(crate) fn decide_at(
+    states: &mut [Option<State>],
+    layout: &Layout,
+    limits: &[Limit],
+    now: u64,
+    at: u64,
+    cost: u64,
+    lease: &str,
+) -> Outcome {
+    let (real, now) = (now, at.max(now));
+    let per_id = layout.keys_per_id();
+    let verdicts = evaluate_all(states, layout, limits, now, cost);
+    let allowed = verdicts.iter().all(|v| v.allowed);
+    if allowed {
+        for j in 0..states.len() / per_id {
+            for (l, lim) in limits.iter().enumerate() {
+                let k = layout.key_of(l);
+                let st = states[j * per_id + k].get_or_insert_with(|| fresh(layout, limits, k));
+                commit(part(st, layout.slots[l].1), lim, real, now, cost, lease);
+            }
+        }
+    }
+    outcome(states, layout, limits, real, now, &verdicts)
+}
+
+/// Phase 1 of [`decide`] alone, the twin of the peek script: what a check of `cost` would
+/// decide now, with every state left as it is. Each entry reports the quota available now
+/// (nothing was charged) and, when denied, when the cost would fit.
+pub(crate) fn peek(
+    states: &mut [Option<State>],
+    layout: &Layout,
+    limits: &[Limit],
+    now: u64,
+    cost: u64,
+) -> Outcome {
+    let verdicts = evaluate_all(states, layout, limits, now, cost);
+    outcome(states, layout, limits, now, now, &verdicts)
+}
+
+/// The outcome of `verdicts`, reported on `states` as they are now: decided at `at` (`real`,
+/// the clock's time, or later for a waiting check), with reset and retry times counted from
+/// `real`.
+fn outcome(
+    states: &mut [Option<State>],
+    layout: &Layout,
+    limits: &[Limit],
+    real: u64,
+    at: u64,
     verdicts: &[Verdict],
 ) -> Outcome {
     let per_id = layout.keys_per_id();
@@ -421,25 +451,31 @@ fn outcome(
         for (l, lim) in limits.iter().enumerate() {
             let v = verdicts[j * limits.len() + l];
             let r = match &mut states[j * per_id + layout.key_of(l)] {
-                Some(st) => report(part(st, layout.slots[l].1), lim, now),
+                Some(st) => report(part(st, layout.slots[l].1), lim, at),
                 None => Report::empty(lim),
             };
             entries.push(Entry {
                 allowed: v.allowed,
                 remaining: r.remaining,
-                reset_after_us: r.reset_after,
+                // counted from `real`: the report is the state's at `at`, the time decided at
+                reset_after_us: match r.reset_after {
+                    0 => 0,
+                    reset => reset + (at - real),
+                },
                 retry_after_us: if v.allowed {
                     0
                 } else {
-                    v.retry_at.saturating_sub(now)
+                    v.retry_at.saturating_sub(real)
                 },
             });
         }
     }
+    let allowed = verdicts.iter().all(|v| v.allowed);
     Outcome {
-        allowed: verdicts.iter().all(|v| v.allowed),
+        allowed,
         entries,
-        at_us: now,
+        at_us: at,
+        wait_us: if allowed { at - real } else { 0 },
     }
 }
 

@@ -40,13 +40,15 @@ pub(crate) fn evaluate(st: &Log, lim: &Limit, now: u64, cost: u64) -> Verdict {
     Verdict::deny(s_k + w)
 }
 
-pub(crate) fn commit(st: &mut Log, lim: &Limit, now: u64, cost: u64) {
+/// Charges `cost` units at `now`; entries that left the window by `real` (the clock's time:
+/// `now` is later for a waiting check) are dropped.
+pub(crate) fn commit(st: &mut Log, lim: &Limit, real: u64, now: u64, cost: u64) {
     let w = lim.window_us();
-    // ZREMRANGEBYSCORE -inf (now - w)
+    // ZREMRANGEBYSCORE -inf (real - w)
     while st
         .entries
         .front()
-        .is_some_and(|&s| now >= w && s <= now - w)
+        .is_some_and(|&s| real >= w && s <= real - w)
     {
         st.entries.pop_front();
     }

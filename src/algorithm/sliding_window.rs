@@ -68,6 +68,13 @@ fn first_admitting(x: f64, lo: u64, hi: u64, admits: impl Fn(u64) -> bool) -> u6
 pub(crate) fn evaluate(st: &Window, lim: &Limit, now: u64, cost: u64) -> Verdict {
     let (n, w) = (lim.count(), lim.window_us());
     let (i, e) = (now / w, now % w);
+    if st.idx > i {
+        // charged as of a later window (a waiting check): full until that window begins,
+        // then as its counts say
+        let begins = st.idx * w;
+        let then = evaluate(st, lim, begins, cost);
+        return Verdict::deny(if then.allowed { begins } else { then.retry_at });
+    }
     let (curr, prev) = window_counts(st, i);
     if window_admits(n, w, prev, curr, e, cost) {
         return Verdict::ADMIT;

@@ -70,11 +70,34 @@ impl Limiter {
         cost: u64,
         mode: Mode,
     ) -> Result<Decision, Error> {
+        self.run_within(identifiers, cost, mode, Duration::ZERO)
+            .await
+            .map(|(decision, _)| decision)
+    }
+
+    /// [`run`](Limiter::run) for a check that may wait up to `max_wait` to be admitted (see
+    /// `algorithm::reserve`): the decision, and how long the caller waits for the time it was
+    /// admitted at (zero in shadow mode: the request goes at once, charged as when
+    /// enforcing).
+    pub(crate) async fn run_within<I: AsRef<str>>(
+        &self,
+        identifiers: &[I],
+        cost: u64,
+        mode: Mode,
+        max_wait: Duration,
+    ) -> Result<(Decision, Duration), Error> {
         let version = self.inner.version.load_full();
         let shadow = mode.shadow || self.inner.shadow.load(Ordering::Relaxed);
-        let answer = match self.answer(&version, identifiers, cost, mode.charge).await {
-            Ok(mut decision) => {
+        let mut wait = Duration::ZERO;
+        let answer = match self
+            .answer(&version, identifiers, cost, mode.charge, max_wait)
+            .await
+        {
+            Ok((mut decision, waits)) => {
                 decision.shadow = shadow;
+                if !shadow {
+                    wait = waits;
+                }
                 decision
             }
             // Shadow mode never refuses: a check the enforcing limiter would refuse as
@@ -93,7 +116,7 @@ impl Limiter {
                     .would_deny(&version.name, answer.would_deny_by().map(|s| &s.limit));
             }
         }
-        Ok(answer)
+        Ok((answer, wait))
     }
 
     /// The check with the failure policy, without shadow mode.
@@ -103,7 +126,8 @@ impl Limiter {
         identifiers: &[I],
         cost: u64,
         charge: bool,
-    ) -> Result<Decision, Error> {
+        max_wait: Duration,
+    ) -> Result<(Decision, Duration), Error> {
         let target = Target {
             store: &self.inner.store,
             policy: &version.policy,
@@ -115,7 +139,7 @@ impl Limiter {
             name: &version.name,
             namespace: self.inner.namespace.as_ref(),
         };
-        let error = match decide(&target, identifiers, cost, charge).await {
+        let error = match decide(&target, identifiers, cost, charge, max_wait).await {
             Err(Error::Store(e)) => e,
             other => return other,
         };
@@ -134,10 +158,10 @@ impl Limiter {
                     name,
                     namespace: self.inner.namespace.as_ref(),
                 };
-                match decide(&fallback, identifiers, cost, charge).await {
-                    Ok(mut decision) => {
+                match decide(&fallback, identifiers, cost, charge, max_wait).await {
+                    Ok((mut decision, wait)) => {
                         decision.origin = Origin::Fallback;
-                        Ok(decision)
+                        Ok((decision, wait))
                     }
                     // The scaled policy cannot hold this cost: the store's failure stands.
                     Err(_) => Err(Error::Store(error)),
@@ -149,19 +173,21 @@ impl Limiter {
             }
             _ => {
                 observe::failure_answered(name, Action::Open, &error);
-                Ok(Decision::unchecked(cost))
+                Ok((Decision::unchecked(cost), Duration::ZERO))
             }
         }
     }
 }
 
-/// The check itself, on one store with one policy.
+/// The check itself, on one store with one policy; a check that may wait up to `max_wait`
+/// (not with a concurrency limit) also says how long it waits.
 async fn decide<I: AsRef<str>>(
     target: &Target<'_>,
     identifiers: &[I],
     cost: u64,
     charge: bool,
-) -> Result<Decision, Error> {
+    max_wait: Duration,
+) -> Result<(Decision, Duration), Error> {
     let policy = target.policy;
     let max = policy.max_cost();
     if cost == 0 || cost > max {
@@ -170,9 +196,13 @@ async fn decide<I: AsRef<str>>(
     let (firsts, ids) = distinct(identifiers)?;
     let limits = policy.limits();
     if let Some((cache, _)) = target.deny_cache {
-        if let Some(decision) = cache.lookup(&ids, &firsts, cost) {
+        // a denial until later than the caller would wait: the store could not do better
+        if let Some(decision) = cache
+            .lookup(&ids, &firsts, cost)
+            .filter(|d| d.retry_after().is_some_and(|r| r > max_wait))
+        {
             observe::deny_cache_hit(target.name);
-            return Ok(decision);
+            return Ok((decision, Duration::ZERO));
         }
     }
     let sent = Instant::now();
@@ -197,7 +227,9 @@ async fn decide<I: AsRef<str>>(
                 cost,
                 lease: "",
             };
-            (store.check(&plan).await.map_err(Error::Store)?, None)
+            let max_wait_us = u64::try_from(max_wait.as_micros()).unwrap_or(u64::MAX);
+            let outcome = store.check_within(&plan, max_wait_us).await;
+            (outcome.map_err(Error::Store)?, None)
         }
         Some(&slot) => {
             // Taking a slot must not be cut short: a caller that gives up (a client
@@ -242,14 +274,15 @@ async fn decide<I: AsRef<str>>(
             retry_after: (!e.allowed).then(|| Duration::from_micros(e.retry_after_us)),
         })
         .collect();
-    Ok(Decision {
+    let decision = Decision {
         allowed: outcome.allowed,
         shadow: false,
         cost,
         statuses,
         guard,
         origin: Origin::Store,
-    })
+    };
+    Ok((decision, Duration::from_micros(outcome.wait_us)))
 }
 
 /// The distinct identifiers among `identifiers`: the index of each one's first occurrence,

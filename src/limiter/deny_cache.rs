@@ -205,6 +205,7 @@ mod tests {
         // a: denied by the rate limit for 1 s; b: denied by the concurrency limit only.
         let outcome = Outcome {
             allowed: false,
+            wait_us: 0,
             entries: vec![denied(1_000_000), allowed(), allowed(), denied(1_000_000)],
             at_us: 0,
         };
@@ -241,6 +242,7 @@ mod tests {
         let limits = ["10/s".parse::<Limit>().unwrap()];
         let outcome = Outcome {
             allowed: false,
+            wait_us: 0,
             entries: vec![denied(1)],
             at_us: 0,
         };
@@ -255,6 +257,7 @@ mod tests {
         );
         let long = Outcome {
             allowed: false,
+            wait_us: 0,
             entries: vec![denied(10_000_000)],
             at_us: 0,
         };
@@ -271,6 +274,7 @@ mod tests {
         let limits = ["10/s".parse::<Limit>().unwrap()];
         let outcome = Outcome {
             allowed: false,
+            wait_us: 0,
             entries: vec![denied(10_000_000)],
             at_us: 0,
         };

@@ -23,6 +23,9 @@ pub enum Error {
     NoIdentifiers,
     /// More than [`MAX_IDENTIFIERS`] distinct identifiers were given.
     TooManyIdentifiers(usize),
+    /// A [`Scheduler`](crate::Scheduler)'s queue is one identifier's: a scheduled call named
+    /// this many distinct identifiers.
+    NotOneIdentifier(usize),
     /// The store could not decide.
     Store(StoreError),
 }
@@ -38,6 +41,10 @@ impl fmt::Display for Error {
             Error::TooManyIdentifiers(n) => write!(
                 f,
                 "{n} identifiers in one check (at most {MAX_IDENTIFIERS})"
+            ),
+            Error::NotOneIdentifier(n) => write!(
+                f,
+                "{n} identifiers for one scheduled call (a queue is one identifier's)"
             ),
             Error::Store(e) => fmt::Display::fmt(e, f),
         }

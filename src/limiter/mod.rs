@@ -18,12 +18,15 @@ mod deny_cache;
 mod error;
 mod failure;
 mod inspect;
+mod schedule;
+mod wait;
 
 use deny_cache::DenyCache;
 
 pub(crate) use check::Mode;
 pub use error::Error;
 pub use failure::{Fallback, OnStoreError};
+pub use schedule::{Scheduler, SchedulerBuilder};
 
 /// The most distinct identifiers one check may name.
 pub const MAX_IDENTIFIERS: usize = 16;

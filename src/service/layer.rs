@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::KeyedRateLimit;
-use crate::Limiter;
+use crate::{Limiter, Scheduler};
 
 /// What a [`KeyedRateLimitLayer`] checks a request for: the identifiers (all-or-nothing, as
 /// with [`Limiter::check`]) and the cost (default 1).
@@ -75,6 +75,15 @@ impl From<(Vec<String>, u64)> for Identifiers {
     }
 }
 
+/// What a [`KeyedRateLimitLayer`] asks before a call.
+#[derive(Debug, Clone)]
+pub(super) enum Gate {
+    /// A limiter's check (waiting up to `max_wait` for it to admit).
+    Check(Limiter),
+    /// A scheduler's slot.
+    Schedule(Scheduler),
+}
+
 /// Rate limiting for any `tower::Service`: identifiers from a closure, rejections as errors.
 /// See the [`service`](super) module documentation.
 ///
@@ -92,7 +101,7 @@ impl From<(Vec<String>, u64)> for Identifiers {
 /// # let _ = layer;
 /// ```
 pub struct KeyedRateLimitLayer<F> {
-    pub(super) limiter: Limiter,
+    pub(super) gate: Gate,
     pub(super) identify: Arc<F>,
     pub(super) max_wait: Duration,
     pub(super) shadow: bool,
@@ -101,7 +110,7 @@ pub struct KeyedRateLimitLayer<F> {
 impl<F> Clone for KeyedRateLimitLayer<F> {
     fn clone(&self) -> Self {
         KeyedRateLimitLayer {
-            limiter: self.limiter.clone(),
+            gate: self.gate.clone(),
             identify: self.identify.clone(),
             max_wait: self.max_wait,
             shadow: self.shadow,
@@ -112,7 +121,7 @@ impl<F> Clone for KeyedRateLimitLayer<F> {
 impl<F> fmt::Debug for KeyedRateLimitLayer<F> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("KeyedRateLimitLayer")
-            .field("limiter", &self.limiter)
+            .field("gate", &self.gate)
             .field("max_wait", &self.max_wait)
             .field("shadow", &self.shadow)
             .finish_non_exhaustive()
@@ -126,7 +135,46 @@ impl<F> KeyedRateLimitLayer<F> {
         F: Fn(&Req) -> Identifiers,
     {
         KeyedRateLimitLayer {
-            limiter,
+            gate: Gate::Check(limiter),
+            identify: Arc::new(identify),
+            max_wait: Duration::ZERO,
+            shadow: false,
+        }
+    }
+
+    /// Paces each request through `scheduler` instead of checking it: the request waits for
+    /// the next free slot of the one identifier `identify` returns (its cost in intervals),
+    /// then goes to the inner service — calls to a third party spaced at its rate, in order,
+    /// across the fleet. A request whose slot lies further ahead than
+    /// [`wait_up_to`](Self::wait_up_to) (default: zero, no waiting) fails at once with
+    /// [`RateLimited`](crate::RateLimited), taking no slot; a call dropped while it waits
+    /// gives its slot back when no one was placed after it (see [`Scheduler`]).
+    ///
+    /// Requests with no identifier, or more than one, fail with
+    /// [`Error::NoIdentifiers`](crate::Error::NoIdentifiers) or
+    /// [`Error::NotOneIdentifier`](crate::Error::NotOneIdentifier): a queue is one
+    /// identifier's.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate::{KeyedRateLimitLayer, MemoryStore, Scheduler};
+    ///
+    /// struct Charge { provider: &'static str }
+    ///
+    /// // 4 calls a second to each provider, evenly spaced; wait up to 2 s for a slot.
+    /// let scheduler = Scheduler::new(MemoryStore::new(), "4/s".parse().unwrap());
+    /// let layer = KeyedRateLimitLayer::scheduled(scheduler, |c: &Charge| {
+    ///     format!("psp:{}", c.provider).into()
+    /// })
+    /// .wait_up_to(Duration::from_secs(2));
+    /// # let _ = layer;
+    /// ```
+    pub fn scheduled<Req>(scheduler: Scheduler, identify: F) -> Self
+    where
+        F: Fn(&Req) -> Identifiers,
+    {
+        KeyedRateLimitLayer {
+            gate: Gate::Schedule(scheduler),
             identify: Arc::new(identify),
             max_wait: Duration::ZERO,
             shadow: false,
@@ -134,11 +182,14 @@ impl<F> KeyedRateLimitLayer<F> {
     }
 
     /// Instead of failing at once, wait for the limit to admit the request when that takes
-    /// at most `max_wait` (throttling: outbound calls paced to a third party's limit). A
-    /// request that would wait longer fails with [`RateLimited`](crate::RateLimited) without
-    /// waiting. A waiting call gives the inner service's readiness back and gets ready again
-    /// after the wait, so it does not hold a `Buffer` slot or a concurrency permit while it
-    /// sleeps.
+    /// at most `max_wait` (throttling: outbound calls paced to a third party's limit). The
+    /// request reserves its time in the same store call that checks it
+    /// ([`Limiter::check_n_waiting`]): waiting calls go in the order they came, each at the
+    /// earliest time the limits admit it, without checking again. A request that would wait
+    /// longer fails with [`RateLimited`](crate::RateLimited) at once. A waiting call gives the
+    /// inner service's readiness back and gets ready again after the wait, so it does not
+    /// hold a `Buffer` slot or a concurrency permit while it sleeps. With a
+    /// [scheduler](Self::scheduled), the longest wait for a slot.
     pub fn wait_up_to(mut self, max_wait: Duration) -> Self {
         self.max_wait = max_wait;
         self

@@ -3,7 +3,10 @@
 //! [`KeyedRateLimitLayer`] wraps any `tower::Service`, servers and clients alike: a closure
 //! names the [`Identifiers`] of a request, and a limited request fails with [`RateLimited`] —
 //! or, for outbound calls that may wait, is delayed until the limit admits it
-//! ([`wait_up_to`](KeyedRateLimitLayer::wait_up_to)).
+//! ([`wait_up_to`](KeyedRateLimitLayer::wait_up_to)). A client calling a third party can
+//! instead be paced by a [`Scheduler`](crate::Scheduler)
+//! ([`scheduled`](KeyedRateLimitLayer::scheduled)): every call waits for its own slot at the
+//! third party's rate, fleet-wide.
 //!
 //! For HTTP services, [`RateLimitLayer`](crate::RateLimitLayer) (in [`layer`](crate::layer))
 //! answers limited requests with responses instead.

@@ -7,9 +7,10 @@ use std::time::Duration;
 use tower_service::Service;
 
 use super::future::KeyedResponseFuture;
+use super::layer::Gate;
 use super::{Identifiers, KeyedRateLimitLayer};
-use crate::limiter::Mode;
-use crate::{Decision, Error, Limiter};
+use crate::limiter::{CheckFuture, Mode};
+use crate::{Decision, Error, Scheduler};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -73,13 +74,25 @@ where
 
     fn call(&mut self, req: Req) -> Self::Future {
         let (ids, cost) = (self.layer.identify)(&req).into_parts();
-        let limiter = self.layer.limiter.clone();
         let max_wait = self.layer.max_wait;
-        let mode = Mode::CHECK.shadowed(self.layer.shadow);
-        let check = Box::pin(async move {
-            let outcome = check_waiting(&limiter, &ids, cost, max_wait, mode).await;
-            (outcome, req)
-        });
+        let shadow = self.layer.shadow;
+        let check: CheckFuture<Req> = match &self.layer.gate {
+            Gate::Check(limiter) => {
+                let limiter = limiter.clone();
+                let mode = Mode::CHECK.shadowed(shadow);
+                Box::pin(async move {
+                    let outcome = limiter.wait_within(&ids, cost, mode, max_wait).await;
+                    (outcome, req)
+                })
+            }
+            Gate::Schedule(scheduler) => {
+                let scheduler = scheduler.clone();
+                Box::pin(async move {
+                    let outcome = wait_for_slot(&scheduler, &ids, cost, max_wait, shadow).await;
+                    (outcome, req)
+                })
+            }
+        };
         let clone = self.inner.clone();
         let ready = std::mem::replace(&mut self.inner, clone);
         if max_wait.is_zero() {
@@ -95,28 +108,41 @@ where
     }
 }
 
-/// Checks (in `mode`) until the limiter admits the request, as long as the wait ends by
-/// `max_wait` from now; the decision that admits it, or the one that does not within
-/// `max_wait`.
+/// Waits for the request's slot in `scheduler`'s queue of its one identifier, when it lies at
+/// most `max_wait` ahead. In shadow mode the request is placed as when enforcing and goes at
+/// once, rejected or not.
 ///
 /// # Errors
 ///
-/// The limiter's, when a check fails.
-async fn check_waiting(
-    limiter: &Limiter,
+/// [`Error::NoIdentifiers`], [`Error::NotOneIdentifier`], and the scheduler's own.
+async fn wait_for_slot(
+    scheduler: &Scheduler,
     ids: &[String],
     cost: u64,
     max_wait: Duration,
-    mode: Mode,
+    shadow: bool,
 ) -> Result<Decision, Error> {
-    let deadline = tokio::time::Instant::now() + max_wait;
-    loop {
-        let decision = limiter.run(ids, cost, mode).await?;
-        match decision.retry_after() {
-            Some(wait) if tokio::time::Instant::now() + wait <= deadline => {
-                tokio::time::sleep(wait).await;
+    let id = match ids {
+        [] => return Err(Error::NoIdentifiers),
+        [first, rest @ ..] => match rest.iter().filter(|i| *i != first).count() {
+            0 => first,
+            // distinct identifiers, the first one included
+            _ => {
+                let mut distinct: Vec<&String> = ids.iter().collect();
+                distinct.sort();
+                distinct.dedup();
+                return Err(Error::NotOneIdentifier(distinct.len()));
             }
-            _ => return Ok(decision),
-        }
+        },
+    };
+    if !shadow {
+        return scheduler.schedule_n(id, cost, max_wait).await;
     }
+    let (mut decision, pending) = scheduler.place(id, cost, max_wait).await?;
+    if let Some(mut pending) = pending {
+        // charged as when enforcing: the slot stays taken
+        pending.store = None;
+    }
+    decision.shadow = true;
+    Ok(decision)
 }

@@ -64,6 +64,7 @@ use std::sync::Arc;
 
 use super::{ConfigError, ConfigErrorKind};
 use crate::algorithm;
+use crate::algorithm::schedule::Rate;
 use crate::policy::{Algorithm, Limit};
 
 /// Identifiers longer than this (escaped) are hashed.
@@ -112,7 +113,12 @@ fn limit_tag(out: &mut String, limit: &Limit, count: bool) {
     if count || rate {
         let _ = write!(out, "{}/", limit.count());
     }
-    let ms = limit.window_us() / 1000;
+    window_tag(out, limit.window_us());
+}
+
+/// A window in its largest whole unit (`d`, `h`, `m`, `s` or `ms`): `1s`, `90m`, `1300ms`.
+fn window_tag(out: &mut String, window_us: u64) {
+    let ms = window_us / 1000;
     let (n, unit) = [
         (86_400_000, "d"),
         (3_600_000, "h"),
@@ -262,6 +268,24 @@ impl fmt::Display for Namespace {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.0)
     }
+}
+
+/// Builds the key of a scheduler's queue for an identifier: `PREFIX:{ID}:q4/1s`, the rate in
+/// the same form as a limit's name (`q`, the count, `/`, the window), then the burst after `b`
+/// when it is not 1 (`q4/1sb3`). `escaped` comes from [`escape_identifier`]. A queue holds
+/// another kind of state than any limit; its letter is none of theirs, so the two never meet.
+pub(crate) fn schedule_key(prefix: &str, escaped: &str, rate: &Rate) -> String {
+    let mut out = String::with_capacity(prefix.len() + escaped.len() + 16);
+    out.push_str(prefix);
+    out.push_str(":{");
+    out.push_str(escaped);
+    out.push_str("}:q");
+    let _ = write!(out, "{}/", rate.count);
+    window_tag(&mut out, rate.window_us);
+    if rate.burst != 1 {
+        let _ = write!(out, "b{}", rate.burst);
+    }
+    out
 }
 
 /// Whether `prefix` is usable: not empty, no braces (they would break the hash tag).
@@ -461,6 +485,34 @@ mod tests {
             assert_eq!(Namespace::new(good).unwrap().as_str(), good);
         }
         assert!("a:b".parse::<Namespace>().is_err());
+    }
+
+    #[test]
+    fn schedule_keys_name_the_rate_and_never_meet_limit_keys() {
+        let id = escape_identifier("psp:acme");
+        let rate = |count, window_us, burst| Rate {
+            count,
+            window_us,
+            burst,
+        };
+        assert_eq!(
+            schedule_key("rl", &id, &rate(4, 1_000_000, 1)),
+            "rl:{psp:acme}:q4/1s"
+        );
+        assert_eq!(
+            schedule_key("rl", &id, &rate(3, 1_300_000, 2)),
+            "rl:{psp:acme}:q3/1300msb2"
+        );
+        let letters = [
+            Algorithm::SlidingLog,
+            Algorithm::SlidingWindow,
+            Algorithm::FixedWindow,
+            Algorithm::TokenBucket { capacity: 1 },
+            Algorithm::Gcra { burst: 1 },
+            Algorithm::Concurrency,
+        ]
+        .map(|a| a.key_letter());
+        assert!(!letters.contains(&'q'));
     }
 
     #[test]

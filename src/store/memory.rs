@@ -25,6 +25,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use super::keyspace;
 use super::lease::{KeeperSlot, Lease};
 use super::{Outcome, Plan};
+use crate::algorithm::schedule::{self, Placement, Rate};
 use crate::algorithm::{self, Layout, State};
 use crate::clock::{system_micros, Clock};
 
@@ -131,14 +132,20 @@ impl MemoryStore {
         self.len() == 0
     }
 
+    #[allow(dead_code)]
     pub(crate) fn check(&self, plan: &Plan<'_>) -> Outcome {
-        self.decide(plan, true)
+        self.check_within(plan, 0)
+    }
+
+    /// A check that may wait up to `max_wait_us` to be admitted (`algorithm::decide_within`).
+    pub(crate) fn check_within(&self, plan: &Plan<'_>, max_wait_us: u64) -> Outcome {
+        self.decide(plan, Some(max_wait_us))
     }
 
     /// What a check of `plan` would decide now; no state changes (one that expired may be
     /// dropped: it decides like none).
     pub(crate) fn peek(&self, plan: &Plan<'_>) -> Outcome {
-        self.decide(plan, false)
+        self.decide(plan, None)
     }
 
     /// Forgets every state of `plan`'s identifiers for its limits: they start afresh.
@@ -162,8 +169,9 @@ impl MemoryStore {
         (layout, pairs)
     }
 
-    /// A check (`charge`), or a peek: the same evaluation, and only a check writes.
-    fn decide(&self, plan: &Plan<'_>, charge: bool) -> Outcome {
+    /// A check that may wait up to `charge`'s µs, or (`None`) a peek: the same evaluation,
+    /// and only a check writes.
+    fn decide(&self, plan: &Plan<'_>, charge: Option<u64>) -> Outcome {
         let inner = &*self.inner;
         let now = self.now();
         let (layout, pairs) = self.keys(plan);
@@ -190,17 +198,17 @@ impl MemoryStore {
                 stored.filter(|st| st.expires_at > now).map(|st| st.state)
             })
             .collect();
-        let outcome = if charge {
-            algorithm::decide(
+        let outcome = match charge {
+            Some(max_wait_us) => algorithm::decide_within(
                 &mut states,
                 &layout,
                 plan.limits,
                 now,
                 plan.cost,
                 plan.lease,
-            )
-        } else {
-            algorithm::peek(&mut states, &layout, plan.limits, now, plan.cost)
+                max_wait_us,
+            ),
+            None => algorithm::peek(&mut states, &layout, plan.limits, now, plan.cost),
         };
         for (k, ((s, key), state)) in pairs.iter().zip(states).enumerate() {
             let Some(state) = state else { continue };
@@ -209,8 +217,8 @@ impl MemoryStore {
                 make_room(shard, now, inner.max_per_shard, &pairs);
             }
             let expires_at = match charge {
-                true => algorithm::expires_at(&state, &layout, plan.limits, k % per_id),
-                false => expiry[k],
+                Some(_) => algorithm::expires_at(&state, &layout, plan.limits, k % per_id),
+                None => expiry[k],
             };
             shard.map.insert(key.clone(), Stored { state, expires_at });
         }
@@ -238,14 +246,7 @@ impl MemoryStore {
     pub(crate) fn refund(&self, plan: &Plan<'_>, at_us: u64) {
         let inner = &*self.inner;
         let now = self.now();
-        let layout = Layout::of(plan.limits);
-        let per_id = layout.keys_per_id();
-        let keys: Vec<(usize, String)> = plan
-            .ids
-            .iter()
-            .flat_map(|id| (0..per_id).map(|k| key_of(id, k, &layout, plan.limits)))
-            .map(|k| ((inner.hasher.hash_one(&k) as usize) % SHARDS, k))
-            .collect();
+        let (layout, keys) = self.keys(plan);
         // every shard involved, locked in index order, as a check locks them
         let mut shard_ids: Vec<usize> = keys.iter().map(|(s, _)| *s).collect();
         shard_ids.sort_unstable();
@@ -302,6 +303,48 @@ impl MemoryStore {
                 });
             }
         }
+    }
+
+    /// Places an event in the queue at `key` (the scheduler's; see `algorithm::schedule`).
+    pub(crate) fn schedule(&self, key: &str, rate: &Rate, cost: u64, longest_us: u64) -> Placement {
+        let now = self.now();
+        let inner = &*self.inner;
+        let s = (inner.hasher.hash_one(key) as usize) % SHARDS;
+        let mut shard = lock(&inner.shards[s]);
+        let stored = shard
+            .map
+            .get(key)
+            .filter(|st| st.expires_at > now)
+            .and_then(|st| schedule::from_state(&st.state));
+        let placement = schedule::place(stored, rate, now, cost, longest_us);
+        if placement.placed {
+            if !shard.map.contains_key(key) {
+                make_room(
+                    &mut shard,
+                    now,
+                    inner.max_per_shard,
+                    &[(s, key.to_string())],
+                );
+            }
+            let stored = Stored {
+                state: schedule::to_state(placement.after),
+                expires_at: schedule::expires_at(placement.after),
+            };
+            shard.map.insert(key.to_string(), stored);
+        }
+        placement
+    }
+
+    /// Gives a placement's slot back when it is still the last one placed; whether it did.
+    pub(crate) fn give_back(&self, key: &str, placement: &Placement) -> bool {
+        let mut done = false;
+        self.with_state(key, |stored| {
+            if let Some(mut tat) = schedule::from_state(&stored.state) {
+                done = schedule::give_back(&mut tat, placement);
+                stored.state = schedule::to_state(tat);
+            }
+        });
+        done
     }
 
     #[cfg(test)]
@@ -423,6 +466,7 @@ mod tests {
             .to_vec();
         let ids = ["a".to_string()];
         let plan = |lease| Plan {
+            namespace: None,
             ids: &ids,
             limits: &limits,
             cost: 2,

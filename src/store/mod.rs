@@ -18,6 +18,7 @@ pub(crate) mod redis;
 #[cfg(feature = "redis")]
 mod script;
 
+use crate::algorithm::schedule::{Placement, Rate};
 pub(crate) use crate::algorithm::Outcome;
 pub use error::{ConfigError, ConfigErrorKind, Misconfiguration, MisconfigurationKind, StoreError};
 pub use keyspace::Namespace;
@@ -75,10 +76,65 @@ pub(crate) enum LetGo {
 
 impl Store {
     pub(crate) async fn check(&self, plan: &Plan<'_>) -> Result<Outcome, StoreError> {
+        self.check_within(plan, 0).await
+    }
+
+    /// A check that, when denied now, is admitted as of the earliest time every limit admits
+    /// it, if that lies at most `max_wait_us` ahead (`algorithm::reserve`): the outcome's
+    /// `wait_us` says how long the caller waits for it. Not for policies with a concurrency
+    /// limit.
+    pub(crate) async fn check_within(
+        &self,
+        plan: &Plan<'_>,
+        max_wait_us: u64,
+    ) -> Result<Outcome, StoreError> {
         match self {
-            Store::Memory(m) => Ok(m.check(plan)),
+            Store::Memory(m) => Ok(m.check_within(plan, max_wait_us)),
             #[cfg(feature = "redis")]
-            Store::Redis(r) => r.check(plan).await,
+            Store::Redis(r) => r.check_within(plan, max_wait_us).await,
+        }
+    }
+
+    /// Places an event of `cost` in the scheduler's queue of `escaped_id` at `rate`, when its
+    /// wait is at most `longest_us`; the placement and the queue's key.
+    pub(crate) async fn schedule(
+        &self,
+        escaped_id: &str,
+        rate: &Rate,
+        cost: u64,
+        longest_us: u64,
+    ) -> Result<(Placement, String), StoreError> {
+        match self {
+            Store::Memory(m) => {
+                let key = keyspace::schedule_key(memory::PREFIX, escaped_id, rate);
+                Ok((m.schedule(&key, rate, cost, longest_us), key))
+            }
+            #[cfg(feature = "redis")]
+            Store::Redis(r) => {
+                let key = keyspace::schedule_key(r.prefix(), escaped_id, rate);
+                Ok((r.schedule(&key, rate, cost, longest_us).await?, key))
+            }
+        }
+    }
+
+    /// Gives a slot back without waiting (from `Drop`): in process at once; for Redis in a
+    /// task of its own, once, on the current Tokio runtime (without one, the slot stays
+    /// used). Best effort: a give-back that fails leaves the slot used, as one that comes
+    /// after a later placement does.
+    pub(crate) fn give_back_soon(&self, key: String, placement: Placement) {
+        match self {
+            Store::Memory(m) => {
+                m.give_back(&key, &placement);
+            }
+            #[cfg(feature = "redis")]
+            Store::Redis(r) => {
+                if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                    let r = r.clone();
+                    runtime.spawn(async move {
+                        let _ = r.give_back(&key, &placement).await;
+                    });
+                }
+            }
         }
     }
 

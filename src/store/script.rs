@@ -22,6 +22,8 @@ use super::keyspace;
 use super::{Outcome, Plan, StoreError};
 use crate::algorithm::{self, rolling_window, Counter, Entry, Layout, State};
 use crate::policy::{Algorithm, Limit};
+pub(crate) use reserve::reserve_arg;
+use reserve::{retries_of, stamp_and_wait};
 
 const PRELUDE: &str = include_str!("../../lua/prelude.lua");
 const DRIVER: &str = include_str!("../../lua/check.lua");
@@ -32,6 +34,7 @@ const ROLLING_WINDOW_WIDE: &str = include_str!("../../lua/rolling_window_wide.lu
 const FIXED_WINDOW: &str = include_str!("../../lua/fixed_window.lua");
 const GCRA: &str = include_str!("../../lua/gcra.lua");
 const CONCURRENCY: &str = include_str!("../../lua/concurrency.lua");
+const RESERVE: &str = include_str!("../../lua/reserve.lua");
 
 /// The largest integer a double holds exactly: 2^53.
 const MAX_EXACT: f64 = 9_007_199_254_740_992.0;
@@ -96,7 +99,7 @@ pub(crate) struct CheckScript {
 }
 
 /// The text of a Lua file's section `name` (empty when it has none).
-fn section<'a>(file: &'a str, name: &str) -> &'a str {
+pub(crate) fn section<'a>(file: &'a str, name: &str) -> &'a str {
     let marker = format!("--@ {name}\n");
     let Some(start) = file.find(&marker).map(|i| i + marker.len()) else {
         return "";
@@ -155,16 +158,39 @@ fn fill(out: &mut String, text: &str, vars: &[(&str, String)]) {
     out.push_str(rest);
 }
 
-/// The placeholders of limit `l` (key `key` of its identifier).
-fn limit_vars(limits: &[Limit], l: usize, key: usize) -> Vec<(&'static str, String)> {
+/// The placeholders of limit `l` (key `key` of its identifier), in the script of a check that
+/// may wait when `reserving`.
+fn limit_vars(
+    limits: &[Limit],
+    l: usize,
+    key: usize,
+    reserving: bool,
+) -> Vec<(&'static str, String)> {
     let limit = &limits[l];
     let (n, w) = (limit.count(), limit.window_us());
+    let ttl = w.div_ceil(1000) + 1;
+    let (cut, life) = if reserving {
+        (
+            format!("string.format('%d', real - {w})"),
+            // longer by the wait; with a caller's clock at least a minute, as a packed key's
+            // (Redis' clock, on which the TTL runs, does not follow the caller's, and a
+            // waiting caller sleeps in real time)
+            format!(
+                "string.format('%d', (realtime and {ttl} or {}) + math.ceil((now - real) / 1000))",
+                ttl.max(60_000)
+            ),
+        )
+    } else {
+        (format!("string.sub(live{}, 2)", l + 1), format!("'{ttl}'"))
+    };
     let mut vars = vec![
         ("x", (l + 1).to_string()),
         ("n", n.to_string()),
         ("w", w.to_string()),
         ("key", format!("KEYS[base + {}]", key + 1)),
-        ("ttl", (w.div_ceil(1000) + 1).to_string()),
+        ("ttl", ttl.to_string()),
+        ("cut", cut),
+        ("life", life),
     ];
     if limit.algorithm() == Algorithm::RollingWindow {
         // the sub-window; for a compact ring, base - 1 and the powers of the base
@@ -211,7 +237,18 @@ fn fragments_of(
 
 /// The check script of a policy for `ids` identifiers: the text, and what reading its reply
 /// needs.
+#[cfg(test)]
 fn generate(limits: &[Limit], ids: usize) -> (String, Layout, Vec<usize>, Vec<Wire>) {
+    generate_within(limits, ids, false)
+}
+
+/// [`generate`], or when `reserving` (a policy without a concurrency limit) the script of a
+/// check that may wait: phase 1 in passes (`lua/reserve.lua`).
+fn generate_within(
+    limits: &[Limit],
+    ids: usize,
+    reserving: bool,
+) -> (String, Layout, Vec<usize>, Vec<Wire>) {
     let layout = Layout::of(limits);
     let per_id = layout.keys_per_id();
     let packed: Vec<usize> = layout
@@ -258,6 +295,11 @@ fn generate(limits: &[Limit], ids: usize) -> (String, Layout, Vec<usize>, Vec<Wi
             list(&|j| format!("KEYS[{}]", (j - 1) * per_id + 1)),
         ),
         ("most", most.to_string()),
+        (
+            "skip",
+            if reserving { "false" } else { "not ok" }.to_string(),
+        ),
+        ("real", if reserving { "real" } else { "now" }.to_string()),
     ];
     let id_vars = |j: usize| {
         let mut v = common.clone();
@@ -275,7 +317,7 @@ fn generate(limits: &[Limit], ids: usize) -> (String, Layout, Vec<usize>, Vec<Wi
         v
     };
     let vars: Vec<_> = (0..limits.len())
-        .map(|l| limit_vars(limits, l, layout.key_of(l)))
+        .map(|l| limit_vars(limits, l, layout.key_of(l), reserving))
         .collect();
 
     let mut out = String::with_capacity(4096 * ids);
@@ -286,6 +328,9 @@ fn generate(limits: &[Limit], ids: usize) -> (String, Layout, Vec<usize>, Vec<Wi
 
     out.push_str(section(PRELUDE, "clock"));
     driver(&mut out, "head", &common);
+    if reserving {
+        out.push_str(section(RESERVE, "pass_open"));
+    }
     fragments_of(&mut out, limits, &vars, &all, "prepare", false);
     if !packed.is_empty() {
         driver(
@@ -305,6 +350,9 @@ fn generate(limits: &[Limit], ids: usize) -> (String, Layout, Vec<usize>, Vec<Wi
             driver(&mut out, "ttl", &v);
             driver(&mut out, "stored", &v);
             fragments_of(&mut out, limits, &vars, &packed, "evaluate", true);
+            if reserving {
+                retries_of(&mut out, limits, &vars, &packed, true);
+            }
             driver(&mut out, "pack_open", &v);
             fragments_of(&mut out, limits, &vars, &packed, "commit", true);
             fragments_of(&mut out, limits, &vars, &packed, "expires", true);
@@ -313,7 +361,13 @@ fn generate(limits: &[Limit], ids: usize) -> (String, Layout, Vec<usize>, Vec<Wi
             driver(&mut out, "stored_close", &v);
         }
         fragments_of(&mut out, limits, &vars, &sorted, "evaluate", false);
+        if reserving {
+            retries_of(&mut out, limits, &vars, &sorted, false);
+        }
         driver(&mut out, "id_close", &v);
+    }
+    if reserving {
+        out.push_str(section(RESERVE, "pass_final"));
     }
     // phase 2: write, only when every pair admits
     driver(&mut out, "phase2", &common);
@@ -345,15 +399,28 @@ fn generate(limits: &[Limit], ids: usize) -> (String, Layout, Vec<usize>, Vec<Wi
         }
         driver(&mut out, "tail", &common);
     }
+    if reserving {
+        out.push_str(section(RESERVE, "pass_close"));
+    }
     (out, layout, packed, wire)
 }
 
 /// The check script of `limits` for `ids` identifiers, generated on first use and then cached.
 pub(crate) fn check_script(limits: &[Limit], ids: usize) -> Arc<CheckScript> {
-    type Cache = HashMap<(Vec<Limit>, usize), Arc<CheckScript>>;
+    check_script_within(limits, ids, false)
+}
+
+/// [`check_script`], or when `reserving` the script of a check that may wait (for a policy
+/// without a concurrency limit).
+pub(crate) fn check_script_within(
+    limits: &[Limit],
+    ids: usize,
+    reserving: bool,
+) -> Arc<CheckScript> {
+    type Cache = HashMap<(Vec<Limit>, usize, bool), Arc<CheckScript>>;
     static CACHE: OnceLock<Mutex<Cache>> = OnceLock::new();
     let cache = CACHE.get_or_init(Mutex::default);
-    let key = (limits.to_vec(), ids);
+    let key = (limits.to_vec(), ids, reserving);
     if let Some(found) = cache
         .lock()
         .unwrap_or_else(PoisonError::into_inner)
@@ -361,7 +428,7 @@ pub(crate) fn check_script(limits: &[Limit], ids: usize) -> Arc<CheckScript> {
     {
         return found.clone();
     }
-    let (text, layout, packed, wire) = generate(limits, ids);
+    let (text, layout, packed, wire) = generate_within(limits, ids, reserving);
     let compiled = Arc::new(CheckScript {
         script: Script::new(&text),
         layout,
@@ -482,19 +549,26 @@ pub(crate) fn parse_reply(
     compiled: &CheckScript,
     plan: &Plan<'_>,
 ) -> Result<Outcome, StoreError> {
-    let (allowed, now, mut states) = read_reply(reply, compiled, plan)?;
-    let layout = &compiled.layout;
-    let outcome = algorithm::decide(&mut states, layout, plan.limits, now, plan.cost, plan.lease);
+    let (allowed, now, wait, mut states) = read_reply(reply, compiled, plan)?;
+    let outcome = algorithm::decide_at(
+        &mut states,
+        &compiled.layout,
+        plan.limits,
+        now,
+        now + wait,
+        plan.cost,
+        plan.lease,
+    );
     agree(allowed, outcome)
 }
 
-/// The script's verdict, the time it read and the states it returned (a sorted set's as the
-/// script's report on it).
+/// The script's verdict, the time it read, the wait it decided (0 but for a check that may
+/// wait) and the states it returned (a sorted set's as the script's report on it).
 fn read_reply(
     reply: Value,
     compiled: &CheckScript,
     plan: &Plan<'_>,
-) -> Result<(bool, u64, Vec<Option<State>>), StoreError> {
+) -> Result<(bool, u64, u64, Vec<Option<State>>), StoreError> {
     let layout = &compiled.layout;
     let ids = plan.ids.len();
     let sorted = layout.keys_per_id() - usize::from(layout.has_packed());
@@ -511,7 +585,7 @@ fn read_reply(
         Some(b'0') => false,
         _ => return Err(unexpected("a reply without a verdict")),
     };
-    let now = stamp(&reply[1..split])?;
+    let (now, wait) = stamp_and_wait(&reply[1..split])?;
     let state_len = if layout.has_packed() {
         compiled.wire.iter().map(|w| w.len()).sum()
     } else {
@@ -554,7 +628,7 @@ fn read_reply(
             })));
         }
     }
-    Ok((allowed, now, states))
+    Ok((allowed, now, wait, states))
 }
 
 /// The twin's outcome, if the script's verdict agrees with it.
@@ -571,6 +645,7 @@ fn agree(allowed: bool, outcome: Outcome) -> Result<Outcome, StoreError> {
 
 mod peek;
 mod refund;
+mod reserve;
 
 pub(crate) use peek::{parse_peek_reply, peek_script};
 pub(crate) use refund::{refund_args, refund_script};

@@ -29,6 +29,7 @@ use crate::clock::Clock;
 
 mod cluster;
 mod connection;
+mod schedule;
 mod sentinel;
 mod split;
 mod url;
@@ -278,24 +279,54 @@ impl RedisStore {
         &self.clock
     }
 
-    /// One check. In a cluster, identifiers in several hash slots are checked one call per
-    /// slot ([`check_split`](Self::check_split)); otherwise it is one call.
-    pub(crate) async fn check(&self, plan: &Plan<'_>) -> Result<Outcome, StoreError> {
+    /// One check that may wait up to `max_wait_us` to be admitted (see `Store::check_within`).
+    /// In a cluster, identifiers in several hash slots are checked one call per slot
+    /// ([`check_split`](Self::check_split)); otherwise it is one call.
+    ///
+    /// No one script call can reserve a time across slots, so a check across slots that may
+    /// wait is checked, and checked again when its denial says the cost may fit, as long as
+    /// that lies within the wait (the way a policy with a concurrency limit waits).
+    pub(crate) async fn check_within(
+        &self,
+        plan: &Plan<'_>,
+        max_wait_us: u64,
+    ) -> Result<Outcome, StoreError> {
         let groups = self.slot_groups(plan.ids);
-        if groups.len() > 1 {
-            return self.check_split(plan, &groups).await;
+        if groups.len() <= 1 {
+            return self.check_call(plan, max_wait_us).await;
         }
-        self.check_call(plan).await
+        let deadline = Instant::now() + Duration::from_micros(max_wait_us);
+        loop {
+            let outcome = self.check_split(plan, &groups).await?;
+            if outcome.allowed || max_wait_us == 0 {
+                return Ok(outcome);
+            }
+            let retry = outcome.entries.iter().map(|e| e.retry_after_us).max();
+            let at = Instant::now() + Duration::from_micros(retry.unwrap_or(0).max(1));
+            if at > deadline {
+                return Ok(outcome);
+            }
+            tokio::time::sleep_until(at).await;
+        }
     }
 
     /// One check as one script call (its keys in one slot), through the breaker: while Redis
-    /// is known to be failing it fails at once.
-    pub(crate) async fn check_call(&self, plan: &Plan<'_>) -> Result<Outcome, StoreError> {
+    /// is known to be failing it fails at once. It may wait up to `max_wait_us` to be admitted.
+    pub(crate) async fn check_call(
+        &self,
+        plan: &Plan<'_>,
+        max_wait_us: u64,
+    ) -> Result<Outcome, StoreError> {
         let call = async {
-            let compiled = script::check_script(plan.limits, plan.ids.len());
+            // a check that may wait has a script of its own (never with a concurrency limit)
+            let reserving = max_wait_us > 0 && plan.lease.is_empty();
+            let compiled = script::check_script_within(plan.limits, plan.ids.len(), reserving);
             let mut call = compiled.script.prepare_invoke();
             let now = self.clock.manual_now();
             script::check_args(&mut call, &compiled, &self.prefix, now, plan);
+            if reserving {
+                script::reserve_arg(&mut call, now, max_wait_us);
+            }
             let reply: redis::Value = self
                 .run(|mut conn| async move { call.invoke_async(&mut conn).await })
                 .await?;

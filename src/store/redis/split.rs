@@ -30,7 +30,7 @@ impl RedisStore {
         let call = async {
             let compiled = script::refund_script(plan.limits, plan.ids.len());
             let mut call = compiled.script.prepare_invoke();
-            script::refund_args(&mut call, &compiled, &self.prefix, plan, at_us);
+            script::refund_args(&mut call, &self.prefix, plan, at_us);
             self.run(|mut conn| async move { call.invoke_async::<()>(&mut conn).await })
                 .await
         };
@@ -76,7 +76,7 @@ impl RedisStore {
         groups: &[Vec<usize>],
     ) -> Result<Outcome, StoreError> {
         if !partitions(groups, plan.ids.len()) {
-            return self.check_call(plan).await;
+            return self.check_call(plan, 0).await;
         }
         let ids: Vec<Vec<String>> = groups
             .iter()
@@ -86,12 +86,13 @@ impl RedisStore {
             .iter()
             .map(|ids| Plan {
                 ids,
+                namespace: plan.namespace,
                 limits: plan.limits,
                 cost: plan.cost,
                 lease: plan.lease,
             })
             .collect();
-        let results = join_all(plans.iter().map(|p| self.check_call(p)).collect()).await;
+        let results = join_all(plans.iter().map(|p| self.check_call(p, 0)).collect()).await;
 
         let admitted: Vec<(Vec<String>, u64)> = results
             .iter()
@@ -129,12 +130,14 @@ impl RedisStore {
     async fn refund_groups(&self, plan: &Plan<'_>, groups: Vec<(Vec<String>, u64)>) {
         let store = self.clone();
         let (limits, lease, cost) = (plan.limits.to_vec(), plan.lease.to_string(), plan.cost);
+        let namespace = plan.namespace.map(str::to_string);
         let task = async move {
             let calls = groups
                 .iter()
                 .map(|(ids, at)| {
                     let plan = Plan {
                         ids,
+                        namespace: namespace.as_deref(),
                         limits: &limits,
                         cost,
                         lease: &lease,
@@ -216,6 +219,7 @@ fn merge(
         allowed: outcomes.iter().all(|o| o.allowed),
         entries,
         at_us: outcomes.iter().map(|o| o.at_us).min()?,
+        wait_us: 0,
     })
 }
 

@@ -54,7 +54,7 @@ pub(crate) fn parse_peek_reply(
     compiled: &CheckScript,
     plan: &Plan<'_>,
 ) -> Result<Outcome, StoreError> {
-    let (allowed, now, mut states) = read_reply(reply, compiled, plan)?;
+    let (allowed, now, _, mut states) = read_reply(reply, compiled, plan)?;
     let outcome = algorithm::peek(&mut states, &compiled.layout, plan.limits, now, plan.cost);
     agree(allowed, outcome)
 }
@@ -108,7 +108,7 @@ pub(super) fn generate(limits: &[Limit], ids: usize) -> (String, Layout, Vec<usi
         v
     };
     let vars: Vec<_> = (0..limits.len())
-        .map(|l| limit_vars(limits, l, layout.key_of(l)))
+        .map(|l| limit_vars(limits, l, layout.key_of(l), false))
         .collect();
     let all: Vec<usize> = (0..limits.len()).collect();
 

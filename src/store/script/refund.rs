@@ -19,8 +19,6 @@ pub(super) const REFUND: &str = include_str!("../../../lua/refund.lua");
 #[derive(Debug)]
 pub(crate) struct RefundScript {
     pub(crate) script: Script,
-    /// Whether the identifier's first key is the packed one.
-    packed: bool,
 }
 
 /// The refund script of a policy for `ids` identifiers, and its packed fields' format.
@@ -44,7 +42,7 @@ pub(super) fn generate(limits: &[Limit], ids: usize) -> (String, String) {
         }
     }
     let vars: Vec<_> = (0..limits.len())
-        .map(|l| limit_vars(limits, l, layout.key_of(l)))
+        .map(|l| limit_vars(limits, l, layout.key_of(l), false))
         .collect();
     let driver = |out: &mut String, name: &str, vars: &[(&str, String)]| {
         fill(out, section(REFUND, name), vars)
@@ -89,7 +87,6 @@ pub(crate) fn refund_script(limits: &[Limit], ids: usize) -> Arc<RefundScript> {
     let (text, _) = generate(limits, ids);
     let compiled = Arc::new(RefundScript {
         script: Script::new(&text),
-        packed: Layout::of(limits).has_packed(),
     });
     let mut cache = cache.lock().unwrap_or_else(PoisonError::into_inner);
     if cache.len() >= MAX_CACHED {
@@ -103,7 +100,6 @@ pub(crate) fn refund_script(limits: &[Limit], ids: usize) -> Arc<RefundScript> {
 /// check's KEYS; ARGV: cost, the charge's time, the lease id (only with a concurrency limit).
 pub(crate) fn refund_args(
     call: &mut ScriptInvocation<'_>,
-    compiled: &RefundScript,
     prefix: &str,
     plan: &Plan<'_>,
     at_us: u64,

@@ -433,3 +433,27 @@ fn the_renew_script_is_the_prelude_and_renew_lua() {
 }
 
 mod refund;
+/// The script of a check that may wait fills every placeholder, for every algorithm but a
+/// concurrency limit (which cannot reserve), and leaves the ordinary script as it was.
+#[test]
+fn the_reserving_form_fills_every_placeholder() {
+    let shapes = [
+        "5/s log",
+        "5/s",
+        "5/s fixed",
+        "5/s gcra burst=2",
+        "5/s, 9/min log, 7/h fixed, 3/s bucket",
+    ];
+    for policy in shapes {
+        for ids in [1, 3] {
+            let (text, ..) = generate_within(&limits(policy), ids, true);
+            assert!(!text.contains('$'), "{policy}: a placeholder is left");
+            assert!(text.contains("for pass = 1, 3 do"), "{policy}");
+            assert!(text.contains("local reserve, real = tonumber(ARGV[3]), now"));
+            let (plain, ..) = generate(&limits(policy), ids);
+            assert!(!plain.contains("for pass"), "{policy}");
+            assert!(!plain.contains("real -"), "{policy}");
+            assert!(!plain.contains("ARGV[3]"), "{policy}");
+        }
+    }
+}

@@ -81,12 +81,13 @@ impl Pair {
         let ids: Vec<String> = ids.iter().map(|s| s.to_string()).collect();
         let lease = self.lease();
         let plan = Plan {
+            namespace: None,
             ids: &ids,
             limits: &self.limits,
             cost,
             lease: &lease,
         };
-        let redis = self.redis.check(&plan).await.unwrap();
+        let redis = self.redis.check_within(&plan, 0).await.unwrap();
         let memory = self.memory.check(&plan);
         assert_eq!(redis, memory, "{ids:?} cost {cost}");
         (redis, lease)
@@ -98,6 +99,7 @@ impl Pair {
         let ids: Vec<String> = ids.iter().map(|s| s.to_string()).collect();
         let lease = self.lease();
         let plan = Plan {
+            namespace: None,
             ids: &ids,
             limits: &self.limits,
             cost,
@@ -113,6 +115,7 @@ impl Pair {
     async fn refund(&self, ids: &[&str], cost: u64, lease: &str, at: u64) {
         let ids: Vec<String> = ids.iter().map(|s| s.to_string()).collect();
         let plan = Plan {
+            namespace: None,
             ids: &ids,
             limits: &self.limits,
             cost,
@@ -155,6 +158,7 @@ fn memory_split(memory: &MemoryStore, plan: &Plan<'_>, groups: &[Vec<usize>]) ->
     let plans: Vec<Plan<'_>> = ids
         .iter()
         .map(|ids| Plan {
+            namespace: None,
             ids,
             limits: plan.limits,
             cost: plan.cost,
@@ -250,9 +254,9 @@ fn a_refund_keeps_the_ttl_and_creates_no_key() {
         let mut p = Pair::new(&server, policy).await;
         let (out, lease) = p.check(&["a"], 2).await;
         assert!(out.allowed);
-        let packed = keyspace::packed_key(p.redis.prefix(), "a", &p.limits[..1]);
-        let log = keyspace::key(p.redis.prefix(), "a", &p.limits[1]);
-        let slots = keyspace::key(p.redis.prefix(), "a", &p.limits[2]);
+        let packed = keyspace::packed_key(p.redis.prefix(), "a", None, &p.limits[..1]);
+        let log = keyspace::key(p.redis.prefix(), "a", None, &p.limits[1]);
+        let slots = keyspace::key(p.redis.prefix(), "a", None, &p.limits[2]);
         let expiry = |conn: &mut redis::Connection, key: &str| -> i64 {
             redis::cmd("PEXPIRETIME").arg(key).query(conn).unwrap()
         };
@@ -277,10 +281,10 @@ fn a_refund_keeps_the_ttl_and_creates_no_key() {
         // a refund for an identifier never charged writes nothing
         p.refund(&["never"], 2, "lease-x", out.at_us).await;
         for limit in &p.limits {
-            let key = keyspace::key(p.redis.prefix(), "never", limit);
+            let key = keyspace::key(p.redis.prefix(), "never", None, limit);
             assert_eq!(exists(&mut conn, &key), 0, "{key}");
         }
-        let key = keyspace::packed_key(p.redis.prefix(), "never", &p.limits[..1]);
+        let key = keyspace::packed_key(p.redis.prefix(), "never", None, &p.limits[..1]);
         assert_eq!(exists(&mut conn, &key), 0);
     });
 }
@@ -298,7 +302,7 @@ fn log_members_stay_numbered_across_refunds() {
         p.refund(&["a"], 3, "", first.at_us).await;
         let (out, _) = p.check(&["a"], 2).await;
         assert_eq!(out.entries[0].remaining, 16);
-        let key = keyspace::key(p.redis.prefix(), "a", &p.limits[0]);
+        let key = keyspace::key(p.redis.prefix(), "a", None, &p.limits[0]);
         let mut members: Vec<String> = redis::cmd("ZRANGE")
             .arg(&key)
             .arg(0)
@@ -318,7 +322,7 @@ fn log_members_stay_numbered_across_refunds() {
         let (big, _) = p.check(&["a"], 1_200).await;
         assert!(big.allowed);
         p.refund(&["a"], 1_200, "", big.at_us).await;
-        let key = keyspace::key(p.redis.prefix(), "a", &p.limits[0]);
+        let key = keyspace::key(p.redis.prefix(), "a", None, &p.limits[0]);
         let count: i64 = redis::cmd("ZCARD").arg(&key).query(&mut conn).unwrap();
         assert_eq!(count, 300);
         assert_eq!(p.probe("a").await[0].entries[0].remaining, 1_699);
@@ -344,9 +348,9 @@ fn a_failing_group_fails_the_check_after_refunding_the_others() {
             let l = &p.limits;
             let key = if crate::algorithm::is_packed(&l[0]) {
                 let packed = l.iter().filter(|l| crate::algorithm::is_packed(l));
-                keyspace::packed_key(p.redis.prefix(), "b", packed)
+                keyspace::packed_key(p.redis.prefix(), "b", None, packed)
             } else {
-                keyspace::key(p.redis.prefix(), "b", &l[0])
+                keyspace::key(p.redis.prefix(), "b", None, &l[0])
             };
             let () = redis::cmd("SET")
                 .arg(&key)
@@ -356,6 +360,7 @@ fn a_failing_group_fails_the_check_after_refunding_the_others() {
             let ids = ["a".to_string(), "b".to_string()];
             let lease = p.lease();
             let plan = Plan {
+                namespace: None,
                 ids: &ids,
                 limits: &p.limits,
                 cost: 1,
@@ -383,6 +388,7 @@ fn groups_must_partition_the_identifiers() {
         assert!(out.allowed);
         let ids = ["a".to_string(), "b".to_string()];
         let plan = Plan {
+            namespace: None,
             ids: &ids,
             limits: &p.limits,
             cost: 1,
@@ -484,12 +490,13 @@ fn a_refund_that_fails_is_counted() {
             let p = Pair::new(&server, "5/min").await;
             let ids = vec!["a".to_string()];
             let plan = Plan {
+                namespace: None,
                 ids: &ids,
                 limits: &p.limits,
                 cost: 1,
                 lease: "",
             };
-            let out = p.redis.check(&plan).await.unwrap();
+            let out = p.redis.check_within(&plan, 0).await.unwrap();
             assert!(out.allowed);
             // Redis goes away before the refund
             drop(server);

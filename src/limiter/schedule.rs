@@ -1,0 +1,444 @@
+//! [`Scheduler`]: events paced to a rate across the fleet, each waiting for its own slot.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::{Error, OnStoreError};
+use crate::algorithm::schedule::{Placement, Rate};
+use crate::decision::{Decision, LimitStatus, Origin};
+use crate::observe::{self, Action};
+use crate::policy::{Algorithm, Limit};
+use crate::store::{keyspace, MemoryStore, Store, StoreError};
+
+/// The longest wait a caller may ask for: about 142 years, far past any real one, and small
+/// enough for every store's arithmetic.
+const LONGEST_WAIT_US: u64 = 1 << 52;
+
+/// Paces events to a rate, fleet-wide: each event of an identifier gets the next free slot
+/// (seed 000's leaky bucket), the caller sleeps until it, and an event whose slot lies further
+/// than the caller will wait is rejected at once without taking one.
+///
+/// For calls to a third party that limits you: where a [`Limiter`](crate::Limiter) answers
+/// "not now" and leaves the caller to retry, a scheduler answers "at 12:00:00.750" and every
+/// process of the fleet agrees on the order. With a [`RedisStore`](crate::RedisStore), one
+/// script call places the event (one key per identifier, in the identifier's hash slot, so
+/// Redis Cluster is fine); the [`MemoryStore`] places it the same way in process.
+///
+/// The rate is a [`Limit`]: `4/s` spaces events 250 ms apart. A GCRA's burst or a token
+/// bucket's capacity (`4/s gcra burst=2`, `4/s bucket capacity=2`) lets that many go at once
+/// before the spacing starts; every other algorithm means a burst of 1, evenly spaced events
+/// (a `4/s gcra` has a burst of 4, as a limit). A concurrency limit is read as its count per
+/// lease.
+///
+/// ```
+/// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+/// use std::time::Duration;
+/// use tollgate::{MemoryStore, Scheduler};
+///
+/// // At most 4 calls a second to the provider, evenly spaced; with a RedisStore, fleet-wide.
+/// let scheduler = Scheduler::new(MemoryStore::new(), "4/s".parse()?);
+/// for _ in 0..3 {
+///     // returns when the call may go (after 0, 250 and 500 ms), or at once when its slot
+///     // lies more than a second ahead
+///     let turn = scheduler.schedule("psp:acme", Duration::from_secs(1)).await?;
+///     if turn.is_allowed() {
+///         // call the provider
+///     } else {
+///         println!("rejected: the slot was {:?} away", turn.retry_after().unwrap());
+///     }
+/// }
+/// # Ok(()) }
+/// # tokio::runtime::Runtime::new().unwrap().block_on(run()).unwrap();
+/// ```
+///
+/// # A caller that gives up
+///
+/// Dropping the future of [`schedule`](Scheduler::schedule) before its slot gives the slot
+/// back when it is still the last one placed for its identifier (one compare-and-set script
+/// call, in the background): the next event goes where it would have. Otherwise its slot
+/// stays used and passes unused — the events placed after it keep their own slots, so nobody
+/// waits longer than they were told, but the queue does not close up behind it.
+///
+/// # When the store fails
+///
+/// As for a check: the scheduler's [`OnStoreError`] answers. Open lets the event go at once
+/// ([`Origin::FailOpen`]); closed fails with [`Error::Store`]; a fallback places the event in
+/// a queue in this process at the rate scaled to the process's share.
+#[derive(Clone)]
+pub struct Scheduler {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    store: Store,
+    limit: Limit,
+    rate: Rate,
+    on_error: OnStoreError,
+    /// The in-process queue and its rate, under [`OnStoreError::Fallback`].
+    fallback: Option<(Store, Limit, Rate)>,
+    name: Arc<str>,
+}
+
+impl fmt::Debug for Scheduler {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Scheduler")
+            .field("name", &self.inner.name)
+            .field("store", &self.inner.store)
+            .field("rate", &self.inner.limit.to_string())
+            .field("on_store_error", &self.inner.on_error)
+            .finish()
+    }
+}
+
+/// Configures a [`Scheduler`]: [`Scheduler::builder`].
+#[derive(Debug, Clone)]
+pub struct SchedulerBuilder {
+    store: Store,
+    rate: Limit,
+    on_error: OnStoreError,
+    name: Option<String>,
+}
+
+impl SchedulerBuilder {
+    /// What to do when the store cannot place an event (default: [`OnStoreError::Open`]).
+    pub fn on_store_error(mut self, on_error: OnStoreError) -> Self {
+        self.on_error = on_error;
+        self
+    }
+
+    /// The scheduler's name in logs and metric labels (default: the rate's text).
+    pub fn name(mut self, name: impl Into<String>) -> Self {
+        self.name = Some(name.into());
+        self
+    }
+
+    /// Builds the scheduler.
+    pub fn build(self) -> Scheduler {
+        let fallback = match self.on_error {
+            OnStoreError::Fallback(f) => {
+                let scaled = self.rate.scaled(f.share_of_fleet());
+                Some((Store::from(MemoryStore::new()), scaled, rate_of(&scaled)))
+            }
+            _ => None,
+        };
+        Scheduler {
+            inner: Arc::new(Inner {
+                name: self.name.unwrap_or_else(|| self.rate.to_string()).into(),
+                rate: rate_of(&self.rate),
+                limit: self.rate,
+                store: self.store,
+                on_error: self.on_error,
+                fallback,
+            }),
+        }
+    }
+}
+
+/// The pace of `limit`: its count per window, its burst (1 but for a bucket or a GCRA).
+fn rate_of(limit: &Limit) -> Rate {
+    let burst = match limit.algorithm() {
+        Algorithm::TokenBucket { capacity } => capacity,
+        Algorithm::Gcra { burst } => burst,
+        _ => 1,
+    };
+    Rate {
+        count: limit.count(),
+        window_us: limit.window().as_micros() as u64,
+        burst,
+    }
+}
+
+impl Scheduler {
+    /// A scheduler pacing events to `rate` with its queues in `store`, failing open when the
+    /// store fails ([`OnStoreError::Open`]).
+    pub fn new(store: impl Into<Store>, rate: Limit) -> Scheduler {
+        Scheduler::builder(store, rate).build()
+    }
+
+    /// Configures a scheduler pacing events to `rate` with its queues in `store`.
+    pub fn builder(store: impl Into<Store>, rate: Limit) -> SchedulerBuilder {
+        SchedulerBuilder {
+            store: store.into(),
+            rate,
+            on_error: OnStoreError::default(),
+            name: None,
+        }
+    }
+
+    /// The rate.
+    pub fn rate(&self) -> Limit {
+        self.inner.limit
+    }
+
+    /// The most events that may go at once (and so the largest cost of one event).
+    pub fn burst(&self) -> u64 {
+        self.inner.rate.burst
+    }
+
+    /// Waits for the next free slot of `identifier`, when it lies at most `max_wait` ahead.
+    /// See [`Scheduler::schedule_n`].
+    ///
+    /// # Errors
+    ///
+    /// As [`Scheduler::schedule_n`].
+    pub async fn schedule(&self, identifier: &str, max_wait: Duration) -> Result<Decision, Error> {
+        self.schedule_n(identifier, 1, max_wait).await
+    }
+
+    /// Places an event of `cost` intervals in `identifier`'s queue and waits for its slot,
+    /// when that lies at most `max_wait` ahead.
+    ///
+    /// The decision is allowed once the slot has come: the caller goes now. It is denied at
+    /// once, having taken no slot, when the slot would lie further ahead; its
+    /// [`retry_after`](Decision::retry_after) is then the wait the event would have needed.
+    /// Its one [status](Decision::statuses) names the rate, with `reset_after` the time until
+    /// the queue is empty and `remaining` 0.
+    ///
+    /// Dropping the future before the slot comes gives the slot back if no one was placed
+    /// after it (see [A caller that gives up](Scheduler#a-caller-that-gives-up)).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Cost`] when `cost` is 0 or more than the [burst](Scheduler::burst), and
+    /// [`Error::Store`] when the store could not place the event and the scheduler fails
+    /// closed ([`OnStoreError::Closed`]).
+    pub async fn schedule_n(
+        &self,
+        identifier: &str,
+        cost: u64,
+        max_wait: Duration,
+    ) -> Result<Decision, Error> {
+        let (decision, pending) = self.place(identifier, cost, max_wait).await?;
+        if let Some(mut pending) = pending {
+            tokio::time::sleep(Duration::from_micros(pending.placement.wait_us)).await;
+            // the slot has come: it is the caller's, whatever it does next
+            pending.store = None;
+        }
+        Ok(decision)
+    }
+
+    /// Places the event without waiting: the decision, and when its slot lies ahead the
+    /// pending slot, given back if dropped.
+    pub(crate) async fn place(
+        &self,
+        identifier: &str,
+        cost: u64,
+        max_wait: Duration,
+    ) -> Result<(Decision, Option<Pending>), Error> {
+        let inner = &*self.inner;
+        if cost == 0 || cost > inner.rate.burst {
+            return Err(Error::Cost {
+                cost,
+                max: inner.rate.burst,
+            });
+        }
+        let longest = u64::try_from(max_wait.as_micros())
+            .unwrap_or(u64::MAX)
+            .min(LONGEST_WAIT_US);
+        let id = keyspace::escape_identifier(identifier);
+        let error =
+            match place_in(&inner.store, &inner.limit, &inner.rate, &id, cost, longest).await {
+                Ok(placed) => return Ok(placed),
+                Err(e) => e,
+            };
+        let name = &*inner.name;
+        match (inner.on_error, &inner.fallback) {
+            (OnStoreError::Fallback(_), Some((store, limit, rate))) if cost <= rate.burst => {
+                observe::failure_answered(name, Action::Fallback, &error);
+                let (mut decision, pending) = place_in(store, limit, rate, &id, cost, longest)
+                    .await
+                    .map_err(Error::Store)?;
+                decision.origin = Origin::Fallback;
+                Ok((decision, pending))
+            }
+            (OnStoreError::Closed, _) | (OnStoreError::Fallback(_), _) => {
+                observe::failure_answered(name, Action::Closed, &error);
+                Err(Error::Store(error))
+            }
+            _ => {
+                observe::failure_answered(name, Action::Open, &error);
+                Ok((Decision::unchecked(cost), None))
+            }
+        }
+    }
+}
+
+/// Places the event in `store`'s queue for `id` (escaped).
+async fn place_in(
+    store: &Store,
+    limit: &Limit,
+    rate: &Rate,
+    id: &str,
+    cost: u64,
+    longest: u64,
+) -> Result<(Decision, Option<Pending>), StoreError> {
+    let (placement, key) = store.schedule(id, rate, cost, longest).await?;
+    let status = LimitStatus {
+        identifier: 0,
+        limit_index: 0,
+        limit: *limit,
+        allowed: placement.placed,
+        remaining: 0,
+        reset_after: Duration::from_micros(placement.drain_us),
+        retry_after: (!placement.placed).then(|| Duration::from_micros(placement.wait_us)),
+    };
+    let decision = Decision {
+        allowed: placement.placed,
+        shadow: false,
+        cost,
+        statuses: vec![status],
+        guard: None,
+        origin: Origin::Store,
+    };
+    let pending = (placement.placed && placement.wait_us > 0).then(|| Pending {
+        store: Some(store.clone()),
+        key,
+        placement,
+    });
+    Ok((decision, pending))
+}
+
+/// A slot placed but not yet come: dropped before [`Pending::store`] is cleared, it is given
+/// back (in the background, when it is still the last one placed).
+pub(crate) struct Pending {
+    pub(crate) store: Option<Store>,
+    key: String,
+    pub(crate) placement: Placement,
+}
+
+impl fmt::Debug for Pending {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Pending")
+            .field("key", &self.key)
+            .field("wait_us", &self.placement.wait_us)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        if let Some(store) = self.store.take() {
+            store.give_back_soon(std::mem::take(&mut self.key), self.placement);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::{Clock, ManualClock};
+
+    const MS: u64 = 1000;
+
+    fn scheduler(clock: &ManualClock, rate: &str) -> Scheduler {
+        let store = MemoryStore::builder()
+            .clock(Clock::Manual(clock.clone()))
+            .build();
+        Scheduler::new(store, rate.parse().unwrap())
+    }
+
+    /// Places `events` at the clock's time through `schedulers` in turn: each one's wait
+    /// (µs), or `None` when rejected.
+    async fn waits(
+        schedulers: &[Scheduler],
+        events: usize,
+        max_wait: Duration,
+    ) -> Vec<Option<u64>> {
+        let mut out = Vec::new();
+        for i in 0..events {
+            let s = &schedulers[i % schedulers.len()];
+            let (decision, pending) = s.place("psp:acme", 1, max_wait).await.unwrap();
+            let wait = pending.as_ref().map_or(0, |p| p.placement.wait_us);
+            if let Some(mut p) = pending {
+                p.store = None;
+            }
+            out.push(match decision.retry_after() {
+                None => Some(wait),
+                Some(_) => None,
+            });
+        }
+        out
+    }
+
+    #[tokio::test]
+    async fn clones_share_one_queue_250_ms_apart() {
+        let clock = ManualClock::new(1_767_225_600_000_000);
+        let one = scheduler(&clock, "4/s");
+        let fleet = [one.clone(), one.clone(), one];
+        let w = waits(&fleet, 40, Duration::from_secs(11)).await;
+        let expected: Vec<Option<u64>> = (0..40).map(|i| Some(i * 250 * MS)).collect();
+        assert_eq!(w, expected);
+    }
+
+    #[tokio::test]
+    async fn past_the_longest_wait_the_excess_takes_no_slot() {
+        let clock = ManualClock::new(1_767_225_600_000_000);
+        let s = scheduler(&clock, "4/s");
+        let w = waits(std::slice::from_ref(&s), 40, Duration::from_secs(1)).await;
+        assert_eq!(
+            &w[..5],
+            [
+                Some(0),
+                Some(250 * MS),
+                Some(500 * MS),
+                Some(750 * MS),
+                Some(1000 * MS)
+            ]
+        );
+        assert!(w[5..].iter().all(Option::is_none));
+        // the rejected took nothing: 300 ms later, the next slot is the sixth, at 1250 ms
+        clock.advance(Duration::from_millis(300));
+        let d = s.schedule("psp:acme", Duration::ZERO).await.unwrap();
+        assert_eq!(d.retry_after(), Some(Duration::from_millis(950)));
+        assert_eq!(d.statuses()[0].reset_after, Duration::from_millis(950));
+    }
+
+    #[tokio::test]
+    async fn a_dropped_waiter_gives_its_slot_back_only_when_it_is_the_last() {
+        let clock = ManualClock::new(1_767_225_600_000_000);
+        let s = scheduler(&clock, "4/s");
+        let long = Duration::from_secs(5);
+        let (_, first) = s.place("psp:acme", 1, long).await.unwrap();
+        assert!(first.is_none(), "the first goes at once");
+        let (_, second) = s.place("psp:acme", 1, long).await.unwrap();
+        let (_, third) = s.place("psp:acme", 1, long).await.unwrap();
+        // the second is not the last one placed: its slot stays used
+        drop(second);
+        let next = |s: Scheduler| async move {
+            let (d, p) = s.place("psp:acme", 1, Duration::ZERO).await.unwrap();
+            drop(p);
+            d.retry_after()
+        };
+        assert_eq!(next(s.clone()).await, Some(Duration::from_millis(750)));
+        // the third is: the queue ends at 500 ms again
+        drop(third);
+        assert_eq!(next(s.clone()).await, Some(Duration::from_millis(500)));
+        // a caller that waited out its slot keeps it
+        let (_, p) = s.place("psp:acme", 1, long).await.unwrap();
+        let mut p = p.unwrap();
+        p.store = None;
+        drop(p);
+        assert_eq!(next(s).await, Some(Duration::from_millis(750)));
+    }
+
+    #[tokio::test]
+    async fn costs_past_the_burst_are_errors() {
+        let clock = ManualClock::new(1_767_225_600_000_000);
+        let s = scheduler(&clock, "4/s gcra burst=2");
+        assert_eq!(s.burst(), 2);
+        assert!(matches!(
+            s.schedule_n("a", 3, Duration::ZERO).await,
+            Err(Error::Cost { cost: 3, max: 2 })
+        ));
+        assert!(matches!(
+            s.schedule_n("a", 0, Duration::ZERO).await,
+            Err(Error::Cost { .. })
+        ));
+        // the burst goes at once
+        for _ in 0..2 {
+            assert!(s.schedule("a", Duration::ZERO).await.unwrap().is_allowed());
+        }
+        assert!(!s.schedule("a", Duration::ZERO).await.unwrap().is_allowed());
+    }
+}

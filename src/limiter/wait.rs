@@ -1,0 +1,328 @@
+//! Checks that wait to be admitted: [`Limiter::check_waiting`].
+
+use std::time::Duration;
+
+use super::{Error, Limiter, Mode};
+use crate::decision::Decision;
+
+impl Limiter {
+    /// Checks one request of cost 1, waiting up to `max_wait` for the limits to admit it. See
+    /// [`Limiter::check_n_waiting`].
+    ///
+    /// # Errors
+    ///
+    /// As [`Limiter::check_n`].
+    pub async fn check_waiting<I: AsRef<str>>(
+        &self,
+        identifiers: &[I],
+        max_wait: Duration,
+    ) -> Result<Decision, Error> {
+        self.check_n_waiting(identifiers, 1, max_wait).await
+    }
+
+    /// Checks one request of cost `cost` and, when the limits deny it now but admit it
+    /// within `max_wait`, reserves it: the request is charged as of the earliest time every
+    /// limit admits it for every identifier, and the returned future sleeps until then. A
+    /// request that would wait longer is denied at once, charged nothing, with its
+    /// [`retry_after`](Decision::retry_after).
+    ///
+    /// One store call decides and reserves (on Redis, one script call): waiting callers are
+    /// admitted in the order they asked, each at its own time, without re-checking. So with
+    /// `5/s log` and 20 requests at once that may wait 2 s, 5 go now, 5 at 1 s and 5 at 2 s,
+    /// and the last 5 are denied at once. A reservation holds until its time even when its
+    /// caller gives up (the future dropped): the charge stays.
+    ///
+    /// A policy with a concurrency limit cannot reserve (a slot frees when a request ends,
+    /// not at a known time): its requests check again when the last denial said they might
+    /// fit, as long as that lies within `max_wait`. In shadow mode nothing waits: the request
+    /// is charged as when enforcing and let through at once.
+    ///
+    /// ```
+    /// # async fn run() -> Result<(), tollgate::Error> {
+    /// use std::time::Duration;
+    /// use tollgate::{Limiter, MemoryStore};
+    ///
+    /// let limiter = Limiter::new(MemoryStore::new(), "2/s gcra".parse().unwrap());
+    /// let mut admitted = 0;
+    /// for _ in 0..3 {
+    ///     // the third waits 500 ms for its turn
+    ///     let decision = limiter.check_waiting(&["psp:acme"], Duration::from_secs(1)).await?;
+    ///     admitted += usize::from(decision.is_allowed());
+    /// }
+    /// assert_eq!(admitted, 3);
+    /// # Ok(()) }
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(run()).unwrap();
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`Limiter::check_n`].
+    pub async fn check_n_waiting<I: AsRef<str>>(
+        &self,
+        identifiers: &[I],
+        cost: u64,
+        max_wait: Duration,
+    ) -> Result<Decision, Error> {
+        self.wait_within(identifiers, cost, Mode::CHECK, max_wait)
+            .await
+    }
+
+    /// [`check_n_waiting`](Limiter::check_n_waiting) in `mode`.
+    pub(crate) async fn wait_within<I: AsRef<str>>(
+        &self,
+        identifiers: &[I],
+        cost: u64,
+        mode: Mode,
+        max_wait: Duration,
+    ) -> Result<Decision, Error> {
+        if self.inner.version.load().policy.concurrency().is_some() {
+            return self.recheck_within(identifiers, cost, mode, max_wait).await;
+        }
+        let (decision, wait) = self.run_within(identifiers, cost, mode, max_wait).await?;
+        if !wait.is_zero() {
+            tokio::time::sleep(wait).await;
+        }
+        Ok(decision)
+    }
+
+    /// For a policy with a concurrency limit: checks again after each denial's retry time,
+    /// while that lies within `max_wait` from the first check.
+    async fn recheck_within<I: AsRef<str>>(
+        &self,
+        identifiers: &[I],
+        cost: u64,
+        mode: Mode,
+        max_wait: Duration,
+    ) -> Result<Decision, Error> {
+        let deadline = tokio::time::Instant::now() + max_wait;
+        loop {
+            let decision = self.run(identifiers, cost, mode).await?;
+            match decision.retry_after() {
+                Some(wait) if tokio::time::Instant::now() + wait <= deadline => {
+                    tokio::time::sleep(wait).await;
+                }
+                _ => return Ok(decision),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::{Clock, ManualClock};
+    use crate::MemoryStore;
+
+    const S: u64 = 1_000_000;
+
+    fn limiter(clock: &ManualClock, policy: &str) -> Limiter {
+        let store = MemoryStore::builder()
+            .clock(Clock::Manual(clock.clone()))
+            .build();
+        Limiter::new(store, policy.parse().unwrap())
+    }
+
+    /// 20 requests at once, each willing to wait 2 s: per request its wait (µs) when
+    /// admitted, else `None`; and the retry times of the denied.
+    async fn twenty(l: &Limiter) -> (Vec<Option<u64>>, Vec<Duration>) {
+        let (mut waits, mut retries) = (Vec::new(), Vec::new());
+        for _ in 0..20 {
+            let (d, wait) = l
+                .run_within(&["psp:acme"], 1, Mode::CHECK, Duration::from_secs(2))
+                .await
+                .unwrap();
+            if d.is_allowed() {
+                waits.push(Some(wait.as_micros() as u64));
+            } else {
+                waits.push(None);
+                retries.push(d.retry_after().unwrap());
+            }
+        }
+        (waits, retries)
+    }
+
+    fn at(times: &[u64]) -> Vec<Option<u64>> {
+        let mut v: Vec<Option<u64>> = times.iter().map(|&t| Some(t)).collect();
+        v.resize(20, None);
+        v
+    }
+
+    #[tokio::test]
+    async fn a_log_admits_fifteen_of_twenty_in_two_seconds() {
+        let clock = ManualClock::new(1_767_225_600_000_000);
+        let l = limiter(&clock, "5/s log");
+        let (waits, retries) = twenty(&l).await;
+        let expected: Vec<u64> = [0, S, 2 * S].iter().flat_map(|&t| [t; 5]).collect();
+        assert_eq!(waits, at(&expected));
+        // the other 5 would have had to wait until 3 s
+        assert_eq!(retries, [Duration::from_secs(3); 5]);
+        // nobody is admitted before the reservations: at 0.5 s the window is full until 3 s
+        clock.advance(Duration::from_millis(500));
+        let d = l.check(&["psp:acme"]).await.unwrap();
+        assert_eq!(d.retry_after(), Some(Duration::from_millis(2500)));
+        // and once they are through, the log admits again
+        clock.advance(Duration::from_millis(2500));
+        assert!(l.check(&["psp:acme"]).await.unwrap().is_allowed());
+    }
+
+    #[tokio::test]
+    async fn gcra_admits_fifteen_of_twenty_in_two_seconds() {
+        let clock = ManualClock::new(1_767_225_600_000_000);
+        let l = limiter(&clock, "5/s gcra");
+        let (waits, retries) = twenty(&l).await;
+        let mut expected = vec![0; 5];
+        expected.extend((1..=10).map(|k| k * S / 5));
+        assert_eq!(waits, at(&expected));
+        assert_eq!(retries[0], Duration::from_millis(2200));
+    }
+
+    #[tokio::test]
+    async fn the_sliding_window_admits_each_at_its_earliest_time() {
+        // The estimate weighs the previous window as if its 5 were spread evenly, so in the
+        // next window the k-th fits at 1 + k/5 s: 5 now, 4 in (1 s, 2 s), 1 at 2 s.
+        let clock = ManualClock::new(1_767_225_600_000_000);
+        let l = limiter(&clock, "5/s sliding");
+        let (waits, _) = twenty(&l).await;
+        let mut expected = vec![0; 5];
+        expected.extend((6..=10).map(|k| k * S / 5));
+        assert_eq!(waits, at(&expected));
+    }
+
+    #[tokio::test]
+    async fn a_fixed_window_is_full_until_a_reserved_window_begins() {
+        let clock = ManualClock::new(1_767_225_600_000_000);
+        let l = limiter(&clock, "5/s fixed");
+        let (waits, _) = twenty(&l).await;
+        let expected: Vec<u64> = [0, S, 2 * S].iter().flat_map(|&t| [t; 5]).collect();
+        assert_eq!(waits, at(&expected));
+        // reservations charged the windows of 1 s and 2 s: a check at 1.5 s finds its window
+        // full, and the next one too (charged ahead, full until it begins, then by its
+        // count): not before 3 s; one at 2.5 s, the same
+        clock.advance(Duration::from_millis(1500));
+        let d = l.check(&["psp:acme"]).await.unwrap();
+        assert_eq!(d.retry_after(), Some(Duration::from_millis(1500)));
+        clock.advance(Duration::from_secs(1));
+        let d = l.check(&["psp:acme"]).await.unwrap();
+        assert_eq!(d.retry_after(), Some(Duration::from_millis(500)));
+    }
+
+    #[tokio::test]
+    async fn every_identifier_and_limit_is_waited_for() {
+        let clock = ManualClock::new(1_767_225_600_000_000);
+        let l = limiter(&clock, "2/s gcra burst=1, 3/10s log");
+        // a second identifier at its log's limit: charged at 0, 0.5 and 1 s
+        for _ in 0..3 {
+            assert!(l.check(&["user:7"]).await.unwrap().is_allowed());
+            clock.advance(Duration::from_millis(500));
+        }
+        clock.advance(Duration::from_millis(2500));
+        let first = l
+            .run_within(
+                &["psp:acme", "user:7"],
+                1,
+                Mode::CHECK,
+                Duration::from_secs(10),
+            )
+            .await
+            .unwrap();
+        // at 4 s: user:7's log admits at 10 s, 6 s from now
+        assert!(first.0.is_allowed());
+        assert_eq!(first.1, Duration::from_secs(6));
+        // past the longest wait: denied at once, with the wait it needed (the GCRA's next
+        // arrival after the reservation at 10 s)
+        let (d, wait) = l
+            .run_within(&["psp:acme"], 1, Mode::CHECK, Duration::from_millis(100))
+            .await
+            .unwrap();
+        assert!(!d.is_allowed());
+        assert!(wait.is_zero());
+        assert_eq!(d.retry_after(), Some(Duration::from_millis(6500)));
+    }
+}
+
+#[cfg(test)]
+mod never_over_admits {
+    use super::*;
+    use crate::clock::{Clock, ManualClock};
+    use crate::MemoryStore;
+
+    /// Arrivals at random steps, some waiting up to random times, some not at all: the times
+    /// requests were admitted at (the arrival plus the wait), in order.
+    async fn admissions(policy: &str, seed: u64) -> Vec<u64> {
+        let clock = ManualClock::new(1_767_225_600_000_000);
+        let store = MemoryStore::builder()
+            .clock(Clock::Manual(clock.clone()))
+            .build();
+        let l = Limiter::new(store, policy.parse().unwrap());
+        let mut x = seed;
+        let mut next = |m: u64| {
+            x = x
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            (x >> 33) % m
+        };
+        let mut admitted = Vec::new();
+        for _ in 0..400 {
+            let max_wait = match next(3) {
+                0 => Duration::ZERO,
+                _ => Duration::from_micros(next(3_000_000)),
+            };
+            let (d, wait) = l
+                .run_within(&["k"], 1, Mode::CHECK, max_wait)
+                .await
+                .unwrap();
+            if d.is_allowed() {
+                admitted.push(clock.now_micros() + wait.as_micros() as u64);
+            }
+            clock.advance(Duration::from_micros(next(150_000)));
+        }
+        admitted
+    }
+
+    #[tokio::test]
+    async fn a_log_never_holds_more_than_its_count_in_any_window() {
+        for seed in 1..6 {
+            let mut times = admissions("5/s log", seed).await;
+            assert!(times.len() > 50);
+            times.sort_unstable();
+            // every window (t - 1 s, t] ending at an admission holds at most 5
+            for (i, &t) in times.iter().enumerate() {
+                let inside = times[..=i].iter().filter(|&&s| s + 1_000_000 > t).count();
+                assert!(
+                    inside <= 5,
+                    "seed {seed}: {inside} in the window ending at {t}"
+                );
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn a_fixed_window_never_holds_more_than_its_count() {
+        for seed in 1..6 {
+            let times = admissions("5/s fixed", seed).await;
+            let mut per_window = std::collections::HashMap::new();
+            for t in times {
+                *per_window.entry(t / 1_000_000).or_insert(0) += 1;
+            }
+            assert!(
+                per_window.values().all(|&n| n <= 5),
+                "seed {seed}: {per_window:?}"
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn gcra_admissions_conform() {
+        // 5/s with a burst of 2: admitting at t needs max(tat, t) + T - t <= 2T
+        for seed in 1..6 {
+            let mut times = admissions("5/s gcra burst=2", seed).await;
+            times.sort_unstable();
+            let mut tat = 0u64;
+            for t in times {
+                let next = tat.max(t) + 200_000;
+                assert!(next - t <= 400_000, "seed {seed}: at {t}");
+                tat = next;
+            }
+        }
+    }
+}

@@ -1,0 +1,69 @@
+//! The check script's second form, for a check that may wait (`lua/reserve.lua`): each
+//! limit's retry section, the longest wait in ARGV, and the wait the reply carries.
+
+use redis::ScriptInvocation;
+
+use super::{fill, now_arg, section, stamp, unexpected, RESERVE};
+use crate::policy::{Algorithm, Limit};
+use crate::store::StoreError;
+
+/// The section of `reserve.lua` that says when a denying limit of `algorithm` admits (empty
+/// for an algorithm that has none: its pairs then never make a check wait).
+fn retry(algorithm: Algorithm) -> &'static str {
+    match algorithm.code() {
+        1 => section(RESERVE, "retry_sliding_log"),
+        2 => section(RESERVE, "retry_sliding_window"),
+        3 => section(RESERVE, "retry_fixed_window"),
+        4 => section(RESERVE, "retry_gcra"),
+        _ => "",
+    }
+}
+
+/// Emits each limit in `ls`'s retry section (see [`retry`]), in a block of its own when
+/// `scoped`.
+pub(super) fn retries_of(
+    out: &mut String,
+    limits: &[Limit],
+    vars: &[Vec<(&str, String)>],
+    ls: &[usize],
+    scoped: bool,
+) {
+    for &l in ls {
+        let text = retry(limits[l].algorithm());
+        if text.trim().is_empty() {
+            continue;
+        }
+        if scoped {
+            out.push_str("do\n");
+        }
+        fill(out, text, &vars[l]);
+        if scoped {
+            out.push_str("end\n");
+        }
+    }
+}
+
+/// The longest wait of a check that may wait, after `check_args`'s: the time argument first
+/// when `check_args` left it out. Only for a script generated `reserving`.
+pub(crate) fn reserve_arg(call: &mut ScriptInvocation<'_>, now: Option<u64>, max_wait_us: u64) {
+    if now.is_none() {
+        call.arg(now_arg(now));
+    }
+    call.arg(max_wait_us);
+}
+
+/// Reads the time the script stamped its reply with, `SECONDS,MICROSECONDS`, and the wait
+/// of a check admitted as of a later time (`,WAIT` after it; 0 without).
+pub(super) fn stamp_and_wait(text: &[u8]) -> Result<(u64, u64), StoreError> {
+    let text = std::str::from_utf8(text).map_err(|_| unexpected("a time that is not text"))?;
+    match text.splitn(3, ',').nth(2) {
+        None => Ok((stamp(text.as_bytes())?, 0)),
+        Some(wait) => {
+            let time = &text[..text.len() - wait.len() - 1];
+            let wait = wait
+                .parse::<u64>()
+                .map_err(|_| unexpected(format!("a wait of {wait:?}")))?;
+            Ok((stamp(time.as_bytes())?, wait))
+        }
+    }
+}

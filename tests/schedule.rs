@@ -1,0 +1,350 @@
+//! The scheduler across a fleet: three processes' worth of stores (each its own Redis
+//! connection) sharing one queue, the memory store deciding as Redis does, and callers that
+//! give up.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{manual_clock, unique_prefix, RedisServer};
+use tollgate::{
+    Clock, Decision, KeyedRateLimitLayer, MemoryStore, OnStoreError, RateLimited, RedisStore,
+    Scheduler,
+};
+use tower::{service_fn, ServiceExt};
+
+/// Three schedulers at `rate` on three stores with their own connections to `server`, all
+/// under one prefix: three processes of a fleet.
+async fn fleet(server: &RedisServer, rate: &str) -> Vec<Scheduler> {
+    let prefix = unique_prefix();
+    let mut schedulers = Vec::new();
+    for _ in 0..3 {
+        let store = RedisStore::builder(server.url())
+            .prefix(prefix.clone())
+            .timeout(Duration::from_secs(2))
+            .build()
+            .await
+            .unwrap();
+        schedulers.push(Scheduler::new(store, rate.parse().unwrap()));
+    }
+    schedulers
+}
+
+/// Runs `events` calls of `id` at once, spread over the schedulers in turn, each waiting up
+/// to `max_wait`: per event, when it returned (from the common start), how long its call
+/// took, and its decision.
+async fn burst(
+    schedulers: &[Scheduler],
+    id: &str,
+    events: usize,
+    max_wait: Duration,
+) -> Vec<(Duration, Duration, Decision)> {
+    // the script loaded and the connections made first: the burst measures calls alone
+    for s in schedulers {
+        let _ = s.schedule("warm-up", Duration::ZERO).await.unwrap();
+    }
+    let start = Instant::now();
+    let tasks: Vec<_> = (0..events)
+        .map(|i| {
+            let s = schedulers[i % schedulers.len()].clone();
+            let id = id.to_string();
+            tokio::spawn(async move {
+                let called = Instant::now();
+                let decision = s.schedule(&id, max_wait).await.unwrap();
+                (start.elapsed(), called.elapsed(), decision)
+            })
+        })
+        .collect();
+    let mut out = Vec::new();
+    for t in tasks {
+        out.push(t.await.unwrap());
+    }
+    out
+}
+
+/// The starts of the admitted events, in order.
+fn starts(results: &[(Duration, Duration, Decision)]) -> Vec<Duration> {
+    let mut s: Vec<Duration> = results
+        .iter()
+        .filter(|(_, _, d)| d.is_allowed())
+        .map(|(t, _, _)| *t)
+        .collect();
+    s.sort();
+    s
+}
+
+/// How far a start may be from `interval` after the one before. Every slot is exact on
+/// Redis' clock; a caller starts its slot's wait only once the reply has reached it, and
+/// wakes at the next timer tick (1 ms) or later when the machine is busy. So a start lies
+/// a little after its slot, by the reply's way back plus the wake-up's lateness: a few
+/// milliseconds on loopback, more under a loaded test machine. 25 ms is a tenth of the
+/// 250 ms interval: a scheduler that raced (re-checking, as a retry loop does) or drifted
+/// would be off by whole intervals, and one that let two go together by 250 ms.
+const TOLERANCE: Duration = Duration::from_millis(25);
+
+fn assert_spaced(starts: &[Duration], interval: Duration) {
+    for pair in starts.windows(2) {
+        let gap = pair[1] - pair[0];
+        assert!(
+            gap + TOLERANCE >= interval && gap <= interval + TOLERANCE,
+            "a gap of {gap:?}, not {interval:?} ± {TOLERANCE:?}: {starts:?}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_processes_share_four_per_second_250_ms_apart() {
+    let server = RedisServer::start();
+    let schedulers = fleet(&server, "4/s").await;
+    // 40 events at once, all willing to wait: one every 250 ms, about 10 s in all
+    let results = burst(&schedulers, "psp:acme", 40, Duration::from_secs(11)).await;
+    let starts = starts(&results);
+    assert_eq!(starts.len(), 40);
+    assert_spaced(&starts, Duration::from_millis(250));
+    let total = starts[39] - starts[0];
+    assert!(
+        total >= Duration::from_millis(9750) - TOLERANCE
+            && total <= Duration::from_millis(9750) + 2 * TOLERANCE,
+        "{total:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_processes_share_twenty_per_second_50_ms_apart() {
+    let server = RedisServer::start();
+    let schedulers = fleet(&server, "20/s").await;
+    let results = burst(&schedulers, "psp:acme", 40, Duration::from_secs(3)).await;
+    let starts = starts(&results);
+    assert_eq!(starts.len(), 40);
+    // the same tolerance as at 4/s, half the interval here: the same bound on lateness
+    assert_spaced(&starts, Duration::from_millis(50));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn past_the_longest_wait_the_excess_is_rejected_at_once() {
+    let server = RedisServer::start();
+    let schedulers = fleet(&server, "4/s").await;
+    let results = burst(&schedulers, "psp:acme", 40, Duration::from_secs(1)).await;
+    // slots at 0, 250, 500, 750 and 1000 ms are within a second; the other 35 are rejected
+    let starts = starts(&results);
+    assert_eq!(starts.len(), 5, "{starts:?}");
+    assert_spaced(&starts, Duration::from_millis(250));
+    let mut rejected: Vec<Duration> = Vec::new();
+    for (_, took, d) in &results {
+        if !d.is_allowed() {
+            // told the wait it would have needed: to the sixth slot, 1250 ms after the first
+            // one, from a moment after the first was placed
+            let wait = d.retry_after().unwrap();
+            assert!(
+                wait > Duration::from_secs(1) && wait <= Duration::from_millis(1250),
+                "{wait:?}"
+            );
+            rejected.push(*took);
+        }
+    }
+    assert_eq!(rejected.len(), 35);
+    // Rejected without waiting: one script call each, from the call to its answer, 40 of
+    // them together on two threads.
+    // A rejection that waited would take a second; the slowest of these takes a round trip
+    // and its turn among the others. Most take well under 10 ms; the bound on the slowest
+    // leaves room for a busy test machine.
+    rejected.sort();
+    assert!(
+        rejected[rejected.len() / 2] < Duration::from_millis(10),
+        "{rejected:?}"
+    );
+    assert!(
+        rejected[rejected.len() - 1] < Duration::from_millis(100),
+        "{rejected:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropped_waiters_do_not_stall_the_rest() {
+    let server = RedisServer::start();
+    let schedulers = fleet(&server, "4/s").await;
+    let start = Instant::now();
+    // eight waiters, placed in turn (5 ms apart), so waiter i has the slot at i × 250 ms
+    let mut waiters = Vec::new();
+    for i in 0..8 {
+        let s = schedulers[i % 3].clone();
+        waiters.push(tokio::spawn(async move {
+            let turn = s.schedule("psp:acme", Duration::from_secs(5)).await;
+            assert!(turn.unwrap().is_allowed());
+            start.elapsed()
+        }));
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // waiters 3 and 4 give up in the middle of the queue: their slots stay used
+    waiters[3].abort();
+    waiters[4].abort();
+    // the last two give up, the last first: each is the last one placed when it gives up,
+    // so both slots come back
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    waiters[7].abort();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    waiters[6].abort();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    // a newcomer goes right after waiter 5 (1500 ms), not after the dropped 7 (2000 ms)
+    let newcomer = {
+        let s = schedulers[1].clone();
+        tokio::spawn(async move {
+            let turn = s.schedule("psp:acme", Duration::from_secs(5)).await;
+            assert!(turn.unwrap().is_allowed());
+            start.elapsed()
+        })
+    };
+    let mut kept = Vec::new();
+    for (i, w) in waiters.into_iter().enumerate() {
+        match w.await {
+            Ok(at) => kept.push((i, at)),
+            Err(e) => assert!(e.is_cancelled() && [3, 4, 6, 7].contains(&i), "{i}: {e}"),
+        }
+    }
+    let newcomer = newcomer.await.unwrap();
+    let kept_at: Vec<usize> = kept.iter().map(|(i, _)| *i).collect();
+    assert_eq!(kept_at, [0, 1, 2, 5]);
+    // the ones that stayed start at their own slots, no later for the others' leaving
+    let first = kept[0].1;
+    for (i, at) in &kept {
+        let slot = Duration::from_millis(250 * *i as u64);
+        let off = (*at - first).abs_diff(slot);
+        assert!(
+            off <= TOLERANCE,
+            "waiter {i} at {:?}, slot {slot:?}",
+            *at - first
+        );
+    }
+    let off = (newcomer - first).abs_diff(Duration::from_millis(1500));
+    assert!(off <= TOLERANCE, "the newcomer at {:?}", newcomer - first);
+}
+
+/// The memory store places events exactly as Redis does (the same waits, the same queue
+/// ends), for a fractional interval, a burst, costs above 1, rejections and time passing.
+#[tokio::test]
+async fn the_memory_store_schedules_as_redis_does() {
+    let server = RedisServer::start();
+    // 2 per 3 ms: an interval of 1.5 ms, so the waits are short and not whole
+    for rate in ["2/3ms", "5/7ms gcra burst=3", "3/2ms bucket capacity=2"] {
+        let clock = manual_clock();
+        let redis = server.store(Clock::Manual(clock.clone())).await;
+        let memory = MemoryStore::builder()
+            .clock(Clock::Manual(clock.clone()))
+            .build();
+        let on_redis = Scheduler::builder(redis, rate.parse().unwrap())
+            .on_store_error(OnStoreError::Closed)
+            .build();
+        let in_memory = Scheduler::new(memory, rate.parse().unwrap());
+        let mut placed = 0;
+        for step in 0..60u64 {
+            let id = if step % 7 == 0 { "other" } else { "psp:acme" };
+            let cost = 1 + step % on_redis.burst();
+            let max_wait = Duration::from_micros((step * 977) % 9000);
+            let a = on_redis.schedule_n(id, cost, max_wait).await.unwrap();
+            let b = in_memory.schedule_n(id, cost, max_wait).await.unwrap();
+            assert_eq!(a, b, "{rate}, step {step}");
+            placed += usize::from(a.is_allowed());
+            clock.advance(Duration::from_micros((step * 389) % 1700));
+        }
+        // both kinds of answer were compared
+        assert!((10..60).contains(&placed), "{rate}: {placed} placed");
+    }
+}
+
+#[tokio::test]
+async fn a_client_waits_for_its_slot_through_the_layer() {
+    let server = RedisServer::start();
+    let store = server.store(Clock::Real).await;
+    let scheduler = Scheduler::new(store, "20/s".parse().unwrap());
+    let client = KeyedRateLimitLayer::scheduled(scheduler, |c: &String| format!("psp:{c}").into())
+        .wait_up_to(Duration::from_millis(120));
+    let service = tower::ServiceBuilder::new()
+        .layer(client)
+        .service(service_fn(|c: String| async move {
+            Ok::<_, std::convert::Infallible>(c)
+        }));
+    let start = Instant::now();
+    let calls: Vec<_> = (0..5)
+        .map(|_| {
+            let s = service.clone();
+            tokio::spawn(async move { (s.oneshot("acme".to_string()).await, start.elapsed()) })
+        })
+        .collect();
+    let mut sent = Vec::new();
+    let mut limited = 0;
+    for c in calls {
+        match c.await.unwrap() {
+            (Ok(_), at) => sent.push(at),
+            (Err(e), at) => {
+                let limited_by = e.downcast_ref::<RateLimited>().expect("RateLimited");
+                assert!(limited_by.retry_after() > Duration::from_millis(120));
+                assert!(at < Duration::from_millis(100), "rejected after {at:?}");
+                limited += 1;
+            }
+        }
+    }
+    // slots at 0, 50 and 100 ms are within 120 ms; 150 and 200 ms are not
+    sent.sort();
+    assert_eq!((sent.len(), limited), (3, 2));
+    assert!(sent[2] >= Duration::from_millis(100), "{sent:?}");
+    // several identifiers cannot share one queue
+    let scheduler = Scheduler::new(MemoryStore::new(), "20/s".parse().unwrap());
+    let two = KeyedRateLimitLayer::scheduled(scheduler, |_: &()| {
+        vec!["a".to_string(), "b".to_string()].into()
+    });
+    let err = tower::ServiceBuilder::new()
+        .layer(two)
+        .service(service_fn(|()| async {
+            Ok::<_, std::convert::Infallible>(())
+        }))
+        .oneshot(())
+        .await
+        .unwrap_err();
+    assert!(matches!(
+        err.downcast_ref::<tollgate::Error>(),
+        Some(tollgate::Error::NotOneIdentifier(2))
+    ));
+}
+
+#[tokio::test]
+async fn a_failed_store_answers_through_the_failure_policy() {
+    // a server that is gone: connect lazily to a port nobody listens on
+    let port = common::free_port();
+    let dead = || {
+        RedisStore::builder(format!("redis://127.0.0.1:{port}/"))
+            .timeout(Duration::from_millis(50))
+            .connect_timeout(Duration::from_millis(50))
+            .build_lazy()
+            .unwrap()
+    };
+    let open = Scheduler::new(dead(), "4/s".parse().unwrap());
+    let d = open
+        .schedule("psp:acme", Duration::from_secs(1))
+        .await
+        .unwrap();
+    assert!(d.is_allowed());
+    assert_eq!(d.origin(), tollgate::Origin::FailOpen);
+
+    let closed = Scheduler::builder(dead(), "4/s".parse().unwrap())
+        .on_store_error(OnStoreError::Closed)
+        .build();
+    let err = closed
+        .schedule("psp:acme", Duration::from_secs(1))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, tollgate::Error::Store(_)), "{err}");
+
+    let fallback = Scheduler::builder(dead(), "4/s".parse().unwrap())
+        .on_store_error(OnStoreError::fallback(0.5).unwrap())
+        .build();
+    // half of 4/s in process: 2/s, one every 500 ms
+    let a = fallback.schedule("psp:acme", Duration::ZERO).await.unwrap();
+    let b = fallback.schedule("psp:acme", Duration::ZERO).await.unwrap();
+    assert_eq!(a.origin(), tollgate::Origin::Fallback);
+    assert!(a.is_allowed() && !b.is_allowed());
+    let wait = b.retry_after().unwrap();
+    assert!(
+        wait > Duration::from_millis(400) && wait <= Duration::from_millis(500),
+        "{wait:?}"
+    );
+}

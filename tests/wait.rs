@@ -1,0 +1,207 @@
+//! Checks that wait to be admitted: each request reserves its own time in one store call, so
+//! "wait up to D" admits every request whose earliest admission lies within D, in the order
+//! they came, and denies the rest at once.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{manual_clock, RedisServer};
+use tollgate::{Clock, KeyedRateLimitLayer, Limiter, ManualClock, MemoryStore, RateLimited, Store};
+use tower::{service_fn, ServiceExt};
+
+/// 20 requests at once that may wait 2 s: how many were admitted, and how long each denied
+/// one took to be answered.
+async fn twenty_at_once(limiter: &Limiter) -> (usize, Vec<Duration>) {
+    let calls: Vec<_> = (0..20)
+        .map(|_| {
+            let l = limiter.clone();
+            tokio::spawn(async move {
+                let asked = Instant::now();
+                let d = l
+                    .check_waiting(&["psp:acme"], Duration::from_secs(2))
+                    .await
+                    .unwrap();
+                (d.is_allowed(), asked.elapsed())
+            })
+        })
+        .collect();
+    let (mut admitted, mut denied) = (0, Vec::new());
+    for c in calls {
+        let (allowed, took) = c.await.unwrap();
+        if allowed {
+            admitted += 1;
+            // at most the 2 s it may wait, and the timer's and a busy machine's lateness
+            assert!(took <= Duration::from_secs(3), "{took:?}");
+        } else {
+            denied.push(took);
+        }
+    }
+    (admitted, denied)
+}
+
+async fn stores(server: &RedisServer, clock: &ManualClock) -> [Store; 2] {
+    let redis = server.store(Clock::Manual(clock.clone())).await;
+    let memory = MemoryStore::builder()
+        .clock(Clock::Manual(clock.clone()))
+        .build();
+    [redis.into(), memory.into()]
+}
+
+/// 5/s, 20 requests, 2 s: a log and a GCRA admit 15 (5 now and 5 at 1 s and 2 s; 5 now and
+/// one every 200 ms), on both stores; the 5 others are denied at once rather than after a
+/// wait. The default algorithm, the sliding-window counter, admits each request at its own
+/// earliest time too, which is later: its estimate weighs the previous window's 5 as spread
+/// evenly, so the k-th of the next window fits at 1 + k/5 s (10 in 2 s, from a window's
+/// start, as the manual clock is).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn twenty_requests_at_five_a_second_with_two_seconds_to_wait() {
+    let server = RedisServer::start();
+    let policies = [
+        ("5/s log", 15),
+        ("5/s gcra", 15),
+        ("5/s", 10),
+        ("5/s fixed", 15),
+    ];
+    for (policy, expected) in policies {
+        let mut later = Vec::new();
+        for on_redis in [true, false] {
+            let clock = manual_clock();
+            let store: Store = if on_redis {
+                server.store(Clock::Manual(clock.clone())).await.into()
+            } else {
+                let memory = MemoryStore::builder().clock(Clock::Manual(clock.clone()));
+                memory.build().into()
+            };
+            let limiter = Limiter::new(store, policy.parse().unwrap());
+            let (admitted, denied) = twenty_at_once(&limiter).await;
+            assert_eq!(admitted, expected, "{policy}");
+            assert_eq!(denied.len(), 20 - expected, "{policy}");
+            for took in denied {
+                // one store call, among 20 made together; never the wait
+                assert!(took < Duration::from_millis(200), "{policy}: {took:?}");
+            }
+            // an ordinary check at 1.5 s does not pass the reservations
+            clock.advance(Duration::from_millis(1500));
+            let d = limiter.check(&["psp:acme"]).await.unwrap();
+            assert!(!d.is_allowed(), "{policy}");
+            later.push(d);
+        }
+        assert_eq!(later[0], later[1], "{policy}");
+        if policy == "5/s fixed" {
+            // the window of 2 s is reserved full: not before 3 s
+            assert_eq!(later[0].retry_after(), Some(Duration::from_millis(1500)));
+        }
+    }
+}
+
+/// The same, on Redis' own clock: the admitted start about 1 s apart in three groups.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_redis_time_a_log_sends_five_a_second() {
+    let server = RedisServer::start();
+    let store = server.store(Clock::Real).await;
+    let limiter = Limiter::new(store, "5/s log".parse().unwrap());
+    let start = Instant::now();
+    let calls: Vec<_> = (0..20)
+        .map(|_| {
+            let l = limiter.clone();
+            tokio::spawn(async move {
+                let d = l.check_waiting(&["psp:acme"], Duration::from_secs(2)).await;
+                (d.unwrap().is_allowed(), start.elapsed())
+            })
+        })
+        .collect();
+    let mut starts = Vec::new();
+    for c in calls {
+        let (allowed, at) = c.await.unwrap();
+        if allowed {
+            starts.push(at);
+        } else {
+            assert!(at < Duration::from_millis(200), "denied after {at:?}");
+        }
+    }
+    starts.sort();
+    assert_eq!(starts.len(), 15);
+    // the first five within the first call's round trip, the others 1 s and 2 s after it
+    let first = starts[0];
+    for (k, at) in starts.iter().enumerate() {
+        let slot = Duration::from_secs((k / 5) as u64);
+        let off = (*at - first).abs_diff(slot);
+        assert!(
+            off < Duration::from_millis(50),
+            "{k}: {:?} for {slot:?}",
+            *at - first
+        );
+    }
+}
+
+/// Both stores reserve the same times and report the same figures, for every algorithm that
+/// can wait and for several limits together, with time passing between requests.
+#[tokio::test]
+async fn the_memory_store_reserves_as_redis_does() {
+    let server = RedisServer::start();
+    for policy in [
+        "5/10ms log",
+        "5/10ms",
+        "5/10ms fixed",
+        "3/10ms gcra burst=2",
+        "4/10ms, 10/50ms log, 3/7ms gcra burst=3",
+    ] {
+        let clock = manual_clock();
+        let [redis, memory] = stores(&server, &clock).await;
+        let on_redis = Limiter::new(redis, policy.parse().unwrap());
+        let in_memory = Limiter::new(memory, policy.parse().unwrap());
+        let mut waited = 0;
+        for step in 0..40u64 {
+            // every fourth an ordinary check: it must not pass the reservations before it.
+            // (With a caller's clock an ordinary check gives a sliding log's new key the
+            // window's TTL in real time, which the waits here outlast: those touch only an
+            // identifier charged every step.)
+            let ordinary = step % 4 == 3;
+            let ids: &[&str] = if step % 5 == 0 && !ordinary {
+                &["a", "b"]
+            } else {
+                &["a"]
+            };
+            let max_wait = match ordinary {
+                true => Duration::ZERO,
+                false => Duration::from_micros((step * 3331) % 12_000 + 1),
+            };
+            let a = on_redis.check_waiting(ids, max_wait).await.unwrap();
+            let b = in_memory.check_waiting(ids, max_wait).await.unwrap();
+            assert_eq!(a, b, "{policy}, step {step}");
+            waited += usize::from(a.is_allowed());
+            clock.advance(Duration::from_micros((step * 1237) % 1500));
+        }
+        assert!((10..40).contains(&waited), "{policy}: {waited}");
+    }
+}
+
+#[tokio::test]
+async fn a_client_layer_waiting_up_to_two_seconds_sends_fifteen_of_twenty() {
+    let server = RedisServer::start();
+    let store = server.store(Clock::Manual(manual_clock())).await;
+    let limiter = Limiter::new(store, "5/s log".parse().unwrap());
+    let client = tower::ServiceBuilder::new()
+        .layer(
+            KeyedRateLimitLayer::new(limiter, |c: &String| format!("psp:{c}").into())
+                .wait_up_to(Duration::from_secs(2)),
+        )
+        .service(service_fn(|c: String| async move {
+            Ok::<_, std::convert::Infallible>(c)
+        }));
+    let calls: Vec<_> = (0..20)
+        .map(|_| tokio::spawn(client.clone().oneshot("acme".to_string())))
+        .collect();
+    let (mut sent, mut limited) = (0, 0);
+    for c in calls {
+        match c.await.unwrap() {
+            Ok(_) => sent += 1,
+            Err(e) => {
+                assert!(e.downcast_ref::<RateLimited>().is_some(), "{e}");
+                limited += 1;
+            }
+        }
+    }
+    assert_eq!((sent, limited), (15, 5));
+}
