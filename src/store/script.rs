@@ -549,7 +549,12 @@ pub(crate) fn parse_reply(
     compiled: &CheckScript,
     plan: &Plan<'_>,
 ) -> Result<Outcome, StoreError> {
-    let (allowed, now, wait, mut states) = read_reply(reply, compiled, plan)?;
+    let Reply {
+        allowed,
+        now,
+        wait,
+        mut states,
+    } = read_reply(reply, compiled, plan)?;
     let outcome = algorithm::decide_at(
         &mut states,
         &compiled.layout,
@@ -562,13 +567,20 @@ pub(crate) fn parse_reply(
     agree(allowed, outcome)
 }
 
-/// The script's verdict, the time it read, the wait it decided (0 but for a check that may
-/// wait) and the states it returned (a sorted set's as the script's report on it).
-fn read_reply(
-    reply: Value,
-    compiled: &CheckScript,
-    plan: &Plan<'_>,
-) -> Result<(bool, u64, u64, Vec<Option<State>>), StoreError> {
+/// What a check script's reply says.
+struct Reply {
+    /// The script's verdict.
+    allowed: bool,
+    /// The time it read.
+    now: u64,
+    /// The wait it decided (0 but for a check that may wait).
+    wait: u64,
+    /// The states it returned (a sorted set's as the script's report on it).
+    states: Vec<Option<State>>,
+}
+
+/// Reads a check script's reply.
+fn read_reply(reply: Value, compiled: &CheckScript, plan: &Plan<'_>) -> Result<Reply, StoreError> {
     let layout = &compiled.layout;
     let ids = plan.ids.len();
     let sorted = layout.keys_per_id() - usize::from(layout.has_packed());
@@ -628,7 +640,12 @@ fn read_reply(
             })));
         }
     }
-    Ok((allowed, now, wait, states))
+    Ok(Reply {
+        allowed,
+        now,
+        wait,
+        states,
+    })
 }
 
 /// The twin's outcome, if the script's verdict agrees with it.

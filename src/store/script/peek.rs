@@ -9,8 +9,8 @@ use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use redis::{Script, Value};
 
 use super::{
-    agree, fields, fill, fragments_of, limit_vars, read_reply, section, CheckScript, Wire, DRIVER,
-    MAX_CACHED, PRELUDE,
+    agree, fields, fill, fragments_of, limit_vars, read_reply, section, CheckScript, Reply, Wire,
+    DRIVER, MAX_CACHED, PRELUDE,
 };
 use crate::algorithm::{self, Layout};
 use crate::policy::Limit;
@@ -54,7 +54,12 @@ pub(crate) fn parse_peek_reply(
     compiled: &CheckScript,
     plan: &Plan<'_>,
 ) -> Result<Outcome, StoreError> {
-    let (allowed, now, _, mut states) = read_reply(reply, compiled, plan)?;
+    let Reply {
+        allowed,
+        now,
+        mut states,
+        ..
+    } = read_reply(reply, compiled, plan)?;
     let outcome = algorithm::peek(&mut states, &compiled.layout, plan.limits, now, plan.cost);
     agree(allowed, outcome)
 }
