@@ -192,7 +192,7 @@ async fn namespaced_keys_keep_the_identifier_hash_tag() {
     keys.sort();
     assert_eq!(
         keys,
-        ["c", "l1s", "w1m"].map(|l| format!("{prefix}:{{ip:1.2.3.4}}:login:{l}"))
+        ["c", "l1s", "r1m"].map(|l| format!("{prefix}:{{ip:1.2.3.4}}:login:{l}"))
     );
 }
 

@@ -234,12 +234,15 @@ mod tests {
     }
 
     /// The compact ring read back as the script's arithmetic leaves it: digits in base 1552,
-    /// the sum by casting out (n + 1)s, a shift by multiplying.
+    /// the sum by casting out 1551s, a shift by multiplying.
     #[test]
     fn the_compact_ring_is_five_digits() {
         let l = limit("10/s");
         let b = base(&l).unwrap();
-        assert_eq!(b, 12);
+        // one base for every count
+        assert_eq!(b, 1552);
+        assert_eq!(base(&limit("1550/h")), Some(b));
+        assert_eq!(base(&limit("1551/h")), None);
         // counters 3, 0, 2, 4, 1 (newest first)
         let ring = 3 + 2 * b.pow(2) + 4 * b.pow(3) + b.pow(4);
         assert_eq!(ring % (b - 1), 10);

@@ -236,10 +236,10 @@ fn the_reference_policy_with_the_rolling_window() {
     // 1 h in quarters
     assert!(text.contains("local s3 = now - now % 900000000"));
     assert!(text.contains("local life3 = s3 + 3600000000 + 900000000"));
-    // 120/min: base 122, the sum modulo 121
-    assert!(text.contains("if ring2 % 121 + cost > 120 then"));
-    // 10/s, base 12, moved on by two sub-windows
-    assert!(text.contains("ring1 = ring1 % 1728 * 144"));
+    // 120/min: base 1552 (as every count), the sum modulo 1551
+    assert!(text.contains("if ring2 % 1551 + cost > 120 then"));
+    // 10/s, moved on by two sub-windows: modulo 1552^3, times 1552^2
+    assert!(text.contains("ring1 = ring1 % 3738308608 * 2408704"));
 
     // a count too large for one number: five counters
     let (wide, _, _, wire) = generate(&limits("2000/s, 120/min"), 1);
