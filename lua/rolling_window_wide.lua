@@ -37,10 +37,15 @@ local life$x = s$x + $w + $g
     end
 
 --@ evaluate
-    -- the ring seen from now's sub-window (T's, when it is later: the clock went back): it
-    -- moves on by as many sub-windows as have begun since T's, the oldest ones leaving it
+    -- the ring seen from now's sub-window: it moves on by as many sub-windows as have begun
+    -- since T's, the oldest ones leaving it. A ring charged as of a later sub-window (a check
+    -- that waits for it, reserve.lua, or a clock that went back) is full until that
+    -- sub-window begins: it no longer counts the sub-windows before its oldest, which may
+    -- hold admissions less than w before now.
     local t = T - T % $g
-    if t < s$x then
+    if t > s$x then
+      ok = false
+    elseif t < s$x then
       local d = (s$x - t) / $g
       if d == 1 then
         ra$x, rb$x, rc$x, rd$x, re$x = 0, ra$x, rb$x, rc$x, rd$x
