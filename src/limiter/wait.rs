@@ -29,7 +29,9 @@ impl Limiter {
     /// One store call decides and reserves (on Redis, one script call): waiting callers are
     /// admitted in the order they asked, each at its own time, without re-checking. So with
     /// `5/s log` and 20 requests at once that may wait 2 s, 5 go now, 5 at 1 s and 5 at 2 s,
-    /// and the last 5 are denied at once. A reservation holds until its time even when its
+    /// and the last 5 are denied at once; with the default rolling window (`5/s`), 5 go now
+    /// and 5 at 1.25 s, when the first five's sub-window has left its ring, and the other 10
+    /// are denied at once. A reservation holds until its time even when its
     /// caller gives up (the future dropped): the charge stays.
     ///
     /// A policy with a concurrency limit cannot reserve (a slot frees when a request ends,
