@@ -23,7 +23,8 @@
 -- $w its window and $g its sub-window (µs), $m = B - 1 and $pa..$pd the powers B to B^4. Its
 -- field in the identifier's packed state is ring; its newest counter is the sub-window T
 -- falls in (T / g). The retry time and the report are derived by the client from the state
--- the script returns (the twin's `evaluate` and `report`).
+-- the script returns (the twin's `evaluate` and `report`); in a check that may wait,
+-- reserve.lua's `retry_rolling_window` says when it admits.
 --
 -- Four sub-windows, not more: each one more is a counter more per limit (a digit more: the
 -- largest count packed into one number falls, from 1550 with four sub-windows to 188 with

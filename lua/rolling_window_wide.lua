@@ -15,7 +15,8 @@
 -- $w its window and $g its sub-window (µs). Its fields in the identifier's packed state are
 -- the ring, newest first: ra counts the sub-window T falls in (T / g), rb the one before, and
 -- so on to re, four sub-windows before T's. The retry time and the report are derived by the
--- client from the state the script returns (the twin's `evaluate` and `report`).
+-- client from the state the script returns (the twin's `evaluate` and `report`); in a check
+-- that may wait, reserve.lua's `retry_rolling_window_wide` says when it admits.
 --
 -- Four sub-windows: see rolling_window.lua and DESIGN.md ("The rolling window").
 
