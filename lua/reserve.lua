@@ -16,7 +16,8 @@
 -- is evaluated in every pass, denied or not, so that `tstar` hears from every pair.
 --
 -- ARGV[3]: the longest wait (µs). The placeholders: $x the limit, $n its count, $w its
--- window (µs), $tu and $tr a GCRA's burst tolerance as (µs, rem), $j the identifier.
+-- window (µs), $tu and $tr a GCRA's burst tolerance as (µs, rem), $g a rolling window's
+-- sub-window (µs) and $m, $pa..$pd its packing (rolling_window.lua), $j the identifier.
 
 --@ pass_open
 local reserve, real = tonumber(ARGV[3]), now
@@ -103,5 +104,56 @@ end
       end
       if xu > tstar then
         tstar = xu
+      end
+    end
+
+--@ retry_rolling_window
+    -- the ring seen from now's sub-window (evaluate moved it on), or from T's when later
+    -- (charged ahead of the clock: full until that sub-window begins, then as its counts
+    -- say). The count falls only at sub-window starts, where the oldest counter left leaves
+    -- the ring: the first start from which those still in it leave room (with all five gone
+    -- any cost up to the count fits). Packed as in rolling_window.lua, ring % B^(5-d) %
+    -- (B - 1) is what the ring holds once its d oldest counters have left.
+    local e = math.max(T - T % $g, s$x)
+    if e > s$x or ring$x % $m + cost > $n then
+      local at = e
+      if ring$x % $m + cost <= $n then
+        -- room as soon as e begins
+      elseif ring$x % $pd % $m + cost <= $n then
+        at = e + $g
+      elseif ring$x % $pc % $m + cost <= $n then
+        at = e + 2 * $g
+      elseif ring$x % $pb % $m + cost <= $n then
+        at = e + 3 * $g
+      elseif ring$x % $pa + cost <= $n then
+        at = e + 4 * $g
+      else
+        at = e + 5 * $g
+      end
+      if at > tstar then
+        tstar = at
+      end
+    end
+
+--@ retry_rolling_window_wide
+    -- the same for the wide form (rolling_window_wide.lua): the counters ra (newest) to re
+    local e = math.max(T - T % $g, s$x)
+    if e > s$x or ra$x + rb$x + rc$x + rd$x + re$x + cost > $n then
+      local at = e
+      if ra$x + rb$x + rc$x + rd$x + re$x + cost <= $n then
+        -- room as soon as e begins
+      elseif ra$x + rb$x + rc$x + rd$x + cost <= $n then
+        at = e + $g
+      elseif ra$x + rb$x + rc$x + cost <= $n then
+        at = e + 2 * $g
+      elseif ra$x + rb$x + cost <= $n then
+        at = e + 3 * $g
+      elseif ra$x + cost <= $n then
+        at = e + 4 * $g
+      else
+        at = e + 5 * $g
+      end
+      if at > tstar then
+        tstar = at
       end
     end

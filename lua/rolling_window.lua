@@ -23,7 +23,8 @@
 -- $w its window and $g its sub-window (µs), $m = B - 1 and $pa..$pd the powers B to B^4. Its
 -- field in the identifier's packed state is ring; its newest counter is the sub-window T
 -- falls in (T / g). The retry time and the report are derived by the client from the state
--- the script returns (the twin's `evaluate` and `report`).
+-- the script returns (the twin's `evaluate` and `report`); in a check that may wait,
+-- reserve.lua's `retry_rolling_window` says when it admits.
 --
 -- Four sub-windows, not more: each one more is a counter more per limit (a digit more: the
 -- largest count packed into one number falls, from 1550 with four sub-windows to 188 with
@@ -49,10 +50,15 @@ local life$x = s$x + $w + $g
     end
 
 --@ evaluate
-    -- the ring seen from now's sub-window (T's, when it is later: the clock went back): it
-    -- moves on by as many sub-windows as have begun since T's, the oldest ones leaving it
+    -- the ring seen from now's sub-window: it moves on by as many sub-windows as have begun
+    -- since T's, the oldest ones leaving it. A ring charged as of a later sub-window (a check
+    -- that waits for it, reserve.lua, or a clock that went back) is full until that
+    -- sub-window begins: it no longer counts the sub-windows before its oldest, which may
+    -- hold admissions less than w before now.
     local t = T - T % $g
-    if t < s$x then
+    if t > s$x then
+      ok = false
+    elseif t < s$x then
       local d = (s$x - t) / $g
       if d == 1 then
         ring$x = ring$x % $pd * $pa

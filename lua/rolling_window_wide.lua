@@ -15,7 +15,8 @@
 -- $w its window and $g its sub-window (µs). Its fields in the identifier's packed state are
 -- the ring, newest first: ra counts the sub-window T falls in (T / g), rb the one before, and
 -- so on to re, four sub-windows before T's. The retry time and the report are derived by the
--- client from the state the script returns (the twin's `evaluate` and `report`).
+-- client from the state the script returns (the twin's `evaluate` and `report`); in a check
+-- that may wait, reserve.lua's `retry_rolling_window_wide` says when it admits.
 --
 -- Four sub-windows: see rolling_window.lua and DESIGN.md ("The rolling window").
 
@@ -37,10 +38,15 @@ local life$x = s$x + $w + $g
     end
 
 --@ evaluate
-    -- the ring seen from now's sub-window (T's, when it is later: the clock went back): it
-    -- moves on by as many sub-windows as have begun since T's, the oldest ones leaving it
+    -- the ring seen from now's sub-window: it moves on by as many sub-windows as have begun
+    -- since T's, the oldest ones leaving it. A ring charged as of a later sub-window (a check
+    -- that waits for it, reserve.lua, or a clock that went back) is full until that
+    -- sub-window begins: it no longer counts the sub-windows before its oldest, which may
+    -- hold admissions less than w before now.
     local t = T - T % $g
-    if t < s$x then
+    if t > s$x then
+      ok = false
+    elseif t < s$x then
       local d = (s$x - t) / $g
       if d == 1 then
         ra$x, rb$x, rc$x, rd$x, re$x = 0, ra$x, rb$x, rc$x, rd$x

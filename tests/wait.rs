@@ -49,17 +49,22 @@ async fn stores(server: &RedisServer, clock: &ManualClock) -> [Store; 2] {
 }
 
 /// 5/s, 20 requests, 2 s: a log and a GCRA admit 15 (5 now and 5 at 1 s and 2 s; 5 now and
-/// one every 200 ms), on both stores; the 5 others are denied at once rather than after a
-/// wait. The default algorithm, the sliding-window counter, admits each request at its own
-/// earliest time too, which is later: its estimate weighs the previous window's 5 as spread
-/// evenly, so the k-th of the next window fits at 1 + k/5 s (10 in 2 s, from a window's
-/// start, as the manual clock is).
+/// one every 200 ms), on both stores; the others are denied at once rather than after a
+/// wait. The sliding-window counter admits each request at its own earliest time too, which
+/// is later: its estimate weighs the previous window's 5 as spread evenly, so the k-th of the
+/// next window fits at 1 + k/5 s (10 in 2 s, from a window's start, as the manual clock is).
+/// The default algorithm, the rolling window (sub-windows of 250 ms, its ring the sub-window
+/// of now and the four before), counts the first 5 until their sub-window has left the ring,
+/// at 1.25 s (not 1 s: the oldest sub-window counts in full): 5 are reserved there, all in
+/// the sub-window of 1.25 s, which leaves the ring at 2.5 s, past the 2 s: 10, the other 10
+/// denied at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn twenty_requests_at_five_a_second_with_two_seconds_to_wait() {
     let server = RedisServer::start();
     let policies = [
         ("5/s log", 15),
         ("5/s gcra", 15),
+        ("5/s sliding", 10),
         ("5/s", 10),
         ("5/s fixed", 15),
     ];
@@ -91,6 +96,10 @@ async fn twenty_requests_at_five_a_second_with_two_seconds_to_wait() {
         if policy == "5/s fixed" {
             // the window of 2 s is reserved full: not before 3 s
             assert_eq!(later[0].retry_after(), Some(Duration::from_millis(1500)));
+        }
+        if policy == "5/s" {
+            // the reserved sub-window of 1.25 s is full and leaves the ring at 2.5 s
+            assert_eq!(later[0].retry_after(), Some(Duration::from_secs(1)));
         }
     }
 }
@@ -140,12 +149,17 @@ async fn on_redis_time_a_log_sends_five_a_second() {
 #[tokio::test]
 async fn the_memory_store_reserves_as_redis_does() {
     let server = RedisServer::start();
-    for policy in [
-        "5/10ms log",
-        "5/10ms",
-        "5/10ms fixed",
-        "3/10ms gcra burst=2",
-        "4/10ms, 10/50ms log, 3/7ms gcra burst=3",
+    // (policy, cost): the wide form of the rolling window (counts over 1550) at a cost that
+    // fills it as quickly
+    for (policy, cost) in [
+        ("5/10ms log", 1),
+        ("5/10ms", 1),
+        ("2000/10ms", 400),
+        ("5/10ms sliding", 1),
+        ("5/10ms fixed", 1),
+        ("3/10ms gcra burst=2", 1),
+        ("4/10ms, 10/50ms log, 3/7ms gcra burst=3", 1),
+        ("4/10ms fixed, 15/20ms", 1),
     ] {
         let clock = manual_clock();
         let [redis, memory] = stores(&server, &clock).await;
@@ -167,8 +181,11 @@ async fn the_memory_store_reserves_as_redis_does() {
                 true => Duration::ZERO,
                 false => Duration::from_micros((step * 3331) % 12_000 + 1),
             };
-            let a = on_redis.check_waiting(ids, max_wait).await.unwrap();
-            let b = in_memory.check_waiting(ids, max_wait).await.unwrap();
+            let a = on_redis.check_n_waiting(ids, cost, max_wait).await.unwrap();
+            let b = in_memory
+                .check_n_waiting(ids, cost, max_wait)
+                .await
+                .unwrap();
             assert_eq!(a, b, "{policy}, step {step}");
             waited += usize::from(a.is_allowed());
             clock.advance(Duration::from_micros((step * 1237) % 1500));

@@ -10,8 +10,9 @@
 //!
 //! Charging as of a later time leaves states that run ahead of the clock: a sliding log holds
 //! entries in the future (they count against every window until they leave it, so nobody is
-//! admitted past them), a window counter a window that has not begun (it is full until it
-//! begins: its `evaluate` denies until then), a GCRA a later arrival time (as any charge
+//! admitted past them), a window counter a window that has not begun and a rolling window a
+//! sub-window that has not begun (full until it begins: `evaluate` denies until then), a
+//! GCRA a later arrival time (as any charge
 //! does). Its retry time is when it admits, seen from that window: exact, as every other.
 //! Two passes therefore decide (at now, then at the latest retry time); a third is a
 //! safeguard, and past it, or past the longest wait, the check is denied.

@@ -22,6 +22,14 @@
 //!
 //! The count only changes at sub-window starts, so a denied cost fits again at the start of
 //! the first sub-window from which the ring holds little enough: the retry time is exact.
+//!
+//! A ring charged as of a later sub-window than now's (a check that waited for it, see
+//! `reserve`, or a clock that went back) is full until that sub-window begins, then decides
+//! by its counts, as the window counters do. Seen from now, it has already dropped the
+//! sub-windows older than its oldest, which may hold admissions less than `w` before now:
+//! admitting on its counts before it begins could put more than `n` in a window. With the
+//! rule, every charge lands in the counter of its own admission time's sub-window, and the
+//! bound holds for reserved admission times too.
 
 use super::{Report, Verdict};
 use crate::policy::Limit;
@@ -112,8 +120,14 @@ fn view(st: &Ring, i: u64) -> (u64, [u64; SLOTS]) {
 
 pub(crate) fn evaluate(st: &Ring, lim: &Limit, now: u64, cost: u64) -> Verdict {
     let (n, g) = (lim.count(), sub_window_us(lim));
-    let (e, ring) = view(st, now / g);
+    let i = now / g;
+    let (e, ring) = view(st, i);
     if ring.iter().sum::<u64>() + cost <= n {
+        if e > i {
+            // charged as of a later sub-window (a waiting check's reservation, or a clock
+            // that went back): full until that sub-window begins, then as its counts say
+            return Verdict::deny(e * g);
+        }
         return Verdict::ADMIT;
     }
     // At the start of sub-window e + d, the d oldest counters have left the ring; with all of
@@ -259,6 +273,31 @@ mod tests {
         assert_eq!(fields(&limit("1551/s")).len(), 5);
         let wide = load(&limit("1551/s"), 0, &[1, 2, 3, 4, 5]);
         assert_eq!(wide.slots, [1, 2, 3, 4, 5]);
+    }
+
+    #[test]
+    fn a_ring_charged_ahead_of_the_clock_is_full_until_its_sub_window_begins() {
+        let l = limit("5/s rolling");
+        let mut st = Ring::default();
+        // 5 at 10 s, then one reserved as of 11.25 s, when their sub-window has left the ring
+        commit(&mut st, &l, 10 * S, 5);
+        assert_eq!(
+            evaluate(&st, &l, 10 * S, 1),
+            Verdict::deny(11 * S + 250_000)
+        );
+        commit(&mut st, &l, 11 * S + 250_000, 1);
+        // seen from 10.5 s the ring (as of 11.25 s) holds 1: room, but not before 11.25 s,
+        // or (9.5 s, 10.5 s] would hold 6
+        let at = 11 * S + 250_000;
+        assert_eq!(evaluate(&st, &l, 10 * S + 500_000, 1), Verdict::deny(at));
+        assert_eq!(evaluate(&st, &l, at - 1, 4), Verdict::deny(at));
+        assert!(evaluate(&st, &l, at, 4).allowed);
+        assert!(!evaluate(&st, &l, at, 5).allowed);
+        // a cost its counts leave no room for waits for them to leave too: 1.25 s after
+        assert_eq!(
+            evaluate(&st, &l, 10 * S + 500_000, 5),
+            Verdict::deny(12 * S + 500_000)
+        );
     }
 
     #[test]

@@ -29,7 +29,9 @@ impl Limiter {
     /// One store call decides and reserves (on Redis, one script call): waiting callers are
     /// admitted in the order they asked, each at its own time, without re-checking. So with
     /// `5/s log` and 20 requests at once that may wait 2 s, 5 go now, 5 at 1 s and 5 at 2 s,
-    /// and the last 5 are denied at once. A reservation holds until its time even when its
+    /// and the last 5 are denied at once; with the default rolling window (`5/s`), 5 go now
+    /// and 5 at 1.25 s, when the first five's sub-window has left its ring, and the other 10
+    /// are denied at once. A reservation holds until its time even when its
     /// caller gives up (the future dropped): the charge stays.
     ///
     /// A policy with a concurrency limit cannot reserve (a slot frees when a request ends,
@@ -207,6 +209,53 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn the_rolling_window_admits_ten_of_twenty_in_two_seconds() {
+        // Sub-windows of 250 ms, the ring the sub-window of now and the four before: the 5 of
+        // now count until their sub-window leaves the ring at 1.25 s, where 5 are reserved;
+        // theirs leaves it at 2.5 s, past the 2 s. Every reserved admission in one sub-window
+        // and 5 in any second.
+        let clock = ManualClock::new(1_767_225_600_000_000);
+        let l = limiter(&clock, "5/s");
+        let (waits, retries) = twenty(&l).await;
+        let expected: Vec<u64> = [0, 5 * S / 4].iter().flat_map(|&t| [t; 5]).collect();
+        assert_eq!(waits, at(&expected));
+        assert_eq!(retries, [Duration::from_millis(2500); 10]);
+        // nobody is admitted before the reservations: at 0.5 s the ring (as of 1.25 s) is
+        // full until 1.25 s, and its 5 leave it at 2.5 s
+        clock.advance(Duration::from_millis(500));
+        let d = l.check(&["psp:acme"]).await.unwrap();
+        assert_eq!(d.retry_after(), Some(Duration::from_secs(2)));
+        clock.advance(Duration::from_secs(2));
+        assert!(l.check(&["psp:acme"]).await.unwrap().is_allowed());
+    }
+
+    #[tokio::test]
+    async fn a_ring_charged_ahead_is_full_until_its_sub_window_begins() {
+        // 5 now, one reserved at 1.25 s: the ring as of 1.25 s holds 1, but a check at 0.5 s
+        // admitted on that would put 6 in (-0.5 s, 0.5 s]; it waits for 1.25 s
+        let clock = ManualClock::new(1_767_225_600_000_000);
+        let l = limiter(&clock, "5/s");
+        for _ in 0..5 {
+            assert!(l.check(&["psp:acme"]).await.unwrap().is_allowed());
+        }
+        let (d, wait) = l
+            .run_within(&["psp:acme"], 1, Mode::CHECK, Duration::from_secs(2))
+            .await
+            .unwrap();
+        assert!(d.is_allowed());
+        assert_eq!(wait, Duration::from_millis(1250));
+        clock.advance(Duration::from_millis(500));
+        let d = l.check(&["psp:acme"]).await.unwrap();
+        assert_eq!(d.retry_after(), Some(Duration::from_millis(750)));
+        let (d, wait) = l
+            .run_within(&["psp:acme"], 4, Mode::CHECK, Duration::from_secs(1))
+            .await
+            .unwrap();
+        assert!(d.is_allowed());
+        assert_eq!(wait, Duration::from_millis(750));
+    }
+
+    #[tokio::test]
     async fn every_identifier_and_limit_is_waited_for() {
         let clock = ManualClock::new(1_767_225_600_000_000);
         let l = limiter(&clock, "2/s gcra burst=1, 3/10s log");
@@ -249,6 +298,11 @@ mod never_over_admits {
     /// Arrivals at random steps, some waiting up to random times, some not at all: the times
     /// requests were admitted at (the arrival plus the wait), in order.
     async fn admissions(policy: &str, seed: u64) -> Vec<u64> {
+        admissions_of(policy, 1, seed).await
+    }
+
+    /// [`admissions`] of requests of cost `cost`.
+    async fn admissions_of(policy: &str, cost: u64, seed: u64) -> Vec<u64> {
         let clock = ManualClock::new(1_767_225_600_000_000);
         let store = MemoryStore::builder()
             .clock(Clock::Manual(clock.clone()))
@@ -268,7 +322,7 @@ mod never_over_admits {
                 _ => Duration::from_micros(next(3_000_000)),
             };
             let (d, wait) = l
-                .run_within(&["k"], 1, Mode::CHECK, max_wait)
+                .run_within(&["k"], cost, Mode::CHECK, max_wait)
                 .await
                 .unwrap();
             if d.is_allowed() {
@@ -292,6 +346,27 @@ mod never_over_admits {
                     inside <= 5,
                     "seed {seed}: {inside} in the window ending at {t}"
                 );
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn a_rolling_window_never_holds_more_than_its_count_in_any_window() {
+        for policy in ["5/s", "2000/s"] {
+            // the wide form at costs that fill it as quickly: 400 a request
+            let cost = if policy == "5/s" { 1 } else { 400 };
+            for seed in 1..6 {
+                let mut times = admissions_of(policy, cost, seed).await;
+                assert!(times.len() > 50, "{policy}");
+                times.sort_unstable();
+                // every window (t - 1 s, t] ending at an admission holds at most 5 requests
+                for (i, &t) in times.iter().enumerate() {
+                    let inside = times[..=i].iter().filter(|&&s| s + 1_000_000 > t).count();
+                    assert!(
+                        inside <= 5,
+                        "{policy}, seed {seed}: {inside} in the window ending at {t}"
+                    );
+                }
             }
         }
     }

@@ -4,17 +4,21 @@
 use redis::ScriptInvocation;
 
 use super::{fill, now_arg, section, stamp, unexpected, RESERVE};
-use crate::policy::{Algorithm, Limit};
+use crate::algorithm::rolling_window;
+use crate::policy::Limit;
 use crate::store::StoreError;
 
-/// The section of `reserve.lua` that says when a denying limit of `algorithm` admits (empty
-/// for an algorithm that has none: its pairs then never make a check wait).
-fn retry(algorithm: Algorithm) -> &'static str {
-    match algorithm.code() {
+/// The section of `reserve.lua` that says when a denying `limit` admits (empty for an
+/// algorithm that has none: its pairs then never make a check wait). A rolling window has one
+/// per form, as its fragments do.
+fn retry(limit: &Limit) -> &'static str {
+    match limit.algorithm().code() {
         1 => section(RESERVE, "retry_sliding_log"),
         2 => section(RESERVE, "retry_sliding_window"),
         3 => section(RESERVE, "retry_fixed_window"),
         4 => section(RESERVE, "retry_gcra"),
+        6 if rolling_window::base(limit).is_some() => section(RESERVE, "retry_rolling_window"),
+        6 => section(RESERVE, "retry_rolling_window_wide"),
         _ => "",
     }
 }
@@ -29,7 +33,7 @@ pub(super) fn retries_of(
     scoped: bool,
 ) {
     for &l in ls {
-        let text = retry(limits[l].algorithm());
+        let text = retry(&limits[l]);
         if text.trim().is_empty() {
             continue;
         }

@@ -443,6 +443,9 @@ fn the_reserving_form_fills_every_placeholder() {
         "5/s fixed",
         "5/s gcra burst=2",
         "5/s, 9/min log, 7/h fixed, 3/s bucket",
+        "5/s sliding",
+        "2000/s",
+        "2000/s, 5/s",
     ];
     for policy in shapes {
         for ids in [1, 3] {
@@ -450,6 +453,26 @@ fn the_reserving_form_fills_every_placeholder() {
             assert!(!text.contains('$'), "{policy}: a placeholder is left");
             assert!(text.contains("for pass = 1, 3 do"), "{policy}");
             assert!(text.contains("local reserve, real = tonumber(ARGV[3]), now"));
+            // a rolling window says when it admits, in its form's terms, once per identifier
+            let mut rolling = 0;
+            for (l, limit) in limits(policy).iter().enumerate() {
+                if limit.algorithm() != Algorithm::RollingWindow {
+                    continue;
+                }
+                rolling += 1;
+                let x = l + 1;
+                assert!(text.contains(&format!("if e > s{x} or ")), "{policy}");
+                let form = match rolling_window::base(limit) {
+                    Some(_) => format!("elseif ring{x} % "),
+                    None => format!("elseif ra{x} + rb{x} + "),
+                };
+                assert!(text.contains(&form), "{policy}: {form}");
+            }
+            assert_eq!(
+                text.matches("if at > tstar").count(),
+                rolling * ids,
+                "{policy}"
+            );
             let (plain, ..) = generate(&limits(policy), ids);
             assert!(!plain.contains("for pass"), "{policy}");
             assert!(!plain.contains("real -"), "{policy}");
