@@ -15,7 +15,10 @@ use tower_governor::governor::GovernorConfigBuilder;
 use tower_governor::GovernorLayer;
 
 fn main() {
-    let args: Vec<String> = std::env::args().skip(1).filter(|a| a != "--bench").collect();
+    let args: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| a != "--bench")
+        .collect();
     let Some(variant) = args.first() else {
         eprintln!("usage: http_server bare|governor|tollgate|tollgate3 [PORT]");
         return;

@@ -120,9 +120,7 @@ fn main() {
             ));
         }
 
-        println!(
-            "{iters} requests per row, one peer address, limits never reached, headers on\n"
-        );
+        println!("{iters} requests per row, one peer address, limits never reached, headers on\n");
         println!(
             "{:<34} {:>9} {:>8} {:>18} {:>10}",
             "router", "ns/req", "x bare", "x tower_governor", "allocs/req"

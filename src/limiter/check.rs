@@ -2,6 +2,7 @@
 //! escaping, the deny cache, the store (or its read-only twin), the failure policy and shadow
 //! mode.
 
+use std::cell::Cell;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -164,48 +165,86 @@ async fn decide<I: AsRef<str>>(
     if cost == 0 || cost > max {
         return Err(Error::Cost { cost, max });
     }
-    // Distinct identifiers, each with the index of its first occurrence.
-    let mut firsts: Vec<usize> = Vec::with_capacity(identifiers.len());
+    // Distinct identifiers, each with the index of its first occurrence (on the stack: a
+    // check names at most `MAX_IDENTIFIERS`).
+    let mut first_ix = [0usize; MAX_IDENTIFIERS];
+    let mut distinct = 0;
     for (i, id) in identifiers.iter().enumerate() {
-        if !firsts
-            .iter()
-            .any(|&f| identifiers[f].as_ref() == id.as_ref())
-        {
-            firsts.push(i);
+        let id = id.as_ref();
+        let earlier = if distinct <= MAX_IDENTIFIERS {
+            first_ix[..distinct]
+                .iter()
+                .any(|&f| identifiers[f].as_ref() == id)
+        } else {
+            // Already too many: the rest are only counted, for the error.
+            identifiers[..i].iter().any(|e| e.as_ref() == id)
+        };
+        if !earlier {
+            if let Some(slot) = first_ix.get_mut(distinct) {
+                *slot = i;
+            }
+            distinct += 1;
         }
     }
-    if firsts.is_empty() {
+    if distinct == 0 {
         return Err(Error::NoIdentifiers);
     }
-    if firsts.len() > MAX_IDENTIFIERS {
-        return Err(Error::TooManyIdentifiers(firsts.len()));
+    if distinct > MAX_IDENTIFIERS {
+        return Err(Error::TooManyIdentifiers(distinct));
     }
-    let ids: Vec<String> = firsts
-        .iter()
-        .map(|&i| keyspace::escape_identifier(identifiers[i].as_ref()))
-        .collect();
+    let firsts = &first_ix[..distinct];
+    // The escaped identifiers, in buffers reused from check to check on this thread (taken
+    // out for the check, which may wait on the store, and put back when it is decided).
+    let mut ids = ID_BUFFERS.with(Cell::take);
+    ids.truncate(distinct);
+    for (k, &i) in firsts.iter().enumerate() {
+        match ids.get_mut(k) {
+            Some(buffer) => keyspace::escape_identifier_into(buffer, identifiers[i].as_ref()),
+            None => ids.push(keyspace::escape_identifier(identifiers[i].as_ref())),
+        }
+    }
+    let decision = decide_escaped(target, &ids, firsts, cost, charge).await;
+    ID_BUFFERS.with(|b| b.set(ids));
+    decision
+}
+
+thread_local! {
+    /// Escaped-identifier buffers, reused by the checks on this thread.
+    static ID_BUFFERS: Cell<Vec<String>> = const { Cell::new(Vec::new()) };
+}
+
+/// The check of escaped, distinct identifiers (`firsts`: the index of each among the
+/// caller's).
+async fn decide_escaped(
+    target: &Target<'_>,
+    ids: &[String],
+    firsts: &[usize],
+    cost: u64,
+    charge: bool,
+) -> Result<Decision, Error> {
+    let policy = target.policy;
     let limits = policy.limits();
     if let Some((cache, _)) = target.deny_cache {
-        if let Some(decision) = cache.lookup(&ids, &firsts, cost) {
+        if let Some(decision) = cache.lookup(ids, firsts, cost) {
             observe::deny_cache_hit(target.name);
             return Ok(decision);
         }
     }
     let sent = Instant::now();
-    let store = target.store.clone();
+    let store = target.store;
     let (outcome, guard) = match policy.concurrency() {
         _ if !charge => {
             let plan = Plan {
-                ids: &ids,
+                ids,
                 limits,
                 cost,
                 lease: "",
             };
-            (store_peek(&store, &plan).await.map_err(Error::Store)?, None)
+            (store_peek(store, &plan).await.map_err(Error::Store)?, None)
         }
         None => {
             let plan = Plan {
-                ids: &ids,
+                ids,
                 limits,
                 cost,
                 lease: "",
@@ -217,7 +256,7 @@ async fn decide<I: AsRef<str>>(
             // that disconnects) while the script runs would leave a slot taken with no
             // guard to give it back. The check therefore runs in a task of its own, which
             // finishes and drops its guard whatever becomes of the caller.
-            let task = take_slot(store, ids.clone(), limits.to_vec(), slot, cost);
+            let task = take_slot(store.clone(), ids.to_vec(), limits.to_vec(), slot, cost);
             match tokio::runtime::Handle::try_current() {
                 Ok(runtime) => match runtime.spawn(task).await {
                     Ok(result) => result?,
@@ -232,7 +271,7 @@ async fn decide<I: AsRef<str>>(
         }
     };
     if let (Some((cache, generation)), false) = (target.deny_cache, outcome.allowed) {
-        cache.record(&ids, limits, &outcome, cost, sent, generation);
+        cache.record(ids, limits, &outcome, cost, sent, generation);
     }
     let statuses = outcome
         .entries

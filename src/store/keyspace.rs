@@ -30,6 +30,14 @@ pub(crate) const MAX_PLAIN_ID: usize = 128;
 /// Escapes (or hashes) an identifier for use inside a hash tag.
 pub(crate) fn escape_identifier(id: &str) -> String {
     let mut out = String::with_capacity(id.len().min(MAX_PLAIN_ID + 8));
+    escape_identifier_into(&mut out, id);
+    out
+}
+
+/// [`escape_identifier`] into `out`, replacing what it held (a buffer reused from check to
+/// check does not allocate once it is large enough).
+pub(crate) fn escape_identifier_into(out: &mut String, id: &str) {
+    out.clear();
     for c in id.chars() {
         match c {
             '%' => out.push_str("%25"),
@@ -39,11 +47,12 @@ pub(crate) fn escape_identifier(id: &str) -> String {
             c => out.push(c),
         }
         if out.len() > MAX_PLAIN_ID {
-            let digest = sha1_smol::Sha1::from(id.as_bytes()).digest().to_string();
-            return format!("#{digest}");
+            let digest = sha1_smol::Sha1::from(id.as_bytes()).digest();
+            out.clear();
+            let _ = write!(out, "#{digest}");
+            return;
         }
     }
-    out
 }
 
 /// The limit part of a key, e.g. `w10/1s` (sliding window, 10 per second), `g3/1300msb2`

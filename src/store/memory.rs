@@ -17,6 +17,7 @@
 //! refusing clients it has never seen. A sliding-log state holds one `u64` per admitted cost
 //! unit, so its size is bounded by the limit's count.
 
+use std::cell::RefCell;
 use std::collections::hash_map::RandomState;
 use std::collections::HashMap;
 use std::hash::BuildHasher;
@@ -133,6 +134,64 @@ impl MemoryStore {
     }
 
     pub(crate) fn check(&self, plan: &Plan<'_>) -> Outcome {
+        if let [id] = plan.ids {
+            let single = SCRATCH.with(|scratch| {
+                // Taken only here, and a check never runs another: a failed borrow is
+                // impossible, but the general path would answer it all the same.
+                let mut scratch = scratch.try_borrow_mut().ok()?;
+                self.check_single(id, plan, &mut scratch)
+            });
+            if let Some(outcome) = single {
+                return outcome;
+            }
+        }
+        self.check_general(plan)
+    }
+
+    /// A check of one identifier whose state is one key (a policy of window and GCRA limits,
+    /// or of one sorted-set limit): one shard, one lookup, and for a key that exists no
+    /// allocation — the key is built in a reused buffer, and the state is decided in place.
+    /// `None` when the policy needs more keys.
+    fn check_single(&self, id: &str, plan: &Plan<'_>, scratch: &mut Scratch) -> Option<Outcome> {
+        let inner = &*self.inner;
+        let (layout, key) = scratch.key(id, plan.limits)?;
+        let now = self.now();
+        let shard_ix = (inner.hasher.hash_one(key) as usize) % SHARDS;
+        let mut guard = lock(&inner.shards[shard_ix]);
+        let shard = &mut *guard;
+        let decide = |slot: &mut [Option<State>; 1]| {
+            algorithm::decide(slot, layout, plan.limits, now, plan.cost, plan.lease)
+        };
+        let Some(stored) = shard.map.get_mut(key) else {
+            let mut slot = [None];
+            let outcome = decide(&mut slot);
+            if let [Some(state)] = slot {
+                make_room(shard, now, inner.max_per_shard, |k| k == key);
+                let expires_at = algorithm::expires_at(&state, layout, plan.limits, 0);
+                shard
+                    .map
+                    .insert(key.to_owned(), Stored { state, expires_at });
+            }
+            return Some(outcome);
+        };
+        // The state leaves its entry for the decision (an expired one is dropped: it decides
+        // like none) and goes back with its new expiry; the placeholder does not allocate.
+        let taken = std::mem::replace(&mut stored.state, State::Counters(Vec::new()));
+        let mut slot = [(stored.expires_at > now).then_some(taken)];
+        let outcome = decide(&mut slot);
+        match slot {
+            [Some(state)] => {
+                stored.expires_at = algorithm::expires_at(&state, layout, plan.limits, 0);
+                stored.state = state;
+            }
+            [None] => {
+                shard.map.remove(key);
+            }
+        }
+        Some(outcome)
+    }
+
+    fn check_general(&self, plan: &Plan<'_>) -> Outcome {
         let inner = &*self.inner;
         let now = self.now();
 
@@ -177,7 +236,9 @@ impl MemoryStore {
             let Some(state) = state else { continue };
             let shard = &mut *guards[guard_of(*s)];
             if !present[k] {
-                make_room(shard, now, inner.max_per_shard, &pairs);
+                make_room(shard, now, inner.max_per_shard, |k| {
+                    pairs.iter().any(|(_, p)| p == k)
+                });
             }
             let expires_at = algorithm::expires_at(&state, &layout, plan.limits, k % per_id);
             shard.map.insert(key.clone(), Stored { state, expires_at });
@@ -250,6 +311,49 @@ fn key_of(id: &str, k: usize, layout: &Layout, limits: &[Limit]) -> String {
     }
 }
 
+thread_local! {
+    /// What a single-key check reuses from one check to the next on this thread.
+    static SCRATCH: RefCell<Scratch> = RefCell::default();
+}
+
+/// The layout of the last policy checked on this thread and its key's limit part, worked out
+/// once per policy rather than per check, and the buffer the key is built in.
+#[derive(Default)]
+struct Scratch {
+    limits: Vec<Limit>,
+    /// The layout of `limits`, when an identifier's state is one key.
+    layout: Option<Layout>,
+    /// The key without its prefix and identifier: `}:` and the limit part.
+    suffix: String,
+    key: String,
+}
+
+impl Scratch {
+    /// The layout of `limits` and the key of `id` (escaped) under it, when the state of an
+    /// identifier is one key.
+    fn key(&mut self, id: &str, limits: &[Limit]) -> Option<(&Layout, &str)> {
+        if self.limits != limits {
+            let layout = Layout::of(limits);
+            self.limits = limits.to_vec();
+            self.suffix.clear();
+            self.layout = None;
+            if layout.keys_per_id() == 1 {
+                // the key of an empty identifier is the prefix, `:{`, then the suffix
+                let empty = key_of("", 0, &layout, limits);
+                self.suffix.push_str(&empty[PREFIX.len() + 2..]);
+                self.layout = Some(layout);
+            }
+        }
+        let layout = self.layout.as_ref()?;
+        self.key.clear();
+        self.key.push_str(PREFIX);
+        self.key.push_str(":{");
+        self.key.push_str(id);
+        self.key.push_str(&self.suffix);
+        Some((layout, &self.key))
+    }
+}
+
 fn lock(shard: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
     // A panic while holding the lock cannot leave a state half-written in a way that matters
     // more than losing it would, so a poisoned shard is used as is.
@@ -258,7 +362,7 @@ fn lock(shard: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
 
 /// Before inserting into `shard`: sweep expired states when the shard has grown enough since
 /// the last sweep, and evict one when it is at its bound.
-fn make_room(shard: &mut Shard, now: u64, max: usize, protected: &[(usize, String)]) {
+fn make_room(shard: &mut Shard, now: u64, max: usize, protected: impl Fn(&str) -> bool) {
     // Sweeping scans the shard: only when it has doubled since the last sweep, so the cost
     // stays amortised even while a flood keeps the shard at its bound.
     if shard.map.len() >= shard.next_sweep.max(MIN_SWEEP) {
@@ -269,7 +373,7 @@ fn make_room(shard: &mut Shard, now: u64, max: usize, protected: &[(usize, Strin
         let victim = shard
             .map
             .iter()
-            .filter(|(k, _)| !protected.iter().any(|(_, p)| p == *k))
+            .filter(|(k, _)| !protected(k))
             .take(EVICTION_SAMPLE)
             .min_by_key(|(_, s)| s.expires_at)
             .map(|(k, _)| k.clone());
@@ -291,6 +395,27 @@ mod tests {
 
     fn limiter(store: &MemoryStore, policy: &str) -> Limiter {
         Limiter::new(store.clone(), policy.parse::<Policy>().unwrap())
+    }
+
+    #[test]
+    fn the_reused_key_is_the_key_of_the_identifier() {
+        let mut scratch = Scratch::default();
+        for policy in [
+            "10/s",
+            "10/s, 120/min gcra, 240/h fixed",
+            "5/s log",
+            "3 concurrent",
+        ] {
+            let limits = policy.parse::<Policy>().unwrap().limits().to_vec();
+            let layout = Layout::of(&limits);
+            for id in ["ip:1.2.3.4", "", "%7B"] {
+                let (_, key) = scratch.key(id, &limits).unwrap();
+                assert_eq!(key, key_of(id, 0, &layout, &limits), "{policy}");
+            }
+        }
+        // a policy whose identifiers have several keys takes the general path
+        let limits = "10/s, 5/s log".parse::<Policy>().unwrap().limits().to_vec();
+        assert!(scratch.key("a", &limits).is_none());
     }
 
     #[tokio::test]
