@@ -288,6 +288,17 @@ fn tightness(entry: &ListEntry) -> (i64, Reverse<i64>) {
 }
 
 fn merge_ietf(headers: &mut HeaderMap, ours: &[Advert], retry_after: Option<u64>) {
+    if !headers.contains_key(RATELIMIT_POLICY) && !headers.contains_key(RATELIMIT) {
+        if let Some((policy, state)) = fresh_ietf(ours, retry_after) {
+            if let (false, Some(policy), Some(state)) =
+                (ours.is_empty(), header_value(policy), header_value(state))
+            {
+                headers.insert(RATELIMIT_POLICY, policy);
+                headers.insert(RATELIMIT, state);
+            }
+            return;
+        }
+    }
     if let Some(mut policy) = read_list(headers, &RATELIMIT_POLICY) {
         let before = policy.len();
         for a in ours {
@@ -327,6 +338,46 @@ fn merge_ietf(headers: &mut HeaderMap, ours: &[Advert], retry_after: Option<u64>
             write_list(headers, RATELIMIT, &state);
         }
     }
+}
+
+/// The fields `merge_ietf` writes when the response has none yet, formatted directly rather
+/// than through the structured-field lists (the usual case, once per response): the same
+/// bytes the serializer would give. `None` when an advert needs the general path (a name
+/// that needs escaping, a repeated name, a number too large for a structured field).
+fn fresh_ietf(ours: &[Advert], retry_after: Option<u64>) -> Option<(String, String)> {
+    use std::fmt::Write;
+    const MAX_INTEGER: u64 = 999_999_999_999_999;
+    let mut policy = String::with_capacity(40 * ours.len());
+    let mut state = String::with_capacity(32 * ours.len());
+    for (i, a) in ours.iter().enumerate() {
+        let plain = a
+            .name
+            .bytes()
+            .all(|b| (0x20..=0x7e).contains(&b) && b != b'"' && b != b'\\');
+        let numbers = [Some(a.q), Some(a.r), a.w, a.t];
+        if !plain
+            || ours[..i].iter().any(|o| o.name == a.name)
+            || numbers.iter().flatten().any(|&n| n > MAX_INTEGER)
+        {
+            return None;
+        }
+        if i > 0 {
+            policy.push_str(", ");
+            state.push_str(", ");
+        }
+        let _ = write!(policy, "\"{}\";q={}", a.name, a.q);
+        let _ = match a.w {
+            Some(w) => write!(policy, ";w={w}"),
+            None => write!(policy, ";qu=\"{CONCURRENT_REQUESTS}\""),
+        };
+        let _ = write!(state, "\"{}\";r={}", a.name, a.r);
+        if let Some(t) = a.t {
+            // Every effective window ends by the time Retry-After says to come back.
+            let t = retry_after.map_or(t, |cap| t.min(cap));
+            let _ = write!(state, ";t={t}");
+        }
+    }
+    Some((policy, state))
 }
 
 fn merge_legacy(headers: &mut HeaderMap, ours: &[Advert]) {

@@ -38,6 +38,11 @@ pub(crate) fn escape_identifier(id: &str) -> String {
 /// check does not allocate once it is large enough).
 pub(crate) fn escape_identifier_into(out: &mut String, id: &str) {
     out.clear();
+    // The usual identifier has nothing to escape and is short: copied whole.
+    if id.len() <= MAX_PLAIN_ID && !id.bytes().any(|b| matches!(b, b'%' | b'{' | b'}' | b'#')) {
+        out.push_str(id);
+        return;
+    }
     for c in id.chars() {
         match c {
             '%' => out.push_str("%25"),

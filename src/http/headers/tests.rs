@@ -257,3 +257,41 @@ fn adverts_serialize_as_structured_fields() {
     assert_eq!(headers[RATELIMIT], r#""10/s";r=3;t=1"#);
     assert_eq!(headers["ratelimit-policy"], r#""10/s";q=10;w=1"#);
 }
+
+#[test]
+fn fields_written_directly_are_those_the_serializer_writes() {
+    use super::{fresh_ietf, policy_item, state_item};
+    use sfv::{FieldType, List};
+    let concurrent = Advert {
+        name: "2 concurrent".to_string(),
+        q: 2,
+        w: None,
+        r: 1,
+        t: None,
+        full: 0,
+    };
+    for ours in [
+        vec![advert("10/s", 10, 1, 9, 1)],
+        vec![
+            advert("10/s", 10, 1, 0, 1),
+            concurrent.clone(),
+            advert("240/h gcra", 240, 3600, 17, 15),
+        ],
+        vec![advert("5/min log", 5, 60, 5, 60), concurrent],
+    ] {
+        let (policy, state) = fresh_ietf(&ours, None).unwrap();
+        let list = |f: fn(&Advert) -> Option<sfv::ListEntry>| {
+            let list: List = ours.iter().filter_map(f).collect();
+            list.serialize().unwrap()
+        };
+        assert_eq!(policy, list(policy_item));
+        assert_eq!(state, list(state_item));
+    }
+    // names the serializer would escape, repeated names and huge numbers go the long way
+    assert!(fresh_ietf(&[advert("a\"b", 1, 1, 1, 1)], None).is_none());
+    assert!(fresh_ietf(&[advert("a", 1, 1, 1, 1), advert("a", 2, 1, 1, 1)], None).is_none());
+    assert!(fresh_ietf(&[advert("a", u64::MAX, 1, 1, 1)], None).is_none());
+    // the effective window is capped by Retry-After
+    let (_, state) = fresh_ietf(&[advert("1/min", 1, 60, 0, 45)], Some(7)).unwrap();
+    assert_eq!(state, r#""1/min";r=0;t=7"#);
+}
