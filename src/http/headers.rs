@@ -330,6 +330,17 @@ fn tightness(entry: &ListEntry) -> (i64, Reverse<i64>) {
 }
 
 fn merge_ietf(headers: &mut HeaderMap, ours: &[Advert], retry_after: Option<u64>) {
+    if !headers.contains_key(RATELIMIT_POLICY) && !headers.contains_key(RATELIMIT) {
+        if let Some((policy, state)) = fresh_ietf(ours, retry_after) {
+            if let (false, Some(policy), Some(state)) =
+                (ours.is_empty(), header_value(policy), header_value(state))
+            {
+                headers.insert(RATELIMIT_POLICY, policy);
+                headers.insert(RATELIMIT, state);
+            }
+            return;
+        }
+    }
     if let Some(mut policy) = read_list(headers, &RATELIMIT_POLICY) {
         let before = policy.len();
         for a in ours {
@@ -367,6 +378,75 @@ fn merge_ietf(headers: &mut HeaderMap, ours: &[Advert], retry_after: Option<u64>
         }
         if !state.is_empty() {
             write_list(headers, RATELIMIT, &state);
+        }
+    }
+}
+
+/// The fields `merge_ietf` writes when the response has none yet, formatted directly rather
+/// than through the structured-field lists (the usual case, once per response): the same
+/// bytes the serializer would give. `None` when an advert needs the general path (a name
+/// that needs escaping, a repeated name, a number too large for a structured field).
+fn fresh_ietf(ours: &[Advert], retry_after: Option<u64>) -> Option<(String, String)> {
+    use std::fmt::Write;
+    const MAX_INTEGER: u64 = 999_999_999_999_999;
+    let mut policy = String::with_capacity(40 * ours.len());
+    // a partition key of n bytes takes `;pk=::` and 4 characters per 3 bytes
+    let pks: usize = ours
+        .iter()
+        .filter_map(|a| a.pk.as_ref())
+        .map(|pk| 6 + pk.len().div_ceil(3) * 4)
+        .sum();
+    let mut state = String::with_capacity(32 * ours.len() + pks);
+    for (i, a) in ours.iter().enumerate() {
+        let plain = a
+            .name
+            .bytes()
+            .all(|b| (0x20..=0x7e).contains(&b) && b != b'"' && b != b'\\');
+        let numbers = [Some(a.q), Some(a.r), a.w, a.t];
+        if !plain
+            || ours[..i].iter().any(|o| o.name == a.name)
+            || numbers.iter().flatten().any(|&n| n > MAX_INTEGER)
+        {
+            return None;
+        }
+        if i > 0 {
+            policy.push_str(", ");
+            state.push_str(", ");
+        }
+        let _ = write!(policy, "\"{}\";q={}", a.name, a.q);
+        let _ = match a.w {
+            Some(w) => write!(policy, ";w={w}"),
+            None => write!(policy, ";qu=\"{CONCURRENT_REQUESTS}\""),
+        };
+        let _ = write!(state, "\"{}\";r={}", a.name, a.r);
+        if let Some(t) = a.t {
+            // Every effective window ends by the time Retry-After says to come back.
+            let t = retry_after.map_or(t, |cap| t.min(cap));
+            let _ = write!(state, ";t={t}");
+        }
+        if let Some(pk) = &a.pk {
+            state.push_str(";pk=:");
+            push_base64(&mut state, pk);
+            state.push(':');
+        }
+    }
+    Some((policy, state))
+}
+
+/// `bytes` in base64 with padding (RFC 4648's standard alphabet), as a structured field's
+/// byte sequence holds them.
+fn push_base64(out: &mut String, bytes: &[u8]) {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    for chunk in bytes.chunks(3) {
+        let b = [0, 1, 2].map(|i| chunk.get(i).copied().unwrap_or(0));
+        let n = u32::from(b[0]) << 16 | u32::from(b[1]) << 8 | u32::from(b[2]);
+        // a chunk of k bytes gives k + 1 characters, then padding to 4
+        for (k, shift) in [18, 12, 6, 0].into_iter().enumerate() {
+            if k <= chunk.len() {
+                out.push(char::from(ALPHABET[(n >> shift & 63) as usize]));
+            } else {
+                out.push('=');
+            }
         }
     }
 }

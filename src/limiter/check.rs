@@ -2,6 +2,7 @@
 //! escaping, the deny cache, the store (or its read-only twin), the failure policy and shadow
 //! mode.
 
+use std::cell::Cell;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -193,12 +194,44 @@ async fn decide<I: AsRef<str>>(
     if cost == 0 || cost > max {
         return Err(Error::Cost { cost, max });
     }
-    let (firsts, ids) = distinct(identifiers)?;
-    let limits = policy.limits();
+    let (first_ix, count) = first_occurrences(identifiers)?;
+    let firsts = &first_ix[..count];
+    // The escaped identifiers, in buffers reused from check to check on this thread (taken
+    // out for the check, which may wait on the store, and put back when it is decided; a
+    // check cut short drops them, and the next one starts with fresh buffers).
+    let mut ids = ID_BUFFERS.with(Cell::take);
+    ids.truncate(count);
+    for (k, &i) in firsts.iter().enumerate() {
+        match ids.get_mut(k) {
+            Some(buffer) => keyspace::escape_identifier_into(buffer, identifiers[i].as_ref()),
+            None => ids.push(keyspace::escape_identifier(identifiers[i].as_ref())),
+        }
+    }
+    let decision = decide_escaped(target, &ids, firsts, cost, charge, max_wait).await;
+    ID_BUFFERS.with(|b| b.set(ids));
+    decision
+}
+
+thread_local! {
+    /// Escaped-identifier buffers, reused by the checks on this thread.
+    static ID_BUFFERS: Cell<Vec<String>> = const { Cell::new(Vec::new()) };
+}
+
+/// The check of escaped, distinct identifiers (`firsts`: the index of each among the
+/// caller's).
+async fn decide_escaped(
+    target: &Target<'_>,
+    ids: &[String],
+    firsts: &[usize],
+    cost: u64,
+    charge: bool,
+    max_wait: Duration,
+) -> Result<(Decision, Duration), Error> {
+    let limits = target.policy.limits();
     if let Some((cache, _)) = target.deny_cache {
         // a denial until later than the caller would wait: the store could not do better
         if let Some(decision) = cache
-            .lookup(&ids, &firsts, cost)
+            .lookup(ids, firsts, cost)
             .filter(|d| d.retry_after().is_some_and(|r| r > max_wait))
         {
             observe::deny_cache_hit(target.name);
@@ -206,12 +239,12 @@ async fn decide<I: AsRef<str>>(
         }
     }
     let sent = Instant::now();
-    let store = target.store.clone();
+    let store = target.store;
     let namespace = target.namespace.map(Namespace::as_str);
-    let (outcome, guard) = match policy.concurrency() {
+    let (outcome, guard) = match target.policy.concurrency() {
         _ if !charge => {
             let plan = Plan {
-                ids: &ids,
+                ids,
                 namespace,
                 limits,
                 cost,
@@ -221,7 +254,7 @@ async fn decide<I: AsRef<str>>(
         }
         None => {
             let plan = Plan {
-                ids: &ids,
+                ids,
                 namespace,
                 limits,
                 cost,
@@ -237,8 +270,8 @@ async fn decide<I: AsRef<str>>(
             // guard to give it back. The check therefore runs in a task of its own, which
             // finishes and drops its guard whatever becomes of the caller.
             let task = take_slot(
-                store,
-                ids.clone(),
+                store.clone(),
+                ids.to_vec(),
                 target.namespace.cloned(),
                 limits.to_vec(),
                 slot,
@@ -258,7 +291,7 @@ async fn decide<I: AsRef<str>>(
         }
     };
     if let (Some((cache, generation)), false) = (target.deny_cache, outcome.allowed) {
-        cache.record(&ids, limits, &outcome, cost, sent, generation);
+        cache.record(ids, limits, &outcome, cost, sent, generation);
     }
     let statuses = outcome
         .entries
@@ -290,26 +323,46 @@ async fn decide<I: AsRef<str>>(
 pub(super) fn distinct<I: AsRef<str>>(
     identifiers: &[I],
 ) -> Result<(Vec<usize>, Vec<String>), Error> {
-    let mut firsts: Vec<usize> = Vec::with_capacity(identifiers.len());
-    for (i, id) in identifiers.iter().enumerate() {
-        if !firsts
-            .iter()
-            .any(|&f| identifiers[f].as_ref() == id.as_ref())
-        {
-            firsts.push(i);
-        }
-    }
-    if firsts.is_empty() {
-        return Err(Error::NoIdentifiers);
-    }
-    if firsts.len() > MAX_IDENTIFIERS {
-        return Err(Error::TooManyIdentifiers(firsts.len()));
-    }
+    let (first_ix, count) = first_occurrences(identifiers)?;
+    let firsts = first_ix[..count].to_vec();
     let ids = firsts
         .iter()
         .map(|&i| keyspace::escape_identifier(identifiers[i].as_ref()))
         .collect();
     Ok((firsts, ids))
+}
+
+/// The index of each distinct identifier's first occurrence among `identifiers`, in the
+/// first `count` places (on the stack: a check names at most `MAX_IDENTIFIERS`).
+fn first_occurrences<I: AsRef<str>>(
+    identifiers: &[I],
+) -> Result<([usize; MAX_IDENTIFIERS], usize), Error> {
+    let mut first_ix = [0usize; MAX_IDENTIFIERS];
+    let mut count = 0;
+    for (i, id) in identifiers.iter().enumerate() {
+        let id = id.as_ref();
+        let earlier = if count <= MAX_IDENTIFIERS {
+            first_ix[..count]
+                .iter()
+                .any(|&f| identifiers[f].as_ref() == id)
+        } else {
+            // Already too many: the rest are only counted, for the error.
+            identifiers[..i].iter().any(|e| e.as_ref() == id)
+        };
+        if !earlier {
+            if let Some(slot) = first_ix.get_mut(count) {
+                *slot = i;
+            }
+            count += 1;
+        }
+    }
+    if count == 0 {
+        return Err(Error::NoIdentifiers);
+    }
+    if count > MAX_IDENTIFIERS {
+        return Err(Error::TooManyIdentifiers(count));
+    }
+    Ok((first_ix, count))
 }
 
 /// Checks a policy with a concurrency limit; when allowed, holds the slot in a guard.

@@ -73,6 +73,19 @@ pub(crate) const MAX_PLAIN_ID: usize = 128;
 /// Escapes (or hashes) an identifier for use inside a hash tag.
 pub(crate) fn escape_identifier(id: &str) -> String {
     let mut out = String::with_capacity(id.len().min(MAX_PLAIN_ID + 8));
+    escape_identifier_into(&mut out, id);
+    out
+}
+
+/// [`escape_identifier`] into `out`, replacing what it held (a buffer reused from check to
+/// check does not allocate once it is large enough).
+pub(crate) fn escape_identifier_into(out: &mut String, id: &str) {
+    out.clear();
+    // The usual identifier has nothing to escape and is short: copied whole.
+    if id.len() <= MAX_PLAIN_ID && !id.bytes().any(|b| matches!(b, b'%' | b'{' | b'}' | b'#')) {
+        out.push_str(id);
+        return;
+    }
     for c in id.chars() {
         match c {
             '%' => out.push_str("%25"),
@@ -82,11 +95,12 @@ pub(crate) fn escape_identifier(id: &str) -> String {
             c => out.push(c),
         }
         if out.len() > MAX_PLAIN_ID {
-            let digest = sha1_smol::Sha1::from(id.as_bytes()).digest().to_string();
-            return format!("#{digest}");
+            let digest = sha1_smol::Sha1::from(id.as_bytes()).digest();
+            out.clear();
+            let _ = write!(out, "#{digest}");
+            return;
         }
     }
-    out
 }
 
 /// The limit part of a key: the algorithm's letter, then the window in its largest whole

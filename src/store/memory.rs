@@ -29,6 +29,8 @@ use crate::algorithm::schedule::{self, Placement, Rate};
 use crate::algorithm::{self, Layout, State};
 use crate::clock::{system_micros, Clock};
 
+mod single;
+
 const SHARDS: usize = 64;
 const DEFAULT_MAX_KEYS: usize = 1_000_000;
 const MIN_SWEEP: usize = 1024;
@@ -172,6 +174,19 @@ impl MemoryStore {
     /// A check that may wait up to `charge`'s µs, or (`None`) a peek: the same evaluation,
     /// and only a check writes.
     fn decide(&self, plan: &Plan<'_>, charge: Option<u64>) -> Outcome {
+        // A check of one identifier whose state is one key takes the short way (`single`),
+        // which decides exactly as the general one below.
+        if let (Some(max_wait_us), [id]) = (charge, plan.ids) {
+            if let Some(outcome) = single::check(self, id, plan, max_wait_us) {
+                return outcome;
+            }
+        }
+        self.decide_general(plan, charge)
+    }
+
+    /// [`decide`](Self::decide) for any plan: every key of every identifier, each shard
+    /// involved locked in index order.
+    fn decide_general(&self, plan: &Plan<'_>, charge: Option<u64>) -> Outcome {
         let inner = &*self.inner;
         let now = self.now();
         let (layout, pairs) = self.keys(plan);
@@ -214,7 +229,9 @@ impl MemoryStore {
             let Some(state) = state else { continue };
             let shard = &mut *guards[guard_of(*s)];
             if !present[k] {
-                make_room(shard, now, inner.max_per_shard, &pairs);
+                make_room(shard, now, inner.max_per_shard, |k| {
+                    pairs.iter().any(|(_, p)| p == k)
+                });
             }
             let expires_at = match charge {
                 Some(_) => algorithm::expires_at(&state, &layout, plan.limits, k % per_id),
@@ -319,12 +336,7 @@ impl MemoryStore {
         let placement = schedule::place(stored, rate, now, cost, longest_us);
         if placement.placed {
             if !shard.map.contains_key(key) {
-                make_room(
-                    &mut shard,
-                    now,
-                    inner.max_per_shard,
-                    &[(s, key.to_string())],
-                );
+                make_room(&mut shard, now, inner.max_per_shard, |k| k == key);
             }
             let stored = Stored {
                 state: schedule::to_state(placement.after),
@@ -374,7 +386,7 @@ fn lock(shard: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
 
 /// Before inserting into `shard`: sweep expired states when the shard has grown enough since
 /// the last sweep, and evict one when it is at its bound.
-fn make_room(shard: &mut Shard, now: u64, max: usize, protected: &[(usize, String)]) {
+fn make_room(shard: &mut Shard, now: u64, max: usize, protected: impl Fn(&str) -> bool) {
     // Sweeping scans the shard: only when it has doubled since the last sweep, so the cost
     // stays amortised even while a flood keeps the shard at its bound.
     if shard.map.len() >= shard.next_sweep.max(MIN_SWEEP) {
@@ -385,7 +397,7 @@ fn make_room(shard: &mut Shard, now: u64, max: usize, protected: &[(usize, Strin
         let victim = shard
             .map
             .iter()
-            .filter(|(k, _)| !protected.iter().any(|(_, p)| p == *k))
+            .filter(|(k, _)| !protected(k))
             .take(EVICTION_SAMPLE)
             .min_by_key(|(_, s)| s.expires_at)
             .map(|(k, _)| k.clone());

@@ -285,3 +285,59 @@ fn partition_keys_are_keyed_hashes_in_byte_sequences() {
     super::merge_ietf(&mut headers, &[a], None);
     assert_eq!(headers[RATELIMIT], r#""10/s";r=3;t=1;pk=:thcx:"#);
 }
+
+#[test]
+fn fields_written_directly_are_those_the_serializer_writes() {
+    use super::{fresh_ietf, policy_item, state_item};
+    use sfv::{FieldType, List};
+    let concurrent = Advert {
+        name: "2 concurrent".to_string(),
+        q: 2,
+        w: None,
+        r: 1,
+        t: None,
+        full: 0,
+        pk: None,
+    };
+    for ours in [
+        vec![advert("10/s", 10, 1, 9, 1)],
+        vec![
+            advert("10/s", 10, 1, 0, 1),
+            concurrent.clone(),
+            advert("240/h gcra", 240, 3600, 17, 15),
+        ],
+        vec![advert("5/min log", 5, 60, 5, 60), concurrent.clone()],
+        // partition keys of every length modulo 3, and none
+        vec![
+            with_pk(advert("10/s", 10, 1, 3, 1), &[0xb6, 0x17, 0x31]),
+            with_pk(concurrent.clone(), &[0xff]),
+            with_pk(advert("240/h gcra", 240, 3600, 17, 15), &[0xfb, 0xef]),
+            with_pk(advert("1/min", 1, 60, 0, 60), &[]),
+            advert("5/min log", 5, 60, 5, 60),
+            with_pk(
+                advert("7/h", 7, 3600, 2, 900),
+                &(0u8..=255).step_by(21).collect::<Vec<_>>(),
+            ),
+        ],
+    ] {
+        let (policy, state) = fresh_ietf(&ours, None).unwrap();
+        let list = |f: fn(&Advert) -> Option<sfv::ListEntry>| {
+            let list: List = ours.iter().filter_map(f).collect();
+            list.serialize().unwrap()
+        };
+        assert_eq!(policy, list(policy_item));
+        assert_eq!(state, list(state_item));
+    }
+    // names the serializer would escape, repeated names and huge numbers go the long way
+    assert!(fresh_ietf(&[advert("a\"b", 1, 1, 1, 1)], None).is_none());
+    assert!(fresh_ietf(&[advert("a", 1, 1, 1, 1), advert("a", 2, 1, 1, 1)], None).is_none());
+    assert!(fresh_ietf(&[advert("a", u64::MAX, 1, 1, 1)], None).is_none());
+    // the effective window is capped by Retry-After
+    let (_, state) = fresh_ietf(&[advert("1/min", 1, 60, 0, 45)], Some(7)).unwrap();
+    assert_eq!(state, r#""1/min";r=0;t=7"#);
+}
+
+fn with_pk(mut a: Advert, pk: &[u8]) -> Advert {
+    a.pk = Some(pk.to_vec());
+    a
+}

@@ -1,0 +1,218 @@
+//! The memory store's hot path next to `governor`'s keyed limiter, measured in the same run.
+//!
+//! `cargo bench --bench memory [-- --iters N]`
+//!
+//! Each row runs the same keys through `governor` (`DefaultKeyedRateLimiter<String>`; for the
+//! three-limit policy, three limiters checked in sequence, stopping at the first refusal) and
+//! through `Limiter::check` on a `MemoryStore`, awaited on a current-thread runtime. With 2
+//! threads, each thread runs its own loop on the shared limiter; "ns" is then the wall time
+//! divided by the checks of one thread (the latency each thread sees). Allocations are counted
+//! by a global allocator over the whole timed loop (every thread), divided by all checks.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::num::NonZeroU32;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Barrier;
+use std::time::Instant;
+
+use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
+use tollgate::{Limiter, MemoryStore};
+
+/// Counts allocations (and reallocations) made anywhere in the process.
+struct Counting;
+
+static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
+
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        unsafe { System.dealloc(ptr, layout) }
+    }
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        unsafe { System.alloc_zeroed(layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+const KEYS: usize = 100_000;
+
+/// ns per check (per thread) and allocations per check.
+#[derive(Clone, Copy)]
+struct Figures {
+    ns: f64,
+    allocs: f64,
+}
+
+/// Runs `check(thread, i)` for `i` in `0..iters` on `threads` threads at once.
+fn run<F>(threads: usize, iters: usize, check: F) -> Figures
+where
+    F: Fn(usize, usize) + Sync,
+{
+    let barrier = Barrier::new(threads + 1);
+    let (started, before) = std::thread::scope(|s| {
+        for t in 0..threads {
+            let (barrier, check) = (&barrier, &check);
+            s.spawn(move || {
+                barrier.wait();
+                for i in 0..iters {
+                    check(t, i);
+                }
+            });
+        }
+        let before = ALLOCATIONS.load(Ordering::Relaxed);
+        barrier.wait();
+        (Instant::now(), before)
+    });
+    let elapsed = started.elapsed();
+    let allocs = ALLOCATIONS.load(Ordering::Relaxed) - before;
+    Figures {
+        ns: elapsed.as_nanos() as f64 / iters as f64,
+        allocs: allocs as f64 / (threads * iters) as f64,
+    }
+}
+
+/// The key thread `t` checks at step `i`: one hot key, or one of 100k.
+fn key_index(spread: bool, t: usize, i: usize) -> usize {
+    if spread {
+        (i * 7919 + t * (KEYS / 2)) % KEYS
+    } else {
+        0
+    }
+}
+
+fn governor_limiters(reference: bool) -> Vec<DefaultKeyedRateLimiter<String>> {
+    let n = |v: u32| NonZeroU32::new(v).unwrap_or(NonZeroU32::MIN);
+    if reference {
+        vec![
+            RateLimiter::keyed(Quota::per_second(n(10))),
+            RateLimiter::keyed(Quota::per_minute(n(120))),
+            RateLimiter::keyed(Quota::per_hour(n(240))),
+        ]
+    } else {
+        vec![RateLimiter::keyed(Quota::per_second(n(100)))]
+    }
+}
+
+fn main() {
+    let mut iters = 1_000_000usize;
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        if a == "--iters" {
+            iters = args.next().and_then(|v| v.parse().ok()).unwrap_or(iters);
+        }
+    }
+    let keys: Vec<String> = (0..KEYS)
+        .map(|i| format!("ip:10.{}.{}.{}", i >> 16, (i >> 8) & 255, i & 255))
+        .collect();
+
+    println!(
+        "{} checks per thread per row; ns = per check per thread; ratio = tollgate / governor\n",
+        iters
+    );
+    println!(
+        "{:<40} {:>9} {:>9} {:>7} {:>10} {:>10}",
+        "scenario", "governor", "tollgate", "ratio", "gov alloc", "tg alloc"
+    );
+    for (reference, policy) in [(false, "100/s"), (true, "10/s, 120/min, 240/h")] {
+        for spread in [false, true] {
+            for threads in [1, 2] {
+                let limiters = governor_limiters(reference);
+                let keys = &keys;
+                let governor_check = |t: usize, i: usize| {
+                    let key = &keys[key_index(spread, t, i)];
+                    for l in &limiters {
+                        if l.check_key(key).is_err() {
+                            break;
+                        }
+                    }
+                };
+                // Warm-up: every key exists before the timed loop.
+                for i in 0..KEYS.min(iters) {
+                    governor_check(0, i);
+                    governor_check(1, i);
+                }
+                let g = run(threads, iters, governor_check);
+
+                let limiter = Limiter::new(MemoryStore::new(), policy.parse().expect("policy"));
+                let t = run_tollgate(&limiter, keys, spread, threads, iters);
+
+                let name = format!(
+                    "{} limit{}, {}, {} thread{}",
+                    if reference { 3 } else { 1 },
+                    if reference { "s" } else { "" },
+                    if spread { "100k keys" } else { "hot key" },
+                    threads,
+                    if threads > 1 { "s" } else { "" },
+                );
+                println!(
+                    "{:<40} {:>9.0} {:>9.0} {:>7.2} {:>10.2} {:>10.2}",
+                    name,
+                    g.ns,
+                    t.ns,
+                    t.ns / g.ns,
+                    g.allocs,
+                    t.allocs
+                );
+            }
+        }
+    }
+}
+
+/// Tollgate's side of a row: each thread drives its checks from one current-thread runtime,
+/// awaiting `Limiter::check` in a loop.
+fn run_tollgate(
+    limiter: &Limiter,
+    keys: &[String],
+    spread: bool,
+    threads: usize,
+    iters: usize,
+) -> Figures {
+    let runtime = || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime")
+    };
+    // Warm-up: every key exists before the timed loop.
+    runtime().block_on(async {
+        for t in 0..2 {
+            for i in 0..KEYS.min(iters) {
+                let _ = limiter.check(&[&keys[key_index(spread, t, i)]]).await;
+            }
+        }
+    });
+    let runtimes: Vec<_> = (0..threads).map(|_| runtime()).collect();
+    let barrier = Barrier::new(threads + 1);
+    let (started, before) = std::thread::scope(|s| {
+        for (t, rt) in runtimes.iter().enumerate() {
+            let barrier = &barrier;
+            s.spawn(move || {
+                rt.block_on(async {
+                    barrier.wait();
+                    for i in 0..iters {
+                        let _ = limiter.check(&[&keys[key_index(spread, t, i)]]).await;
+                    }
+                })
+            });
+        }
+        let before = ALLOCATIONS.load(Ordering::Relaxed);
+        barrier.wait();
+        (Instant::now(), before)
+    });
+    let elapsed = started.elapsed();
+    let allocs = ALLOCATIONS.load(Ordering::Relaxed) - before;
+    Figures {
+        ns: elapsed.as_nanos() as f64 / iters as f64,
+        allocs: allocs as f64 / (threads * iters) as f64,
+    }
+}

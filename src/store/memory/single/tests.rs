@@ -1,0 +1,143 @@
+use std::time::Duration;
+
+use super::*;
+use crate::clock::{Clock, ManualClock};
+use crate::Policy;
+
+const NAMESPACES: [Option<&str>; 3] = [None, Some("login"), Some("api")];
+
+fn limits(policy: &str) -> Vec<Limit> {
+    policy.parse::<Policy>().unwrap().limits().to_vec()
+}
+
+#[test]
+fn the_reused_key_is_the_key_of_the_identifier() {
+    let mut scratch = Scratch::default();
+    for policy in [
+        // the default algorithm, the rolling window, in both its forms
+        "10/s",
+        "2000/s",
+        "10/s, 120/min, 240/h",
+        "10/s sliding",
+        "10/s, 120/min gcra, 240/h fixed",
+        "100/s bucket capacity=500",
+        "5/s log",
+        "3 concurrent",
+    ] {
+        let limits = limits(policy);
+        // the same policy in turn without a namespace and in two: the cache follows both
+        for namespace in NAMESPACES.into_iter().chain(NAMESPACES) {
+            for id in ["ip:1.2.3.4", "", "%7B", "#0123abcd"] {
+                let (_, key) = scratch.key(id, namespace, &limits).unwrap();
+                let keys = keyspace::keys_of(PREFIX, id, namespace, &limits);
+                assert_eq!([key], keys.as_slice(), "{policy} in {namespace:?}");
+            }
+        }
+    }
+    // a policy whose identifiers have several keys takes the general way
+    for policy in ["10/s, 5/s log", "10/s log, 20/s log", "10/s, 3 concurrent"] {
+        for namespace in NAMESPACES {
+            assert!(scratch.key("a", namespace, &limits(policy)).is_none());
+        }
+    }
+}
+
+/// Every state of `store`: key, state and expiry, by key.
+fn contents(store: &MemoryStore) -> Vec<(String, String, u64)> {
+    let mut all: Vec<_> = store
+        .inner
+        .shards
+        .iter()
+        .flat_map(|shard| {
+            lock(shard)
+                .map
+                .iter()
+                .map(|(k, s)| (k.clone(), format!("{:?}", s.state), s.expires_at))
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    all.sort();
+    all
+}
+
+#[test]
+fn the_short_way_decides_as_the_general_way() {
+    let clock = ManualClock::new(1_000_000_000_000);
+    let store = || {
+        MemoryStore::builder()
+            .clock(Clock::Manual(clock.clone()))
+            .build()
+    };
+    // a fixed pseudo-random sequence (xorshift)
+    let mut seed = 0x2545_f491_4f6c_dd1d_u64;
+    let mut next = move |n: u64| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed % n
+    };
+    for policy in [
+        "10/s",
+        "2000/s",
+        "10/s, 120/min, 240/h",
+        "10/s sliding",
+        "4/s fixed",
+        "10/s, 120/min gcra, 240/h fixed",
+        "5/s bucket capacity=8",
+        "5/s log",
+        "3 concurrent",
+    ] {
+        let limits = limits(policy);
+        // costs up to a third of the smallest quota, so that every policy denies some
+        let max_cost = limits
+            .iter()
+            .map(|l| if l.is_concurrency() { 1 } else { l.max_cost() })
+            .min()
+            .unwrap()
+            .div_ceil(3);
+        let (short, general) = (store(), store());
+        let ids = ["ip:1.2.3.4".to_string(), "%7B".to_string()];
+        let mut allowed = 0;
+        for round in 0..600 {
+            let namespace = NAMESPACES[round % 3];
+            let lease = format!("lease-{round}");
+            let plan = Plan {
+                ids: &ids[round / 3 % 2..][..1],
+                namespace,
+                limits: &limits,
+                cost: 1 + next(max_cost),
+                lease: &lease,
+            };
+            // a third of the checks may wait up to a quarter second (none with a slot to
+            // take: the limiter refuses those waits)
+            let waits = !policy.contains("concurrent") && next(3) == 0;
+            let max_wait_us = if waits { 250_000 } else { 0 };
+            let expected = general.decide_general(&plan, Some(max_wait_us));
+            let outcome = check(&short, &plan.ids[0], &plan, max_wait_us);
+            assert_eq!(outcome, Some(expected.clone()), "{policy}, round {round}");
+            allowed += u64::from(expected.allowed);
+            assert_eq!(
+                contents(&short),
+                contents(&general),
+                "{policy}, round {round}"
+            );
+            // a peek (the general way) finds the state the short way wrote
+            assert_eq!(short.peek(&plan), general.peek(&plan), "{policy}");
+            clock.advance(Duration::from_micros(next(150_000)));
+        }
+        assert!(0 < allowed && allowed < 600, "{policy}: {allowed} allowed");
+        // and so does a reset
+        for namespace in NAMESPACES {
+            for id in &ids {
+                short.reset(&Plan {
+                    ids: std::slice::from_ref(id),
+                    namespace,
+                    limits: &limits,
+                    cost: 1,
+                    lease: "",
+                });
+            }
+        }
+        assert!(short.is_empty(), "{policy}");
+    }
+}
