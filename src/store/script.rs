@@ -242,6 +242,58 @@ fn generate(limits: &[Limit], ids: usize) -> (String, Layout, Vec<usize>, Vec<Wi
     generate_within(limits, ids, false)
 }
 
+/// What every script generated for a policy lays out alike: its keys per identifier, the
+/// packed limits and the sorted-set ones (indices into the policy), and the packed state's
+/// fields — `T`, then each packed limit's fields, named `<field><limit>` — with their wire
+/// formats, `struct` format and length in bytes.
+struct Shape {
+    layout: Layout,
+    per_id: usize,
+    packed: Vec<usize>,
+    sorted: Vec<usize>,
+    wire: Vec<Wire>,
+    names: Vec<String>,
+    format: String,
+    state_len: usize,
+}
+
+impl Shape {
+    fn of(limits: &[Limit]) -> Shape {
+        let layout = Layout::of(limits);
+        let per_id = layout.keys_per_id();
+        let packed: Vec<usize> = layout
+            .limits_of(0)
+            .filter(|_| layout.has_packed())
+            .collect();
+        let sorted: Vec<usize> = (0..limits.len())
+            .filter(|l| !algorithm::is_packed(&limits[*l]))
+            .collect();
+
+        let mut wire = vec![Wire::Double];
+        let mut names = Vec::new();
+        for &l in &packed {
+            for (name, w) in fields(&limits[l]) {
+                names.push(format!("{name}{}", l + 1));
+                wire.push(w.unwrap_or(Wire::Double));
+            }
+        }
+        let format: String = std::iter::once("<")
+            .chain(wire.iter().map(|w| w.code()))
+            .collect();
+        let state_len: usize = wire.iter().map(|w| w.len()).sum();
+        Shape {
+            layout,
+            per_id,
+            packed,
+            sorted,
+            wire,
+            names,
+            format,
+            state_len,
+        }
+    }
+}
+
 /// [`generate`], or when `reserving` (a policy without a concurrency limit) the script of a
 /// check that may wait: phase 1 in passes (`lua/reserve.lua`).
 fn generate_within(
@@ -249,28 +301,16 @@ fn generate_within(
     ids: usize,
     reserving: bool,
 ) -> (String, Layout, Vec<usize>, Vec<Wire>) {
-    let layout = Layout::of(limits);
-    let per_id = layout.keys_per_id();
-    let packed: Vec<usize> = layout
-        .limits_of(0)
-        .filter(|_| layout.has_packed())
-        .collect();
-    let sorted: Vec<usize> = (0..limits.len())
-        .filter(|l| !algorithm::is_packed(&limits[*l]))
-        .collect();
-
-    let mut wire = vec![Wire::Double];
-    let mut names = Vec::new();
-    for &l in &packed {
-        for (name, w) in fields(&limits[l]) {
-            names.push(format!("{name}{}", l + 1));
-            wire.push(w.unwrap_or(Wire::Double));
-        }
-    }
-    let format: String = std::iter::once("<")
-        .chain(wire.iter().map(|w| w.code()))
-        .collect();
-    let state_len: usize = wire.iter().map(|w| w.len()).sum();
+    let Shape {
+        layout,
+        per_id,
+        packed,
+        sorted,
+        wire,
+        names,
+        format,
+        state_len,
+    } = Shape::of(limits);
     // the largest cost every packed limit admits (what a fresh state admits)
     let most = packed
         .iter()

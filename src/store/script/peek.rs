@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use redis::{Script, Value};
 
 use super::{
-    agree, fields, fill, fragments_of, limit_vars, read_reply, section, CheckScript, Reply, Wire,
+    agree, fill, fragments_of, limit_vars, read_reply, section, CheckScript, Reply, Shape, Wire,
     DRIVER, MAX_CACHED, PRELUDE,
 };
 use crate::algorithm::{self, Layout};
@@ -66,28 +66,16 @@ pub(crate) fn parse_peek_reply(
 
 /// The peek script of a policy for `ids` identifiers, and what reading its reply needs.
 pub(super) fn generate(limits: &[Limit], ids: usize) -> (String, Layout, Vec<usize>, Vec<Wire>) {
-    let layout = Layout::of(limits);
-    let per_id = layout.keys_per_id();
-    let packed: Vec<usize> = layout
-        .limits_of(0)
-        .filter(|_| layout.has_packed())
-        .collect();
-    let sorted: Vec<usize> = (0..limits.len())
-        .filter(|l| !algorithm::is_packed(&limits[*l]))
-        .collect();
-
-    let mut wire = vec![Wire::Double];
-    let mut names = Vec::new();
-    for &l in &packed {
-        for (name, w) in fields(&limits[l]) {
-            names.push(format!("{name}{}", l + 1));
-            wire.push(w.unwrap_or(Wire::Double));
-        }
-    }
-    let format: String = std::iter::once("<")
-        .chain(wire.iter().map(|w| w.code()))
-        .collect();
-    let state_len: usize = wire.iter().map(|w| w.len()).sum();
+    let Shape {
+        layout,
+        per_id,
+        packed,
+        sorted,
+        wire,
+        names,
+        format,
+        state_len,
+    } = Shape::of(limits);
     let zero = "\\0".repeat(state_len);
     let list = |f: &dyn Fn(usize) -> String| (1..=ids).map(f).collect::<Vec<_>>().join(", ");
     let replies = (1..=ids)

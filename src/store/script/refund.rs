@@ -8,8 +8,7 @@ use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 use redis::{Script, ScriptInvocation};
 
-use super::{fields, fill, fragments_of, limit_vars, push_keys, section, Wire, MAX_CACHED};
-use crate::algorithm::{self, Layout};
+use super::{fill, fragments_of, limit_vars, push_keys, section, Shape, MAX_CACHED};
 use crate::policy::Limit;
 use crate::store::Plan;
 
@@ -23,24 +22,15 @@ pub(crate) struct RefundScript {
 
 /// The refund script of a policy for `ids` identifiers, and its packed fields' format.
 pub(super) fn generate(limits: &[Limit], ids: usize) -> (String, String) {
-    let layout = Layout::of(limits);
-    let per_id = layout.keys_per_id();
-    let packed: Vec<usize> = layout
-        .limits_of(0)
-        .filter(|_| layout.has_packed())
-        .collect();
-    let sorted: Vec<usize> = (0..limits.len())
-        .filter(|l| !algorithm::is_packed(&limits[*l]))
-        .collect();
-    // the packed fields as the check script names and packs them
-    let mut names = Vec::new();
-    let mut format = String::from("<d");
-    for &l in &packed {
-        for (name, w) in fields(&limits[l]) {
-            names.push(format!("{name}{}", l + 1));
-            format.push_str(w.unwrap_or(Wire::Double).code());
-        }
-    }
+    let Shape {
+        layout,
+        per_id,
+        packed,
+        sorted,
+        names,
+        format,
+        ..
+    } = Shape::of(limits);
     let vars: Vec<_> = (0..limits.len())
         .map(|l| limit_vars(limits, l, layout.key_of(l), false))
         .collect();
