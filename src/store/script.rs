@@ -258,6 +258,32 @@ struct Shape {
 }
 
 impl Shape {
+    /// The variables every generated script for `ids` identifiers fills its driver's sections
+    /// with, and the reply's expression of the packed states read (as many zero bytes for
+    /// a missing one).
+    fn common_vars(&self, ids: usize) -> (Vec<(&'static str, String)>, String) {
+        let zero = "\\0".repeat(self.state_len);
+        let list = |f: &dyn Fn(usize) -> String| (1..=ids).map(f).collect::<Vec<_>>().join(", ");
+        let replies = (1..=ids)
+            .map(|j| format!("(got{j} or '{zero}')"))
+            .collect::<Vec<_>>()
+            .join(" .. ");
+        let per_id = self.per_id;
+        let vars = vec![
+            ("fields", self.names.join(", ")),
+            ("zeros", vec!["0"; self.names.len()].join(", ")),
+            ("format", self.format.clone()),
+            ("zero", zero),
+            ("states", list(&|j| format!("got{j}"))),
+            ("news", list(&|j| format!("put{j}, ttl{j}"))),
+            (
+                "names",
+                list(&|j| format!("KEYS[{}]", (j - 1) * per_id + 1)),
+            ),
+        ];
+        (vars, replies)
+    }
+
     fn of(limits: &[Limit]) -> Shape {
         let layout = Layout::of(limits);
         let per_id = layout.keys_per_id();
@@ -301,46 +327,30 @@ fn generate_within(
     ids: usize,
     reserving: bool,
 ) -> (String, Layout, Vec<usize>, Vec<Wire>) {
+    let shape = Shape::of(limits);
+    let (mut common, replies) = shape.common_vars(ids);
     let Shape {
         layout,
         per_id,
         packed,
         sorted,
         wire,
-        names,
-        format,
-        state_len,
-    } = Shape::of(limits);
+        ..
+    } = shape;
     // the largest cost every packed limit admits (what a fresh state admits)
     let most = packed
         .iter()
         .map(|&l| limits[l].max_cost())
         .min()
         .unwrap_or(0);
-    let zero = "\\0".repeat(state_len);
-    let list = |f: &dyn Fn(usize) -> String| (1..=ids).map(f).collect::<Vec<_>>().join(", ");
-    let replies = (1..=ids)
-        .map(|j| format!("(got{j} or '{zero}')"))
-        .collect::<Vec<_>>()
-        .join(" .. ");
-    let common = vec![
-        ("fields", names.join(", ")),
-        ("zeros", vec!["0"; names.len()].join(", ")),
-        ("format", format),
-        ("zero", zero),
-        ("states", list(&|j| format!("got{j}"))),
-        ("news", list(&|j| format!("put{j}, ttl{j}"))),
-        (
-            "names",
-            list(&|j| format!("KEYS[{}]", (j - 1) * per_id + 1)),
-        ),
+    common.extend([
         ("most", most.to_string()),
         (
             "skip",
             if reserving { "false" } else { "not ok" }.to_string(),
         ),
         ("real", if reserving { "real" } else { "now" }.to_string()),
-    ];
+    ]);
     let id_vars = |j: usize| {
         let mut v = common.clone();
         v.push(("j", j.to_string()));

@@ -66,34 +66,16 @@ pub(crate) fn parse_peek_reply(
 
 /// The peek script of a policy for `ids` identifiers, and what reading its reply needs.
 pub(super) fn generate(limits: &[Limit], ids: usize) -> (String, Layout, Vec<usize>, Vec<Wire>) {
+    let shape = Shape::of(limits);
+    let (common, replies) = shape.common_vars(ids);
     let Shape {
         layout,
         per_id,
         packed,
         sorted,
         wire,
-        names,
-        format,
-        state_len,
-    } = Shape::of(limits);
-    let zero = "\\0".repeat(state_len);
-    let list = |f: &dyn Fn(usize) -> String| (1..=ids).map(f).collect::<Vec<_>>().join(", ");
-    let replies = (1..=ids)
-        .map(|j| format!("(got{j} or '{zero}')"))
-        .collect::<Vec<_>>()
-        .join(" .. ");
-    let common = vec![
-        ("fields", names.join(", ")),
-        ("zeros", vec!["0"; names.len()].join(", ")),
-        ("format", format),
-        ("zero", zero),
-        ("states", list(&|j| format!("got{j}"))),
-        ("news", list(&|j| format!("put{j}, ttl{j}"))),
-        (
-            "names",
-            list(&|j| format!("KEYS[{}]", (j - 1) * per_id + 1)),
-        ),
-    ];
+        ..
+    } = shape;
     let id_vars = |j: usize| {
         let mut v = common.clone();
         v.push(("j", j.to_string()));
