@@ -1,5 +1,6 @@
 //! What a check decided.
 
+use std::cell::RefCell;
 use std::time::Duration;
 
 use crate::guard::ConcurrencyGuard;
@@ -49,6 +50,44 @@ pub enum Origin {
     /// least this cost, until a time that has not come yet (see
     /// [`LimiterBuilder::deny_cache`](crate::LimiterBuilder::deny_cache)).
     DenyCache,
+}
+
+/// Status buffers of dropped decisions, reused by the next decisions made on the thread: a
+/// check in the steady state allocates none. At most `SPARE_BUFFERS` are kept, each of at
+/// most `SPARE_CAPACITY` statuses (a decision kept for good takes its buffer with it; the
+/// next one allocates).
+const SPARE_BUFFERS: usize = 8;
+const SPARE_CAPACITY: usize = 64;
+
+thread_local! {
+    static SPARE: RefCell<Vec<Vec<LimitStatus>>> = const { RefCell::new(Vec::new()) };
+}
+
+/// An empty status buffer, reused when the thread has one.
+pub(crate) fn status_buffer() -> Vec<LimitStatus> {
+    SPARE
+        .try_with(|spare| spare.try_borrow_mut().ok()?.pop())
+        .ok()
+        .flatten()
+        .unwrap_or_default()
+}
+
+impl Drop for Decision {
+    fn drop(&mut self) {
+        let mut statuses = std::mem::take(&mut self.statuses);
+        if statuses.capacity() == 0 || statuses.capacity() > SPARE_CAPACITY {
+            return;
+        }
+        statuses.clear();
+        // On a thread being torn down, or with every place taken, the buffer is freed.
+        let _ = SPARE.try_with(|spare| {
+            if let Ok(mut spare) = spare.try_borrow_mut() {
+                if spare.len() < SPARE_BUFFERS {
+                    spare.push(statuses);
+                }
+            }
+        });
+    }
 }
 
 impl Clone for Decision {
@@ -139,11 +178,10 @@ impl Decision {
     /// limiter, enforcing, would have refused it (a failed store it fails closed on, a cost
     /// the policy never admits).
     pub(crate) fn refused_unchecked(cost: u64) -> Decision {
-        Decision {
-            allowed: false,
-            shadow: true,
-            ..Decision::unchecked(cost)
-        }
+        let mut decision = Decision::unchecked(cost);
+        decision.allowed = false;
+        decision.shadow = true;
+        decision
     }
 
     /// The decision as the HTTP layer shows it: a shadow decision lets the request through

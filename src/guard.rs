@@ -15,18 +15,24 @@ use crate::store::{LetGo, Store};
 #[must_use = "the concurrency slot is released as soon as the guard is dropped"]
 #[clippy::has_significant_drop]
 pub struct ConcurrencyGuard {
-    lease: Lease,
-    store: Store,
+    /// Boxed, so that a guard — and a decision, which may hold one — stays small to move.
+    held: Box<Held>,
     forgotten: bool,
     /// The slots of another check of the same request, given back with these.
     also: Option<Box<ConcurrencyGuard>>,
 }
 
+/// The slot a guard holds, and where.
+struct Held {
+    lease: Lease,
+    store: Store,
+}
+
 impl fmt::Debug for ConcurrencyGuard {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ConcurrencyGuard")
-            .field("lease", &self.lease.id)
-            .field("keys", &self.lease.keys.len())
+            .field("lease", &self.held.lease.id)
+            .field("keys", &self.held.lease.keys.len())
             .finish()
     }
 }
@@ -36,8 +42,7 @@ impl ConcurrencyGuard {
     pub(crate) fn new(lease: Lease, store: Store) -> ConcurrencyGuard {
         store.hold(&lease);
         ConcurrencyGuard {
-            lease,
-            store,
+            held: Box::new(Held { lease, store }),
             forgotten: false,
             also: None,
         }
@@ -69,7 +74,8 @@ impl Drop for ConcurrencyGuard {
         } else {
             LetGo::Release
         };
-        self.store.let_go(std::mem::take(&mut self.lease), how);
+        let held = &mut *self.held;
+        held.store.let_go(std::mem::take(&mut held.lease), how);
     }
 }
 

@@ -16,7 +16,7 @@
 //! | `tollgate_refund_failures_total` | counter | `store`, `kind` ([`StoreError::kind_label`]) |
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::decision::Decision;
@@ -157,12 +157,18 @@ pub(crate) fn deny_cache_hit(limiter: &str) {
 }
 
 /// A decision (from the store or the fallback, enforced or in shadow mode).
-pub(crate) fn decision(limiter: &str, decision: &Decision) {
+pub(crate) fn decision(limiter: &Arc<str>, limits: &[Arc<str>], decision: &Decision) {
     #[cfg(feature = "metrics")]
     {
-        let limit = decision
+        // The labels are shared, not copied: the limiter's name and its limits' texts are
+        // made once per policy version.
+        let limit: metrics::SharedString = decision
             .would_deny_by()
-            .map_or_else(String::new, |s| s.limit.to_string());
+            .and_then(|s| limits.get(s.limit_index))
+            .map_or_else(
+                || metrics::SharedString::const_str(""),
+                |l| l.clone().into(),
+            );
         let outcome = match (decision.would_deny(), decision.is_shadow()) {
             (false, _) => "allowed",
             (true, false) => "denied",
@@ -170,13 +176,13 @@ pub(crate) fn decision(limiter: &str, decision: &Decision) {
         };
         metrics::counter!(
             "tollgate_decisions_total",
-            "limiter" => limiter.to_string(),
+            "limiter" => limiter.clone(),
             "outcome" => outcome,
             "limit" => limit
         )
         .increment(1);
     }
-    let _ = (limiter, decision);
+    let _ = (limiter, limits, decision);
 }
 
 /// A limiter's policy changed.

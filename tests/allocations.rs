@@ -1,8 +1,8 @@
 //! Allocations of a steady-state check on the memory store, counted by a global allocator.
 //!
 //! Once a key exists (and the thread has checked once), a `Limiter::check` of it allocates
-//! at most `MAX_PER_CHECK` times, allowed or denied, for one limit and for a three-limit
-//! policy. What remains is the decision's own figures and the algorithm's per-check vectors.
+//! nothing, allowed or denied, for one limit and for a three-limit policy; with the `metrics`
+//! feature, at most `MAX_PER_CHECK` times (the decision counter's label list).
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
@@ -47,10 +47,9 @@ unsafe impl GlobalAlloc for Counting {
 #[global_allocator]
 static GLOBAL: Counting = Counting;
 
-/// The most allocations a steady-state check makes: the algorithm's three vectors (its
-/// scratch states, verdicts and entries) and the decision's statuses; with the `metrics`
-/// feature, the decision counter's labels add two, three for a denial (which names its limit).
-const MAX_PER_CHECK: u64 = if cfg!(feature = "metrics") { 7 } else { 4 };
+/// The most allocations a steady-state check makes: none; with the `metrics` feature, the
+/// list of the decision counter's labels (the labels themselves are shared, not copied).
+const MAX_PER_CHECK: u64 = if cfg!(feature = "metrics") { 1 } else { 0 };
 
 /// Allocations per check of `rounds` checks of `id` by a limiter in `namespace` (none: the
 /// store's shared space), after a warm-up, and how many of them were allowed.
@@ -81,7 +80,7 @@ fn per_check(policy: &str, namespace: Option<&str>, id: &str, rounds: u64) -> (f
 }
 
 #[test]
-fn a_steady_check_of_an_existing_key_allocates_little() {
+fn a_steady_check_of_an_existing_key_allocates_nothing() {
     for (policy, rounds, allowed) in [
         // always allowed
         ("1000000/s", 1000, 1000),
@@ -125,5 +124,5 @@ fn the_count_sees_allocations() {
         COUNTING.with(|c| c.set(false));
         COUNT.with(Cell::get)
     });
-    assert!(count > 100 * MAX_PER_CHECK, "{count}");
+    assert!(count >= 100, "{count}");
 }

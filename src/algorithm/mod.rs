@@ -46,6 +46,7 @@
 //! [`decide`] that report as a [`State::Settled`].
 
 use crate::policy::{Algorithm, Limit};
+use smallvec::SmallVec;
 
 pub(crate) use reserve::decide_within;
 
@@ -193,7 +194,7 @@ impl Report {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Outcome {
     pub(crate) allowed: bool,
-    pub(crate) entries: Vec<Entry>,
+    pub(crate) entries: Entries,
     /// When the check was decided (µs): the memory store's clock reading, or the time the
     /// Redis script read (`TIME`, or the caller's clock). A charge is given back at this time
     /// ([`refund`]).
@@ -202,6 +203,13 @@ pub(crate) struct Outcome {
     /// that may wait: see `reserve`).
     pub(crate) wait_us: u64,
 }
+
+/// The entries of an [`Outcome`]: inline up to two identifiers of three limits, so that a
+/// check of the memory store allocates nothing.
+pub(crate) type Entries = SmallVec<[Entry; 6]>;
+
+/// The verdicts of phase 1, inline as [`Entries`].
+pub(crate) type Verdicts = SmallVec<[Verdict; 6]>;
 
 /// One (identifier, limit) pair of an [`Outcome`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -354,12 +362,12 @@ fn evaluate_all(
     limits: &[Limit],
     now: u64,
     cost: u64,
-) -> Vec<Verdict> {
+) -> Verdicts {
     let per_id = layout.keys_per_id();
     let ids = states.len() / per_id;
     // A missing state is evaluated as a fresh one, without creating it.
-    let mut scratch: Vec<Option<State>> = (0..per_id).map(|_| None).collect();
-    let mut verdicts = Vec::with_capacity(ids * limits.len());
+    let mut scratch: SmallVec<[Option<State>; 2]> = (0..per_id).map(|_| None).collect();
+    let mut verdicts = Verdicts::with_capacity(ids * limits.len());
     for j in 0..ids {
         for (l, lim) in limits.iter().enumerate() {
             let k = layout.key_of(l);
@@ -446,7 +454,7 @@ fn outcome(
     verdicts: &[Verdict],
 ) -> Outcome {
     let per_id = layout.keys_per_id();
-    let mut entries = Vec::with_capacity(verdicts.len());
+    let mut entries = Entries::with_capacity(verdicts.len());
     for j in 0..states.len() / per_id {
         for (l, lim) in limits.iter().enumerate() {
             let v = verdicts[j * limits.len() + l];
@@ -574,6 +582,6 @@ mod tests {
         let mut states = vec![Some(State::Settled(entry))];
         let out = decide(&mut states, &layout, &l, 1_000_000, 2, "");
         assert!(!out.allowed);
-        assert_eq!(out.entries, [entry]);
+        assert_eq!(out.entries[..], [entry]);
     }
 }

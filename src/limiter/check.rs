@@ -15,7 +15,7 @@ use crate::observe::{self, Action};
 use crate::policy::{Limit, Policy};
 use crate::store::keyspace;
 use crate::store::lease::{lease_id, Lease};
-use crate::store::{Namespace, Outcome, Plan, Store, StoreError};
+use crate::store::{MemoryStore, Namespace, Outcome, Plan, Store, StoreError};
 
 /// How a check runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -87,13 +87,61 @@ impl Limiter {
         mode: Mode,
         max_wait: Duration,
     ) -> Result<(Decision, Duration), Error> {
-        let version = self.inner.version.load_full();
         let shadow = mode.shadow || self.inner.shadow.load(Ordering::Relaxed);
+        // The memory store decides at once: the check never waits, so it is made here,
+        // without a future of its own, on the version read without touching its count.
+        if let Some(store) = self.inner.store.as_memory() {
+            let version = self.inner.version.load();
+            let target = self.target(&version, None);
+            let answer = decide_now(store, &target, identifiers, cost, mode.charge, max_wait);
+            return self.settle(&version, answer, cost, mode, shadow);
+        }
+        let version = self.inner.version.load_full();
+        // Boxed: the remote check's state machine runs to kilobytes, and a future that held
+        // it inline would be copied whole wherever it is moved.
+        let answer =
+            Box::pin(self.answer(&version, identifiers, cost, mode.charge, max_wait)).await;
+        self.settle(&version, answer, cost, mode, shadow)
+    }
+
+    /// Where a check on `version` looks first (`fallback`: the fallback store and policy
+    /// instead of the store).
+    fn target<'a>(
+        &'a self,
+        version: &'a Version,
+        fallback: Option<(&'a Store, &'a Policy)>,
+    ) -> Target<'a> {
+        let (store, policy, deny_cache) = match fallback {
+            Some((store, policy)) => (store, policy, None),
+            None => (
+                &self.inner.store,
+                &version.policy,
+                self.inner
+                    .deny_cache
+                    .as_ref()
+                    .map(|c| (c, version.generation)),
+            ),
+        };
+        Target {
+            store,
+            policy,
+            deny_cache,
+            name: &version.name,
+            namespace: self.inner.namespace.as_ref(),
+        }
+    }
+
+    /// Shadow mode and the record of a check's answer.
+    fn settle(
+        &self,
+        version: &Version,
+        answer: Result<(Decision, Duration), Error>,
+        cost: u64,
+        mode: Mode,
+        shadow: bool,
+    ) -> Result<(Decision, Duration), Error> {
         let mut wait = Duration::ZERO;
-        let answer = match self
-            .answer(&version, identifiers, cost, mode.charge, max_wait)
-            .await
-        {
+        let answer = match answer {
             Ok((mut decision, waits)) => {
                 decision.shadow = shadow;
                 if !shadow {
@@ -110,7 +158,7 @@ impl Limiter {
             Err(e) => return Err(e),
         };
         if mode.record {
-            observe::decision(&version.name, &answer);
+            observe::decision(&version.name, &version.limit_labels, &answer);
             if answer.shadow && answer.would_deny() {
                 self.inner
                     .shadow_log
@@ -129,17 +177,7 @@ impl Limiter {
         charge: bool,
         max_wait: Duration,
     ) -> Result<(Decision, Duration), Error> {
-        let target = Target {
-            store: &self.inner.store,
-            policy: &version.policy,
-            deny_cache: self
-                .inner
-                .deny_cache
-                .as_ref()
-                .map(|c| (c, version.generation)),
-            name: &version.name,
-            namespace: self.inner.namespace.as_ref(),
-        };
+        let target = self.target(version, None);
         let error = match decide(&target, identifiers, cost, charge, max_wait).await {
             Err(Error::Store(e)) => e,
             other => return other,
@@ -152,13 +190,7 @@ impl Limiter {
         ) {
             (OnStoreError::Fallback(_), Some(store), Some(policy)) => {
                 observe::failure_answered(name, Action::Fallback, &error);
-                let fallback = Target {
-                    store,
-                    policy,
-                    deny_cache: None,
-                    name,
-                    namespace: self.inner.namespace.as_ref(),
-                };
+                let fallback = self.target(version, Some((store, policy)));
                 match decide(&fallback, identifiers, cost, charge, max_wait).await {
                     Ok((mut decision, wait)) => {
                         decision.origin = Origin::Fallback;
@@ -180,6 +212,97 @@ impl Limiter {
     }
 }
 
+/// The distinct identifiers of a check, escaped for the store, in buffers reused from check
+/// to check on this thread: taken out for the check, which may wait on the store, and put
+/// back when it is decided (a check cut short drops them, and the next one starts with fresh
+/// buffers).
+struct Escaped {
+    ids: Vec<String>,
+    /// The index of each among the caller's identifiers (its first occurrence).
+    first_ix: [usize; MAX_IDENTIFIERS],
+    count: usize,
+}
+
+impl Escaped {
+    /// Checks `cost` against `policy` and escapes the distinct identifiers.
+    fn of<I: AsRef<str>>(identifiers: &[I], cost: u64, policy: &Policy) -> Result<Escaped, Error> {
+        let max = policy.max_cost();
+        if cost == 0 || cost > max {
+            return Err(Error::Cost { cost, max });
+        }
+        let (first_ix, count) = first_occurrences(identifiers)?;
+        let mut ids = ID_BUFFERS.with(Cell::take);
+        ids.truncate(count);
+        for (k, &i) in first_ix[..count].iter().enumerate() {
+            match ids.get_mut(k) {
+                Some(buffer) => keyspace::escape_identifier_into(buffer, identifiers[i].as_ref()),
+                None => ids.push(keyspace::escape_identifier(identifiers[i].as_ref())),
+            }
+        }
+        Ok(Escaped {
+            ids,
+            first_ix,
+            count,
+        })
+    }
+
+    fn firsts(&self) -> &[usize] {
+        &self.first_ix[..self.count]
+    }
+}
+
+impl Drop for Escaped {
+    fn drop(&mut self) {
+        let ids = std::mem::take(&mut self.ids);
+        ID_BUFFERS.with(|b| b.set(ids));
+    }
+}
+
+thread_local! {
+    /// Escaped-identifier buffers, reused by the checks on this thread.
+    static ID_BUFFERS: Cell<Vec<String>> = const { Cell::new(Vec::new()) };
+}
+
+/// The check on the memory store, made at once (it never fails, so no failure policy
+/// answers; it holds no deny cache: the store itself answers as fast).
+fn decide_now<I: AsRef<str>>(
+    store: &MemoryStore,
+    target: &Target<'_>,
+    identifiers: &[I],
+    cost: u64,
+    charge: bool,
+    max_wait: Duration,
+) -> Result<(Decision, Duration), Error> {
+    let escaped = Escaped::of(identifiers, cost, target.policy)?;
+    let limits = target.policy.limits();
+    let namespace = target.namespace.map(Namespace::as_str);
+    let plan = Plan {
+        ids: &escaped.ids,
+        namespace,
+        limits,
+        cost,
+        lease: "",
+    };
+    let (outcome, guard) = match target.policy.concurrency() {
+        _ if !charge => (store.peek(&plan), None),
+        None => (store.check_within(&plan, max_wait_us(max_wait)), None),
+        // Made at once, the check cannot be cut short between taking the slot and guarding
+        // it.
+        Some(slot) => {
+            let id = lease_id();
+            let plan = Plan { lease: &id, ..plan };
+            let outcome = store.check(&plan);
+            let held = (&escaped.ids[..], namespace);
+            let store = Store::Memory(store.clone());
+            let guard = outcome
+                .allowed
+                .then(|| ConcurrencyGuard::new(lease(&store, held, slot, id), store));
+            (outcome, guard)
+        }
+    };
+    Ok(decision_of(outcome, escaped.firsts(), limits, cost, guard))
+}
+
 /// The check itself, on one store with one policy; a check that may wait up to `max_wait`
 /// (not with a concurrency limit) also says how long it waits.
 async fn decide<I: AsRef<str>>(
@@ -189,44 +312,8 @@ async fn decide<I: AsRef<str>>(
     charge: bool,
     max_wait: Duration,
 ) -> Result<(Decision, Duration), Error> {
-    let policy = target.policy;
-    let max = policy.max_cost();
-    if cost == 0 || cost > max {
-        return Err(Error::Cost { cost, max });
-    }
-    let (first_ix, count) = first_occurrences(identifiers)?;
-    let firsts = &first_ix[..count];
-    // The escaped identifiers, in buffers reused from check to check on this thread (taken
-    // out for the check, which may wait on the store, and put back when it is decided; a
-    // check cut short drops them, and the next one starts with fresh buffers).
-    let mut ids = ID_BUFFERS.with(Cell::take);
-    ids.truncate(count);
-    for (k, &i) in firsts.iter().enumerate() {
-        match ids.get_mut(k) {
-            Some(buffer) => keyspace::escape_identifier_into(buffer, identifiers[i].as_ref()),
-            None => ids.push(keyspace::escape_identifier(identifiers[i].as_ref())),
-        }
-    }
-    let decision = decide_escaped(target, &ids, firsts, cost, charge, max_wait).await;
-    ID_BUFFERS.with(|b| b.set(ids));
-    decision
-}
-
-thread_local! {
-    /// Escaped-identifier buffers, reused by the checks on this thread.
-    static ID_BUFFERS: Cell<Vec<String>> = const { Cell::new(Vec::new()) };
-}
-
-/// The check of escaped, distinct identifiers (`firsts`: the index of each among the
-/// caller's).
-async fn decide_escaped(
-    target: &Target<'_>,
-    ids: &[String],
-    firsts: &[usize],
-    cost: u64,
-    charge: bool,
-    max_wait: Duration,
-) -> Result<(Decision, Duration), Error> {
+    let escaped = Escaped::of(identifiers, cost, target.policy)?;
+    let (ids, firsts) = (&escaped.ids, escaped.firsts());
     let limits = target.policy.limits();
     if let Some((cache, _)) = target.deny_cache {
         // a denial until later than the caller would wait: the store could not do better
@@ -241,27 +328,17 @@ async fn decide_escaped(
     let sent = Instant::now();
     let store = target.store;
     let namespace = target.namespace.map(Namespace::as_str);
+    let plan = Plan {
+        ids,
+        namespace,
+        limits,
+        cost,
+        lease: "",
+    };
     let (outcome, guard) = match target.policy.concurrency() {
-        _ if !charge => {
-            let plan = Plan {
-                ids,
-                namespace,
-                limits,
-                cost,
-                lease: "",
-            };
-            (store.peek(&plan).await.map_err(Error::Store)?, None)
-        }
+        _ if !charge => (store.peek(&plan).await.map_err(Error::Store)?, None),
         None => {
-            let plan = Plan {
-                ids,
-                namespace,
-                limits,
-                cost,
-                lease: "",
-            };
-            let max_wait_us = u64::try_from(max_wait.as_micros()).unwrap_or(u64::MAX);
-            let outcome = store.check_within(&plan, max_wait_us).await;
+            let outcome = store.check_within(&plan, max_wait_us(max_wait)).await;
             (outcome.map_err(Error::Store)?, None)
         }
         Some(&slot) => {
@@ -293,20 +370,39 @@ async fn decide_escaped(
     if let (Some((cache, generation)), false) = (target.deny_cache, outcome.allowed) {
         cache.record(ids, limits, &outcome, cost, sent, generation);
     }
-    let statuses = outcome
-        .entries
-        .iter()
-        .enumerate()
-        .map(|(k, e)| LimitStatus {
-            identifier: firsts[k / limits.len()],
-            limit_index: k % limits.len(),
-            limit: limits[k % limits.len()],
-            allowed: e.allowed,
-            remaining: e.remaining,
-            reset_after: Duration::from_micros(e.reset_after_us),
-            retry_after: (!e.allowed).then(|| Duration::from_micros(e.retry_after_us)),
-        })
-        .collect();
+    Ok(decision_of(outcome, firsts, limits, cost, guard))
+}
+
+/// The longest wait in whole µs (saturated).
+fn max_wait_us(max_wait: Duration) -> u64 {
+    u64::try_from(max_wait.as_micros()).unwrap_or(u64::MAX)
+}
+
+/// The decision a store's outcome makes, for identifiers `firsts` (their index among the
+/// caller's) and `limits`, with wait it says.
+fn decision_of(
+    outcome: Outcome,
+    firsts: &[usize],
+    limits: &[Limit],
+    cost: u64,
+    guard: Option<ConcurrencyGuard>,
+) -> (Decision, Duration) {
+    let mut statuses = crate::decision::status_buffer();
+    statuses.extend(
+        outcome
+            .entries
+            .iter()
+            .enumerate()
+            .map(|(k, e)| LimitStatus {
+                identifier: firsts[k / limits.len()],
+                limit_index: k % limits.len(),
+                limit: limits[k % limits.len()],
+                allowed: e.allowed,
+                remaining: e.remaining,
+                reset_after: Duration::from_micros(e.reset_after_us),
+                retry_after: (!e.allowed).then(|| Duration::from_micros(e.retry_after_us)),
+            }),
+    );
     let decision = Decision {
         allowed: outcome.allowed,
         shadow: false,
@@ -315,7 +411,7 @@ async fn decide_escaped(
         guard,
         origin: Origin::Store,
     };
-    Ok((decision, Duration::from_micros(outcome.wait_us)))
+    (decision, Duration::from_micros(outcome.wait_us))
 }
 
 /// The distinct identifiers among `identifiers`: the index of each one's first occurrence,
@@ -365,6 +461,17 @@ fn first_occurrences<I: AsRef<str>>(
     Ok((first_ix, count))
 }
 
+/// The slot a check of `plan`'s identifiers (escaped) in its namespace takes under the lease
+/// id `id` for concurrency limit `slot`, on every identifier.
+fn lease(store: &Store, plan: (&[String], Option<&str>), slot: &Limit, id: String) -> Lease {
+    let (ids, namespace) = plan;
+    Lease {
+        keys: ids.iter().map(|i| store.key(i, namespace, slot)).collect(),
+        id,
+        lease_us: slot.window_us(),
+    }
+}
+
 /// Checks a policy with a concurrency limit; when allowed, holds the slot in a guard.
 async fn take_slot(
     store: Store,
@@ -384,11 +491,7 @@ async fn take_slot(
         lease: &id,
     };
     let result = store.check(&plan).await;
-    let lease = Lease {
-        keys: ids.iter().map(|i| store.key(i, namespace, &slot)).collect(),
-        id,
-        lease_us: slot.window_us(),
-    };
+    let lease = lease(&store, (&ids[..], namespace), &slot, id);
     match result {
         Ok(outcome) if outcome.allowed => Ok((outcome, Some(ConcurrencyGuard::new(lease, store)))),
         Ok(outcome) => Ok((outcome, None)),

@@ -206,7 +206,12 @@ mod tests {
         let outcome = Outcome {
             allowed: false,
             wait_us: 0,
-            entries: vec![denied(1_000_000), allowed(), allowed(), denied(1_000_000)],
+            entries: smallvec::smallvec![
+                denied(1_000_000),
+                allowed(),
+                allowed(),
+                denied(1_000_000)
+            ],
             at_us: 0,
         };
         cache.record(&ids, &limits, &outcome, 2, Instant::now(), 0);
@@ -243,7 +248,7 @@ mod tests {
         let outcome = Outcome {
             allowed: false,
             wait_us: 0,
-            entries: vec![denied(1)],
+            entries: smallvec::smallvec![denied(1)],
             at_us: 0,
         };
         for id in ["a", "b", "c"] {
@@ -258,7 +263,7 @@ mod tests {
         let long = Outcome {
             allowed: false,
             wait_us: 0,
-            entries: vec![denied(10_000_000)],
+            entries: smallvec::smallvec![denied(10_000_000)],
             at_us: 0,
         };
         cache.record(&["d".to_string()], &limits, &long, 1, Instant::now(), 0);
@@ -275,7 +280,7 @@ mod tests {
         let outcome = Outcome {
             allowed: false,
             wait_us: 0,
-            entries: vec![denied(10_000_000)],
+            entries: smallvec::smallvec![denied(10_000_000)],
             at_us: 0,
         };
         let ids = ["a".to_string()];

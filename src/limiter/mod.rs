@@ -78,6 +78,8 @@ struct Version {
     policy: Policy,
     /// The limiter's name in logs and metrics.
     name: Arc<str>,
+    /// Each limit's text, the label of the decisions it denies in the metrics.
+    limit_labels: Vec<Arc<str>>,
     /// The fallback's policy: this one scaled to the process's share.
     fallback: Option<Policy>,
     /// Counts the versions, so that the deny cache keeps no denial of an older one.
@@ -98,9 +100,15 @@ impl Version {
             OnStoreError::Fallback(f) => Some(policy.scaled(f.share_of_fleet())),
             _ => None,
         };
+        let limit_labels = policy
+            .limits()
+            .iter()
+            .map(|l| l.to_string().into())
+            .collect();
         Version {
             policy,
             name,
+            limit_labels,
             fallback,
             generation,
         }

@@ -18,7 +18,6 @@
 //! unit, so its size is bounded by the limit's count.
 
 use std::collections::hash_map::RandomState;
-use std::collections::HashMap;
 use std::hash::BuildHasher;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
@@ -30,6 +29,9 @@ use crate::algorithm::{self, Layout, State};
 use crate::clock::{system_micros, Clock};
 
 mod single;
+mod table;
+
+use table::Table;
 
 const SHARDS: usize = 64;
 const DEFAULT_MAX_KEYS: usize = 1_000_000;
@@ -59,7 +61,7 @@ struct Inner {
 
 #[derive(Debug, Default)]
 struct Shard {
-    map: HashMap<String, Stored>,
+    map: Table,
     next_sweep: usize,
 }
 
@@ -153,20 +155,20 @@ impl MemoryStore {
     /// Forgets every state of `plan`'s identifiers for its limits: they start afresh.
     pub(crate) fn reset(&self, plan: &Plan<'_>) {
         let (_, pairs) = self.keys(plan);
-        for (s, key) in &pairs {
-            lock(&self.inner.shards[*s]).map.remove(key);
+        for (h, key) in &pairs {
+            lock(self.inner.shard(*h)).map.remove(*h, key);
         }
     }
 
     /// The layout of `plan`'s limits and, per key of each identifier (identifier-major), its
-    /// shard and name: the keys the Redis store would use.
-    fn keys(&self, plan: &Plan<'_>) -> (Layout, Vec<(usize, String)>) {
+    /// hash and name: the keys the Redis store would use.
+    fn keys(&self, plan: &Plan<'_>) -> (Layout, Vec<(u64, String)>) {
         let layout = Layout::of(plan.limits);
         let pairs = plan
             .ids
             .iter()
             .flat_map(|id| keyspace::keys_of(PREFIX, id, plan.namespace, plan.limits))
-            .map(|k| ((self.inner.hasher.hash_one(&k) as usize) % SHARDS, k))
+            .map(|k| (self.inner.hash(&k), k))
             .collect();
         (layout, pairs)
     }
@@ -192,7 +194,7 @@ impl MemoryStore {
         let (layout, pairs) = self.keys(plan);
         let per_id = layout.keys_per_id();
         // Lock every shard involved, in index order, so that checks never deadlock.
-        let mut shard_ids: Vec<usize> = pairs.iter().map(|(s, _)| *s).collect();
+        let mut shard_ids: Vec<usize> = pairs.iter().map(|(h, _)| shard_of(*h)).collect();
         shard_ids.sort_unstable();
         shard_ids.dedup();
         let mut guards: Vec<MutexGuard<'_, Shard>> =
@@ -206,8 +208,8 @@ impl MemoryStore {
         let mut expiry = Vec::with_capacity(pairs.len());
         let mut states: Vec<Option<State>> = pairs
             .iter()
-            .map(|(s, key)| {
-                let stored = guards[guard_of(*s)].map.remove(key);
+            .map(|(h, key)| {
+                let stored = guards[guard_of(shard_of(*h))].map.remove(*h, key);
                 present.push(stored.is_some());
                 expiry.push(stored.as_ref().map_or(0, |st| st.expires_at));
                 stored.filter(|st| st.expires_at > now).map(|st| st.state)
@@ -225,9 +227,9 @@ impl MemoryStore {
             ),
             None => algorithm::peek(&mut states, &layout, plan.limits, now, plan.cost),
         };
-        for (k, ((s, key), state)) in pairs.iter().zip(states).enumerate() {
+        for (k, ((h, key), state)) in pairs.iter().zip(states).enumerate() {
             let Some(state) = state else { continue };
-            let shard = &mut *guards[guard_of(*s)];
+            let shard = &mut *guards[guard_of(shard_of(*h))];
             if !present[k] {
                 make_room(shard, now, inner.max_per_shard, |k| {
                     pairs.iter().any(|(_, p)| p == k)
@@ -237,7 +239,7 @@ impl MemoryStore {
                 Some(_) => algorithm::expires_at(&state, &layout, plan.limits, k % per_id),
                 None => expiry[k],
             };
-            shard.map.insert(key.clone(), Stored { state, expires_at });
+            shard.map.insert(*h, key, Stored { state, expires_at });
         }
         outcome
     }
@@ -249,8 +251,8 @@ impl MemoryStore {
     }
 
     fn with_state(&self, key: &str, f: impl FnOnce(&mut Stored)) {
-        let shard = (self.inner.hasher.hash_one(key) as usize) % SHARDS;
-        if let Some(stored) = lock(&self.inner.shards[shard]).map.get_mut(key) {
+        let hash = self.inner.hash(key);
+        if let Some(stored) = lock(self.inner.shard(hash)).map.get_mut(hash, key) {
             f(stored);
         }
     }
@@ -265,7 +267,7 @@ impl MemoryStore {
         let now = self.now();
         let (layout, keys) = self.keys(plan);
         // every shard involved, locked in index order, as a check locks them
-        let mut shard_ids: Vec<usize> = keys.iter().map(|(s, _)| *s).collect();
+        let mut shard_ids: Vec<usize> = keys.iter().map(|(h, _)| shard_of(*h)).collect();
         shard_ids.sort_unstable();
         shard_ids.dedup();
         let mut guards: Vec<MutexGuard<'_, Shard>> =
@@ -276,8 +278,8 @@ impl MemoryStore {
         let mut expiry = Vec::with_capacity(keys.len());
         let mut states: Vec<Option<State>> = keys
             .iter()
-            .map(|(s, key)| {
-                let stored = guards[guard_of(*s)].map.remove(key);
+            .map(|(h, key)| {
+                let stored = guards[guard_of(shard_of(*h))].map.remove(*h, key);
                 let stored = stored.filter(|st| st.expires_at > now);
                 expiry.push(stored.as_ref().map_or(0, |st| st.expires_at));
                 stored.map(|st| st.state)
@@ -291,10 +293,10 @@ impl MemoryStore {
             plan.cost,
             plan.lease,
         );
-        for (((s, key), state), expires_at) in keys.iter().zip(states).zip(expiry) {
+        for (((h, key), state), expires_at) in keys.iter().zip(states).zip(expiry) {
             if let Some(state) = state {
                 let stored = Stored { state, expires_at };
-                guards[guard_of(*s)].map.insert(key.clone(), stored);
+                guards[guard_of(shard_of(*h))].map.insert(*h, key, stored);
             }
         }
     }
@@ -326,23 +328,23 @@ impl MemoryStore {
     pub(crate) fn schedule(&self, key: &str, rate: &Rate, cost: u64, longest_us: u64) -> Placement {
         let now = self.now();
         let inner = &*self.inner;
-        let s = (inner.hasher.hash_one(key) as usize) % SHARDS;
-        let mut shard = lock(&inner.shards[s]);
+        let hash = inner.hash(key);
+        let mut shard = lock(inner.shard(hash));
         let stored = shard
             .map
-            .get(key)
+            .get(hash, key)
             .filter(|st| st.expires_at > now)
             .and_then(|st| schedule::from_state(&st.state));
         let placement = schedule::place(stored, rate, now, cost, longest_us);
         if placement.placed {
-            if !shard.map.contains_key(key) {
+            if !shard.map.contains(hash, key) {
                 make_room(&mut shard, now, inner.max_per_shard, |k| k == key);
             }
             let stored = Stored {
                 state: schedule::to_state(placement.after),
                 expires_at: schedule::expires_at(placement.after),
             };
-            shard.map.insert(key.to_string(), stored);
+            shard.map.insert(hash, key, stored);
         }
         placement
     }
@@ -378,6 +380,24 @@ impl MemoryStore {
     }
 }
 
+impl Inner {
+    /// The hash of `key`, which places it in its shard and in the shard's table.
+    fn hash(&self, key: &str) -> u64 {
+        self.hasher.hash_one(key)
+    }
+
+    fn shard(&self, hash: u64) -> &Mutex<Shard> {
+        &self.shards[shard_of(hash)]
+    }
+}
+
+/// The shard of a key's hash: bits 32 to 37, which the shard's table uses neither for its
+/// bucket (the low bits) nor for its tags (the top 7): every bucket of every shard stays in
+/// use.
+fn shard_of(hash: u64) -> usize {
+    ((hash >> 32) as usize) % SHARDS
+}
+
 fn lock(shard: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
     // A panic while holding the lock cannot leave a state half-written in a way that matters
     // more than losing it would, so a poisoned shard is used as is.
@@ -390,20 +410,13 @@ fn make_room(shard: &mut Shard, now: u64, max: usize, protected: impl Fn(&str) -
     // Sweeping scans the shard: only when it has doubled since the last sweep, so the cost
     // stays amortised even while a flood keeps the shard at its bound.
     if shard.map.len() >= shard.next_sweep.max(MIN_SWEEP) {
-        shard.map.retain(|_, s| s.expires_at > now);
+        shard.map.retain(|s| s.expires_at > now);
         shard.next_sweep = (shard.map.len() * 2).max(MIN_SWEEP);
     }
     while shard.map.len() >= max {
-        let victim = shard
-            .map
-            .iter()
-            .filter(|(k, _)| !protected(k))
-            .take(EVICTION_SAMPLE)
-            .min_by_key(|(_, s)| s.expires_at)
-            .map(|(k, _)| k.clone());
-        match victim {
-            Some(k) => {
-                shard.map.remove(&k);
+        match shard.map.closest_to_expiry(EVICTION_SAMPLE, &protected) {
+            Some((hash, key)) => {
+                shard.map.remove(hash, &key);
             }
             None => break,
         }

@@ -178,6 +178,15 @@ impl Store {
         }
     }
 
+    /// The memory store, when this is one.
+    pub(crate) fn as_memory(&self) -> Option<&MemoryStore> {
+        match self {
+            Store::Memory(m) => Some(m),
+            #[cfg(feature = "redis")]
+            Store::Redis(_) => None,
+        }
+    }
+
     /// Whether the store is shared by other processes and reads the real clock: the case
     /// where caching its denials saves round trips and is exact.
     pub(crate) fn is_remote_on_real_clock(&self) -> bool {

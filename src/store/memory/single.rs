@@ -1,6 +1,6 @@
 //! The short way for a check of one identifier whose state is one key: a policy of window
 //! (rolling, sliding, fixed) and GCRA limits, which share the packed key, or of one sorted-set
-//! limit. One shard, one lookup, and for a key that exists no allocation in the store: the key
+//! limit. One hash, one shard, one lookup, and for a key that exists no allocation in the store: the key
 //! is built in a buffer reused from check to check on the thread, and the state is decided in
 //! place.
 //!
@@ -9,13 +9,11 @@
 //! (`algorithm::decide_within`), the same expiry, and the same eviction when the key is new.
 //! Peeks, resets and refunds take the general way.
 
-use std::cell::RefCell;
-use std::hash::BuildHasher;
-
-use super::{lock, make_room, MemoryStore, Stored, PREFIX, SHARDS};
+use super::{lock, make_room, MemoryStore, Stored, PREFIX};
 use crate::algorithm::{self, Layout, State};
 use crate::policy::Limit;
 use crate::store::{keyspace, Outcome, Plan};
+use std::cell::RefCell;
 
 thread_local! {
     /// What a single-key check reuses from one check to the next on this thread.
@@ -49,9 +47,8 @@ fn decide(
 ) -> Outcome {
     let inner = &*store.inner;
     let now = store.now();
-    // `hash_one` of a `str` hashes as that of the `String` the general way hashes.
-    let shard_ix = (inner.hasher.hash_one(key) as usize) % SHARDS;
-    let mut guard = lock(&inner.shards[shard_ix]);
+    let hash = inner.hash(key);
+    let mut guard = lock(inner.shard(hash));
     let shard = &mut *guard;
     let decide = |slot: &mut [Option<State>; 1]| {
         algorithm::decide_within(
@@ -64,15 +61,13 @@ fn decide(
             max_wait_us,
         )
     };
-    let Some(stored) = shard.map.get_mut(key) else {
+    let Some(stored) = shard.map.get_mut(hash, key) else {
         let mut slot = [None];
         let outcome = decide(&mut slot);
         if let [Some(state)] = slot {
             make_room(shard, now, inner.max_per_shard, |k| k == key);
             let expires_at = algorithm::expires_at(&state, layout, plan.limits, 0);
-            shard
-                .map
-                .insert(key.to_owned(), Stored { state, expires_at });
+            shard.map.insert(hash, key, Stored { state, expires_at });
         }
         return outcome;
     };
@@ -87,7 +82,7 @@ fn decide(
             stored.state = state;
         }
         [None] => {
-            shard.map.remove(key);
+            shard.map.remove(hash, key);
         }
     }
     outcome

@@ -217,7 +217,7 @@ fn merge(
     }
     Some(Outcome {
         allowed: outcomes.iter().all(|o| o.allowed),
-        entries,
+        entries: entries.into(),
         at_us: outcomes.iter().map(|o| o.at_us).min()?,
         wait_us: 0,
     })

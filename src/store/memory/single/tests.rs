@@ -52,7 +52,7 @@ fn contents(store: &MemoryStore) -> Vec<(String, String, u64)> {
             lock(shard)
                 .map
                 .iter()
-                .map(|(k, s)| (k.clone(), format!("{:?}", s.state), s.expires_at))
+                .map(|(k, s)| (k.to_owned(), format!("{:?}", s.state), s.expires_at))
                 .collect::<Vec<_>>()
         })
         .collect();
