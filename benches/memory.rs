@@ -1,6 +1,7 @@
 //! The memory store's hot path next to `governor`'s keyed limiter, measured in the same run.
 //!
-//! `cargo bench --bench memory [-- --iters N]`
+//! `cargo bench --bench memory [-- --iters N] [--only TEXT]` (`--only`: the rows whose name
+//! holds TEXT, e.g. `--only "hot key, 1 thread"`)
 //!
 //! Each row runs the same keys through `governor` (`DefaultKeyedRateLimiter<String>`; for the
 //! three-limit policy, three limiters checked in sequence, stopping at the first refusal) and
@@ -105,10 +106,13 @@ fn governor_limiters(reference: bool) -> Vec<DefaultKeyedRateLimiter<String>> {
 
 fn main() {
     let mut iters = 1_000_000usize;
+    let mut only = String::new();
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         if a == "--iters" {
             iters = args.next().and_then(|v| v.parse().ok()).unwrap_or(iters);
+        } else if a == "--only" {
+            only = args.next().unwrap_or_default();
         }
     }
     let keys: Vec<String> = (0..KEYS)
@@ -126,6 +130,17 @@ fn main() {
     for (reference, policy) in [(false, "100/s"), (true, "10/s, 120/min, 240/h")] {
         for spread in [false, true] {
             for threads in [1, 2] {
+                let name = format!(
+                    "{} limit{}, {}, {} thread{}",
+                    if reference { 3 } else { 1 },
+                    if reference { "s" } else { "" },
+                    if spread { "100k keys" } else { "hot key" },
+                    threads,
+                    if threads > 1 { "s" } else { "" },
+                );
+                if !name.contains(&only) {
+                    continue;
+                }
                 let limiters = governor_limiters(reference);
                 let keys = &keys;
                 let governor_check = |t: usize, i: usize| {
@@ -146,14 +161,6 @@ fn main() {
                 let limiter = Limiter::new(MemoryStore::new(), policy.parse().expect("policy"));
                 let t = run_tollgate(&limiter, keys, spread, threads, iters);
 
-                let name = format!(
-                    "{} limit{}, {}, {} thread{}",
-                    if reference { 3 } else { 1 },
-                    if reference { "s" } else { "" },
-                    if spread { "100k keys" } else { "hot key" },
-                    threads,
-                    if threads > 1 { "s" } else { "" },
-                );
                 println!(
                     "{:<40} {:>9.0} {:>9.0} {:>7.2} {:>10.2} {:>10.2}",
                     name,
