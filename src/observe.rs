@@ -42,17 +42,21 @@ fn chain(e: &dyn std::error::Error) -> String {
 /// One check of a store: its latency (none when the breaker answered without calling it),
 /// and its failure if it failed.
 #[cfg_attr(not(feature = "redis"), allow(dead_code))]
-pub(crate) fn store_call(store: &str, took: Option<Duration>, result: Result<(), &StoreError>) {
+pub(crate) fn store_call(
+    store: &Arc<str>,
+    took: Option<Duration>,
+    result: Result<(), &StoreError>,
+) {
     #[cfg(feature = "metrics")]
     {
         if let Some(took) = took {
-            metrics::histogram!("tollgate_store_call_seconds", "store" => store.to_string())
+            metrics::histogram!("tollgate_store_call_seconds", "store" => store.clone())
                 .record(took.as_secs_f64());
         }
         if let Err(e) = result {
             metrics::counter!(
                 "tollgate_store_errors_total",
-                "store" => store.to_string(),
+                "store" => store.clone(),
                 "kind" => e.kind_label()
             )
             .increment(1);
@@ -60,7 +64,7 @@ pub(crate) fn store_call(store: &str, took: Option<Duration>, result: Result<(),
     }
     #[cfg(feature = "tracing")]
     if let (Err(e), Some(_)) = (result, took) {
-        tracing::debug!(target: "tollgate", store, kind = e.kind_label(), error = %chain(e), "rate-limit store call failed");
+        tracing::debug!(target: "tollgate", store = &**store, kind = e.kind_label(), error = %chain(e), "rate-limit store call failed");
     }
     let _ = (store, took, result);
 }

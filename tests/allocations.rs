@@ -7,7 +7,10 @@
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 
-use tollgate::{Limiter, MemoryStore};
+mod common;
+
+use common::{unique_prefix, RedisServer};
+use tollgate::{Limiter, MemoryStore, RedisStore};
 
 /// Counts the allocations (and reallocations) of the thread that asked to be counted.
 struct Counting;
@@ -125,4 +128,118 @@ fn the_count_sees_allocations() {
         COUNT.with(Cell::get)
     });
     assert!(count >= 100, "{count}");
+}
+
+/// Allocations per call of `call`, run `rounds` times after three warm-up calls, on this
+/// thread (the runtime is current-thread: the connection's driver runs here too).
+async fn count_per_call<F, Fut>(rounds: u64, mut call: F) -> f64
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    for _ in 0..3 {
+        call().await;
+    }
+    COUNT.with(|c| c.set(0));
+    COUNTING.with(|c| c.set(true));
+    for _ in 0..rounds {
+        call().await;
+    }
+    COUNTING.with(|c| c.set(false));
+    COUNT.with(Cell::get) as f64 / rounds as f64
+}
+
+/// A check on Redis allocates no more than the `redis` crate needs to make the same call
+/// itself: the `EVALSHA` the limiter sends (captured from `SLOWLOG`), sent on a multiplexed
+/// connection of the crate's own and read as a `redis::Value`. With the `metrics` feature, the
+/// label lists of the decision counter and the store-call histogram come on top
+/// (`REDIS_METRICS`). Per call counts are averages over the rounds: the runtime's own
+/// occasional allocations (its timer wheel, the connection's buffers) add a few hundredths,
+/// to either side.
+const REDIS_METRICS: f64 = if cfg!(feature = "metrics") { 2.0 } else { 0.0 };
+#[test]
+fn a_redis_check_allocates_no_more_than_its_call() {
+    let server = RedisServer::start();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        for (policy, ids) in [
+            ("1000000/s", &["ip:203.0.113.9"][..]),
+            (
+                "1000000/s, 10000000/min, 50000000/h",
+                &["ip:203.0.113.9", "user:42"][..],
+            ),
+        ] {
+            let mut admin = server.conn();
+            let _: () = redis::cmd("CONFIG")
+                .arg(&["SET", "slowlog-log-slower-than", "0"])
+                .query(&mut admin)
+                .unwrap();
+            let _: () = redis::cmd("SLOWLOG")
+                .arg("RESET")
+                .query(&mut admin)
+                .unwrap();
+            let store = RedisStore::builder(server.url())
+                .prefix(unique_prefix())
+                .build()
+                .await
+                .unwrap();
+            let limiter = Limiter::builder(store, policy.parse().unwrap())
+                .deny_cache(0)
+                .build();
+            assert!(limiter.check(ids).await.unwrap().is_allowed());
+            let log: Vec<Vec<redis::Value>> = redis::cmd("SLOWLOG")
+                .arg(&["GET", "100"])
+                .query(&mut admin)
+                .unwrap();
+            let call: Vec<String> = log
+                .iter()
+                .filter_map(|entry| match entry.get(3) {
+                    Some(redis::Value::Array(a)) => Some(a),
+                    _ => None,
+                })
+                .map(|a| {
+                    a.iter()
+                        .map(|v| redis::from_redis_value_ref::<String>(v).unwrap_or_default())
+                        .collect::<Vec<String>>()
+                })
+                .find(|a| a.first().is_some_and(|c| c.eq_ignore_ascii_case("evalsha")))
+                .expect("the check's EVALSHA in SLOWLOG");
+            let _: () = redis::cmd("CONFIG")
+                .arg(&["SET", "slowlog-log-slower-than", "10000"])
+                .query(&mut admin)
+                .unwrap();
+
+            let client = redis::Client::open(server.url()).unwrap();
+            let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+            let raw = count_per_call(200, || {
+                let mut conn = conn.clone();
+                let call = &call;
+                async move {
+                    let _: redis::Value = redis::cmd("EVALSHA")
+                        .arg(&call[1..])
+                        .query_async(&mut conn)
+                        .await
+                        .unwrap();
+                }
+            })
+            .await;
+            let _ = &mut conn;
+            let tollgate = count_per_call(200, || async {
+                assert!(limiter.check(ids).await.unwrap().is_allowed());
+            })
+            .await;
+            println!(
+                "{policy} x {}: redis crate {raw}, tollgate {tollgate}",
+                ids.len()
+            );
+            assert!(
+                tollgate <= raw + REDIS_METRICS + 0.05,
+                "{policy} x {}: {tollgate} allocations per check, the call alone {raw}",
+                ids.len()
+            );
+        }
+    });
 }

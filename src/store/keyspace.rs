@@ -58,6 +58,7 @@
 //! of two namespaces, or of a namespace and the shared space, never meet. A namespace is
 //! limiter-wide and outlives policy changes, so what carries over above carries over in it.
 
+use std::cell::Cell;
 use std::fmt::{self, Write};
 use std::str::FromStr;
 use std::sync::Arc;
@@ -150,6 +151,13 @@ fn window_tag(out: &mut String, window_us: u64) {
 fn key_head(prefix: &str, escaped: &str, namespace: Option<&str>, tail: usize) -> String {
     let ns = namespace.map_or(0, |n| n.len() + 1);
     let mut out = String::with_capacity(prefix.len() + escaped.len() + ns + 4 + tail);
+    head_into(&mut out, prefix, escaped, namespace);
+    out
+}
+
+/// Writes the part of a key before its limits into `out` (cleared first).
+fn head_into(out: &mut String, prefix: &str, escaped: &str, namespace: Option<&str>) {
+    out.clear();
     out.push_str(prefix);
     out.push_str(":{");
     out.push_str(escaped);
@@ -158,7 +166,6 @@ fn key_head(prefix: &str, escaped: &str, namespace: Option<&str>, tail: usize) -
         out.push_str(namespace);
         out.push(':');
     }
-    out
 }
 
 /// Builds the key of one (identifier, limit) pair in `namespace` (none: the store's shared
@@ -199,23 +206,46 @@ pub(crate) fn keys_of(
     limits: &[Limit],
 ) -> Vec<String> {
     let mut keys = Vec::with_capacity(limits.len());
+    each_key(prefix, escaped, namespace, limits, |key| {
+        keys.push(key.to_owned())
+    });
+    keys
+}
+
+/// [`keys_of`], each key given to `f` in turn, built in a buffer reused from call to call on
+/// the thread: a script call copies its keys anyway, and need not own them first.
+pub(crate) fn each_key(
+    prefix: &str,
+    escaped: &str,
+    namespace: Option<&str>,
+    limits: &[Limit],
+    mut f: impl FnMut(&str),
+) {
+    thread_local! {
+        static BUFFER: Cell<String> = const { Cell::new(String::new()) };
+    }
+    let mut out = BUFFER.with(Cell::take);
     if limits.iter().any(algorithm::is_packed) {
+        head_into(&mut out, prefix, escaped, namespace);
         let packed = limits.iter().filter(|l| algorithm::is_packed(l));
-        keys.push(packed_key(prefix, escaped, namespace, packed));
+        for (i, limit) in packed.enumerate() {
+            if i > 0 {
+                out.push(',');
+            }
+            limit_tag(&mut out, limit, false);
+        }
+        f(&out);
     }
     for limit in limits.iter().filter(|l| !algorithm::is_packed(l)) {
         // another sorted set of the policy with the same name: both name their count
         let shared = limits.iter().any(|o| {
             o != limit && o.algorithm() == limit.algorithm() && o.window_us() == limit.window_us()
         });
-        let mut key = key(prefix, escaped, namespace, limit);
-        if shared {
-            key.truncate(key.len() - key.rsplit(':').next().map_or(0, str::len));
-            limit_tag(&mut key, limit, true);
-        }
-        keys.push(key);
+        head_into(&mut out, prefix, escaped, namespace);
+        limit_tag(&mut out, limit, shared);
+        f(&out);
     }
-    keys
+    BUFFER.with(|b| b.set(out));
 }
 
 /// The space of a limiter's keys on its store, apart from other limiters' state: see

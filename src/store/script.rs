@@ -13,10 +13,12 @@
 //! back what a check charged, is generated the same way from `refund.lua` and each limit's
 //! `refund` fragment (`refund`: [`refund_script`]).
 
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
-use redis::{Script, ScriptInvocation, Value};
+use redis::{Script, Value};
+use smallvec::SmallVec;
 
 use super::keyspace;
 use super::{Outcome, Plan, StoreError};
@@ -468,7 +470,27 @@ pub(crate) fn check_script_within(
     reserving: bool,
 ) -> Arc<CheckScript> {
     type Cache = HashMap<(Vec<Limit>, usize, bool), Arc<CheckScript>>;
+    type Last = Option<(Vec<Limit>, usize, bool, Arc<CheckScript>)>;
     static CACHE: OnceLock<Mutex<Cache>> = OnceLock::new();
+    thread_local! {
+        /// The script this thread used last: a limiter checks one shape over and over, and
+        /// finding it here takes no lock and no copy of the limits for a key.
+        static LAST: RefCell<Last> = const { RefCell::new(None) };
+    }
+    let last = |l: &Last| match l {
+        Some((ls, i, r, s)) if ls == limits && *i == ids && *r == reserving => Some(s.clone()),
+        _ => None,
+    };
+    if let Some(found) = LAST.with(|l| l.try_borrow().ok().and_then(|l| last(&l))) {
+        return found;
+    }
+    let remember = |s: &Arc<CheckScript>| {
+        LAST.with(|l| {
+            if let Ok(mut l) = l.try_borrow_mut() {
+                *l = Some((limits.to_vec(), ids, reserving, s.clone()));
+            }
+        });
+    };
     let cache = CACHE.get_or_init(Mutex::default);
     let key = (limits.to_vec(), ids, reserving);
     if let Some(found) = cache
@@ -476,6 +498,7 @@ pub(crate) fn check_script_within(
         .unwrap_or_else(PoisonError::into_inner)
         .get(&key)
     {
+        remember(found);
         return found.clone();
     }
     let (text, layout, packed, wire) = generate_within(limits, ids, reserving);
@@ -490,6 +513,7 @@ pub(crate) fn check_script_within(
         cache.clear();
     }
     cache.insert(key, compiled.clone());
+    remember(&compiled);
     compiled
 }
 
@@ -498,18 +522,31 @@ pub(crate) fn now_arg(now: Option<u64>) -> String {
     now.map_or(String::new(), |n| n.to_string())
 }
 
+impl CheckScript {
+    /// A call of this script for `plan`'s identifiers, sized for their keys (then filled in
+    /// by [`check_args`]).
+    pub(crate) fn call(&self, plan: &Plan<'_>) -> Call<'_> {
+        let per_id = self.layout.keys_per_id();
+        let bytes = plan
+            .ids
+            .iter()
+            .map(|i| (i.len() + 48) * per_id)
+            .sum::<usize>()
+            + 64;
+        Call::new(&self.script, per_id * plan.ids.len(), bytes)
+    }
+}
+
 /// Fills in the KEYS and ARGV of one check: per identifier, its packed key (when the policy
 /// has packed limits), then one key per sorted-set limit; ARGV: cost, now (only with a manual
 /// clock, or before a lease id), lease id (only with a concurrency limit). Every argument
 /// costs Redis a little, so none is sent in vain.
 pub(crate) fn check_args(
-    call: &mut ScriptInvocation<'_>,
-    compiled: &CheckScript,
+    call: &mut impl ScriptArgs,
     prefix: &str,
     now: Option<u64>,
     plan: &Plan<'_>,
 ) {
-    debug_assert_eq!(compiled.layout, Layout::of(plan.limits));
     push_keys(call, prefix, plan);
     call.arg(plan.cost);
     if now.is_some() || !plan.lease.is_empty() {
@@ -522,11 +559,11 @@ pub(crate) fn check_args(
 
 /// The KEYS of a check of `plan` (and of its refund and peek): per identifier, its packed key
 /// (when the policy has packed limits), then one key per sorted-set limit.
-fn push_keys(call: &mut ScriptInvocation<'_>, prefix: &str, plan: &Plan<'_>) {
+fn push_keys(call: &mut impl ScriptArgs, prefix: &str, plan: &Plan<'_>) {
     for id in plan.ids {
-        for key in keyspace::keys_of(prefix, id, plan.namespace, plan.limits) {
+        keyspace::each_key(prefix, id, plan.namespace, plan.limits, |key| {
             call.key(key);
-        }
+        });
     }
 }
 
@@ -543,7 +580,7 @@ fn decode(bytes: &[u8], compiled: &CheckScript, limits: &[Limit]) -> Result<Stat
             bytes.len()
         )));
     }
-    let mut values = Vec::with_capacity(compiled.wire.len());
+    let mut values: SmallVec<[u64; 16]> = SmallVec::with_capacity(compiled.wire.len());
     let mut at = 0;
     for w in &compiled.wire {
         let field = &bytes[at..at + w.len()];
@@ -710,9 +747,12 @@ fn agree(allowed: bool, outcome: Outcome) -> Result<Outcome, StoreError> {
     Ok(outcome)
 }
 
+mod call;
 mod peek;
 mod refund;
 mod reserve;
+
+pub(crate) use call::{Call, ScriptArgs};
 
 pub(crate) use peek::{parse_peek_reply, peek_script};
 pub(crate) use refund::{refund_args, refund_script};

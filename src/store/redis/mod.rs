@@ -291,6 +291,9 @@ impl RedisStore {
         plan: &Plan<'_>,
         max_wait_us: u64,
     ) -> Result<Outcome, StoreError> {
+        if !self.link.is_cluster() || plan.ids.len() < 2 {
+            return self.check_call(plan, max_wait_us).await;
+        }
         let groups = self.slot_groups(plan.ids);
         if groups.len() <= 1 {
             return self.check_call(plan, max_wait_us).await;
@@ -321,9 +324,9 @@ impl RedisStore {
             // a check that may wait has a script of its own (never with a concurrency limit)
             let reserving = max_wait_us > 0 && plan.lease.is_empty();
             let compiled = script::check_script_within(plan.limits, plan.ids.len(), reserving);
-            let mut call = compiled.script.prepare_invoke();
+            let mut call = compiled.call(plan);
             let now = self.clock.manual_now();
-            script::check_args(&mut call, &compiled, &self.prefix, now, plan);
+            script::check_args(&mut call, &self.prefix, now, plan);
             if reserving {
                 script::reserve_arg(&mut call, now, max_wait_us);
             }
@@ -342,7 +345,7 @@ impl RedisStore {
             let compiled = script::peek_script(plan.limits, plan.ids.len());
             let mut call = compiled.script.prepare_invoke();
             let now = self.clock.manual_now();
-            script::check_args(&mut call, &compiled, &self.prefix, now, plan);
+            script::check_args(&mut call, &self.prefix, now, plan);
             let reply: redis::Value = self
                 .run(|mut conn| async move { call.invoke_async(&mut conn).await })
                 .await?;

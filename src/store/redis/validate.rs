@@ -343,7 +343,7 @@ async fn run_probe(
     // reads what a full limit holds).
     for _ in 0..2 {
         let mut call = check.script.prepare_invoke();
-        script::check_args(&mut call, &check, prefix, None, &plan);
+        script::check_args(&mut call, prefix, None, &plan);
         let reply: redis::Value = call.invoke_async(conn).await?;
         script::parse_reply(reply, &check, &plan).map_err(Failure::Reply)?;
     }
@@ -362,7 +362,7 @@ async fn run_probe(
             lease: "",
         };
         let mut call = check.script.prepare_invoke();
-        script::check_args(&mut call, &check, prefix, None, &plan);
+        script::check_args(&mut call, prefix, None, &plan);
         let reply: redis::Value = call.invoke_async(conn).await?;
         script::parse_reply(reply, &check, &plan).map_err(Failure::Reply)?;
     }

@@ -6,7 +6,9 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
-use redis::{Script, ScriptInvocation};
+use redis::Script;
+
+use super::ScriptArgs;
 
 use super::{fill, fragments_of, limit_vars, push_keys, section, Shape, MAX_CACHED};
 use crate::policy::Limit;
@@ -88,12 +90,7 @@ pub(crate) fn refund_script(limits: &[Limit], ids: usize) -> Arc<RefundScript> {
 
 /// Fills in the KEYS and ARGV of the refund of a check of `plan` decided at `at_us`: the
 /// check's KEYS; ARGV: cost, the charge's time, the lease id (only with a concurrency limit).
-pub(crate) fn refund_args(
-    call: &mut ScriptInvocation<'_>,
-    prefix: &str,
-    plan: &Plan<'_>,
-    at_us: u64,
-) {
+pub(crate) fn refund_args(call: &mut impl ScriptArgs, prefix: &str, plan: &Plan<'_>, at_us: u64) {
     push_keys(call, prefix, plan);
     call.arg(plan.cost).arg(at_us);
     if !plan.lease.is_empty() {

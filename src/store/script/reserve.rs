@@ -1,7 +1,7 @@
 //! The check script's second form, for a check that may wait (`lua/reserve.lua`): each
 //! limit's retry section, the longest wait in ARGV, and the wait the reply carries.
 
-use redis::ScriptInvocation;
+use super::ScriptArgs;
 
 use super::{fill, now_arg, section, stamp, unexpected, RESERVE};
 use crate::algorithm::rolling_window;
@@ -49,7 +49,7 @@ pub(super) fn retries_of(
 
 /// The longest wait of a check that may wait, after `check_args`'s: the time argument first
 /// when `check_args` left it out. Only for a script generated `reserving`.
-pub(crate) fn reserve_arg(call: &mut ScriptInvocation<'_>, now: Option<u64>, max_wait_us: u64) {
+pub(crate) fn reserve_arg(call: &mut impl ScriptArgs, now: Option<u64>, max_wait_us: u64) {
     if now.is_none() {
         call.arg(now_arg(now));
     }
