@@ -12,6 +12,12 @@
 //! call's slot, or the node a redirection named). The crate would send it to every node,
 //! masters and replicas, and fail it when any one of them cannot be reached, so one lost
 //! replica would stop the reload on every shard.
+//!
+//! The crate's client sends every command through one task of its own, whatever node it goes
+//! to: with hundreds of calls in flight (a check split over two slots doubles them), their
+//! latency grows a tail there that one server's multiplexed connection does not show. The
+//! store keeps one client all the same (DESIGN.md, "Checks across Cluster slots", says what
+//! was measured).
 
 use std::collections::HashMap;
 use std::sync::OnceLock;
