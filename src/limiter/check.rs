@@ -87,21 +87,34 @@ impl Limiter {
         mode: Mode,
         max_wait: Duration,
     ) -> Result<(Decision, Duration), Error> {
-        let shadow = mode.shadow || self.inner.shadow.load(Ordering::Relaxed);
-        // The memory store decides at once: the check never waits, so it is made here,
-        // without a future of its own, on the version read without touching its count.
-        if let Some(store) = self.inner.store.as_memory() {
-            let version = self.inner.version.load();
-            let target = self.target(&version, None);
-            let answer = decide_now(store, &target, identifiers, cost, mode.charge, max_wait);
-            return self.settle(&version, answer, cost, mode, shadow);
+        if let Some(answer) = self.run_at_once(identifiers, cost, mode, max_wait) {
+            return answer;
         }
+        let shadow = mode.shadow || self.inner.shadow.load(Ordering::Relaxed);
         let version = self.inner.version.load_full();
         // Boxed: the remote check's state machine runs to kilobytes, and a future that held
         // it inline would be copied whole wherever it is moved.
         let answer =
             Box::pin(self.answer(&version, identifiers, cost, mode.charge, max_wait)).await;
         self.settle(&version, answer, cost, mode, shadow)
+    }
+
+    /// [`run_within`](Limiter::run_within) when the store decides at once (the memory store:
+    /// it never waits), made here and now, without a future, on the version read without
+    /// touching its count; `None` for a store that must be waited on.
+    pub(crate) fn run_at_once<I: AsRef<str>>(
+        &self,
+        identifiers: &[I],
+        cost: u64,
+        mode: Mode,
+        max_wait: Duration,
+    ) -> Option<Result<(Decision, Duration), Error>> {
+        let store = self.inner.store.as_memory()?;
+        let shadow = mode.shadow || self.inner.shadow.load(Ordering::Relaxed);
+        let version = self.inner.version.load();
+        let target = self.target(&version, None);
+        let answer = decide_now(store, &target, identifiers, cost, mode.charge, max_wait);
+        Some(self.settle(&version, answer, cost, mode, shadow))
     }
 
     /// Where a check on `version` looks first (`fallback`: the fallback store and policy
