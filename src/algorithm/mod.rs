@@ -55,7 +55,7 @@ mod gcra;
 mod reserve;
 pub(crate) mod rolling_window;
 pub(crate) mod schedule;
-mod sliding_log;
+pub(crate) mod sliding_log;
 mod sliding_window;
 
 /// The state of one key.

@@ -50,8 +50,8 @@ pub(crate) const RENEW: &str = concat!(
     include_str!("../../lua/renew.lua"),
 );
 
-/// Per identifier, per sorted-set limit, the reply holds four doubles: admitted, remaining,
-/// reset_after, retry_after.
+/// Per identifier, per concurrency limit, the reply holds four doubles: admitted, remaining,
+/// reset_after, retry_after (per log limit, a record of text: see `log`).
 const REPLY_PER_SORTED: usize = 4;
 
 /// How one packed field is stored (a Lua `struct` format code).
@@ -181,7 +181,10 @@ fn limit_vars(
             ),
         )
     } else {
-        (format!("string.sub(live{}, 2)", l + 1), format!("'{ttl}'"))
+        (
+            format!("string.format('%d', now - {w})"),
+            format!("'{ttl}'"),
+        )
     };
     let mut vars = vec![
         ("x", (l + 1).to_string()),
@@ -604,7 +607,7 @@ pub(crate) fn parse_reply(
         now,
         wait,
         mut states,
-    } = read_reply(reply, compiled, plan)?;
+    } = read_reply(reply, compiled, plan, false)?;
     let outcome = algorithm::decide_at(
         &mut states,
         &compiled.layout,
@@ -629,11 +632,15 @@ struct Reply {
     states: Vec<Option<State>>,
 }
 
-/// Reads a check script's reply.
-fn read_reply(reply: Value, compiled: &CheckScript, plan: &Plan<'_>) -> Result<Reply, StoreError> {
+/// Reads a check script's reply (a peek script's when `peek`: nothing was charged).
+fn read_reply(
+    reply: Value,
+    compiled: &CheckScript,
+    plan: &Plan<'_>,
+    peek: bool,
+) -> Result<Reply, StoreError> {
     let layout = &compiled.layout;
     let ids = plan.ids.len();
-    let sorted = layout.keys_per_id() - usize::from(layout.has_packed());
     let Value::BulkString(reply) = reply else {
         return Err(unexpected(format!("{reply:?}")));
     };
@@ -653,14 +660,6 @@ fn read_reply(reply: Value, compiled: &CheckScript, plan: &Plan<'_>) -> Result<R
     } else {
         0
     };
-    let record = state_len + 8 * REPLY_PER_SORTED * sorted;
-    let records = &reply[split + 1..];
-    if records.len() != record * ids {
-        return Err(unexpected(format!(
-            "{} bytes of state for {ids} identifiers",
-            records.len()
-        )));
-    }
     let number = |bytes: &[u8]| {
         let v = f64::from_le_bytes(bytes.try_into().unwrap_or_default());
         if (0.0..=MAX_EXACT).contains(&v) && v.fract() == 0.0 {
@@ -669,17 +668,33 @@ fn read_reply(reply: Value, compiled: &CheckScript, plan: &Plan<'_>) -> Result<R
             Err(unexpected(format!("a figure of {v}")))
         }
     };
+    // a log's record is text (see `log`), what the script read; the client charges it when
+    // the check admitted
+    let charged = allowed && !peek;
+    let mut rest = &reply[split + 1..];
+    let short = |rest: &[u8]| unexpected(format!("{} bytes of state left over", rest.len()));
     let mut states = Vec::with_capacity(ids * layout.keys_per_id());
-    for r in records.chunks_exact(record) {
-        let (state, entries) = r.split_at(state_len);
+    for _ in 0..ids {
         if layout.has_packed() {
+            let state = rest.get(..state_len).ok_or_else(|| short(rest))?;
+            rest = &rest[state_len..];
             // a stored state's T is a time, never 0: all zeros stand for no state
             states.push(match state.iter().all(|&b| b == 0) {
                 true => None,
                 false => Some(decode(state, compiled, plan.limits)?),
             });
         }
-        for e in entries.chunks_exact(8 * REPLY_PER_SORTED) {
+        for l in plan.limits.iter().filter(|l| !algorithm::is_packed(l)) {
+            if l.algorithm() == Algorithm::SlidingLog {
+                let (entry, after) = log::read(rest, l, now + wait, plan.cost, charged)?;
+                rest = after;
+                states.push(Some(State::Settled(entry)));
+                continue;
+            }
+            let e = rest
+                .get(..8 * REPLY_PER_SORTED)
+                .ok_or_else(|| short(rest))?;
+            rest = &rest[8 * REPLY_PER_SORTED..];
             let mut f = e.chunks_exact(8).map(number);
             let mut next = || f.next().unwrap_or(Ok(0));
             states.push(Some(State::Settled(Entry {
@@ -689,6 +704,9 @@ fn read_reply(reply: Value, compiled: &CheckScript, plan: &Plan<'_>) -> Result<R
                 retry_after_us: next()?,
             })));
         }
+    }
+    if !rest.is_empty() {
+        return Err(short(rest));
     }
     Ok(Reply {
         allowed,
@@ -710,6 +728,7 @@ fn agree(allowed: bool, outcome: Outcome) -> Result<Outcome, StoreError> {
     Ok(outcome)
 }
 
+mod log;
 mod peek;
 mod refund;
 mod reserve;
