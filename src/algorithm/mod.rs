@@ -50,7 +50,7 @@ use crate::policy::{Algorithm, Limit};
 
 pub(crate) use reserve::decide_within;
 
-mod concurrency;
+pub(crate) mod concurrency;
 mod fixed_window;
 mod gcra;
 mod reserve;

@@ -20,7 +20,7 @@ use redis::{Script, ScriptInvocation, Value};
 
 use super::keyspace;
 use super::{Outcome, Plan, StoreError};
-use crate::algorithm::{self, rolling_window, Counter, Entry, Layout, State};
+use crate::algorithm::{self, rolling_window, Counter, Layout, State};
 use crate::policy::{Algorithm, Limit};
 pub(crate) use reserve::reserve_arg;
 use reserve::{retries_of, stamp_and_wait};
@@ -49,10 +49,6 @@ pub(crate) const RENEW: &str = concat!(
     include_str!("../../lua/prelude.lua"),
     include_str!("../../lua/renew.lua"),
 );
-
-/// Per identifier, per concurrency limit, the reply holds four doubles: admitted, remaining,
-/// reset_after, retry_after (per log limit, a record of text: see `log`).
-const REPLY_PER_SORTED: usize = 4;
 
 /// How one packed field is stored (a Lua `struct` format code).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -660,19 +656,16 @@ fn read_reply(
     } else {
         0
     };
-    let number = |bytes: &[u8]| {
-        let v = f64::from_le_bytes(bytes.try_into().unwrap_or_default());
-        if (0.0..=MAX_EXACT).contains(&v) && v.fract() == 0.0 {
-            Ok(v as u64)
-        } else {
-            Err(unexpected(format!("a figure of {v}")))
-        }
-    };
-    // a log's record is text (see `log`), what the script read; the client charges it when
-    // the check admitted
+    // a sorted set's record is text (see `record`), what the script read; the client charges
+    // it when the check admitted
     let charged = allowed && !peek;
     let mut rest = &reply[split + 1..];
-    let short = |rest: &[u8]| unexpected(format!("{} bytes of state left over", rest.len()));
+    let short = |rest: &[u8]| {
+        unexpected(format!(
+            "states that do not fit the policy ({} bytes at the end)",
+            rest.len()
+        ))
+    };
     let mut states = Vec::with_capacity(ids * layout.keys_per_id());
     for _ in 0..ids {
         if layout.has_packed() {
@@ -685,24 +678,9 @@ fn read_reply(
             });
         }
         for l in plan.limits.iter().filter(|l| !algorithm::is_packed(l)) {
-            if l.algorithm() == Algorithm::SlidingLog {
-                let (entry, after) = log::read(rest, l, now + wait, plan.cost, charged)?;
-                rest = after;
-                states.push(Some(State::Settled(entry)));
-                continue;
-            }
-            let e = rest
-                .get(..8 * REPLY_PER_SORTED)
-                .ok_or_else(|| short(rest))?;
-            rest = &rest[8 * REPLY_PER_SORTED..];
-            let mut f = e.chunks_exact(8).map(number);
-            let mut next = || f.next().unwrap_or(Ok(0));
-            states.push(Some(State::Settled(Entry {
-                allowed: next()? == 1,
-                remaining: next()?,
-                reset_after_us: next()?,
-                retry_after_us: next()?,
-            })));
+            let (entry, after) = record::read(rest, l, now + wait, plan.cost, charged)?;
+            rest = after;
+            states.push(Some(State::Settled(entry)));
         }
     }
     if !rest.is_empty() {
@@ -728,8 +706,8 @@ fn agree(allowed: bool, outcome: Outcome) -> Result<Outcome, StoreError> {
     Ok(outcome)
 }
 
-mod log;
 mod peek;
+mod record;
 mod refund;
 mod reserve;
 

@@ -1,16 +1,16 @@
-//! The sliding log's record in the check script's reply (`lua/sliding_log.lua`): what the
-//! script read of the log, as text, from which the twin works out the figures.
+//! The records of the sorted sets in the check script's reply (`lua/sliding_log.lua`,
+//! `lua/concurrency.lua`): what the script read of each, as text ending in `;`, from which
+//! the twin works out the figures.
 
 use super::{unexpected, MAX_EXACT};
 use crate::algorithm::sliding_log::{self, Seen};
-use crate::algorithm::Entry;
-use crate::policy::Limit;
+use crate::algorithm::{concurrency, Entry};
+use crate::policy::{Algorithm, Limit};
 use crate::store::StoreError;
 
-/// Reads the record at the start of `bytes`, `<used>,<entry>,<newest>;` (see the header of
-/// `lua/sliding_log.lua`); returns the figures of `limit` the twin derives from it at `now`
-/// (the time the script decided at), with `cost` charged when `charged`, and the bytes left
-/// after the record.
+/// Reads the record of the sorted-set limit `limit` at the start of `bytes`; returns its
+/// figures, which the twin derives at `now` (the time the script decided at) with `cost`
+/// charged when `charged`, and the bytes left after the record.
 pub(super) fn read<'a>(
     bytes: &'a [u8],
     limit: &Limit,
@@ -21,30 +21,48 @@ pub(super) fn read<'a>(
     let end = bytes
         .iter()
         .position(|&b| b == b';')
-        .ok_or_else(|| unexpected("a log record without its end"))?;
-    let text = std::str::from_utf8(&bytes[..end])
-        .map_err(|_| unexpected("a log record that is not text"))?;
-    let bad = || unexpected(format!("a log record of {text:?}"));
+        .ok_or_else(|| unexpected("a record without its end"))?;
+    let text =
+        std::str::from_utf8(&bytes[..end]).map_err(|_| unexpected("a record that is not text"))?;
+    let entry = match limit.algorithm() {
+        Algorithm::Concurrency => leases(text, limit, now, charged),
+        _ => log(text, limit, now, cost, charged),
+    }
+    .ok_or_else(|| unexpected(format!("a record of {text:?}")))?;
+    Ok((entry, &bytes[end + 1..]))
+}
+
+/// A sliding log's record, `<used>,<entry>,<newest>;`.
+fn log(text: &str, limit: &Limit, now: u64, cost: u64, charged: bool) -> Option<Entry> {
     let mut fields = text.split(',');
     let (Some(used), Some(leaving), Some(newest), None) =
         (fields.next(), fields.next(), fields.next(), fields.next())
     else {
-        return Err(bad());
+        return None;
     };
     let seen = Seen {
-        used: optional(used, number).ok_or_else(bad)?,
-        leaving: optional(leaving, time).ok_or_else(bad)?,
-        newest: optional(newest, time).ok_or_else(bad)?,
+        used: optional(used, number)?,
+        leaving: optional(leaving, time)?,
+        newest: optional(newest, time)?,
     };
     // the entry that must leave is live: the newest is there too, and a cost of 1 counted
     // nothing only when it was denied
     if seen.leaving.is_some() && seen.newest.is_none()
         || seen.used.is_none() && (seen.leaving.is_none() || cost != 1)
     {
-        return Err(bad());
+        return None;
     }
-    let entry = sliding_log::settle(seen, limit, now, cost, charged);
-    Ok((entry, &bytes[end + 1..]))
+    Some(sliding_log::settle(seen, limit, now, cost, charged))
+}
+
+/// A concurrency limit's record, `<used>,<deadline>;`: one of the two.
+fn leases(text: &str, limit: &Limit, now: u64, charged: bool) -> Option<Entry> {
+    let (used, first) = text.split_once(',')?;
+    let (used, first) = (optional(used, number)?, optional(first, score)?);
+    if used.is_some() == first.is_some() {
+        return None;
+    }
+    Some(concurrency::settle(used, first, limit, now, charged))
 }
 
 /// `None` for an empty field, else the field read by `read` (`None` inside when it reads
@@ -64,6 +82,12 @@ fn number(text: &str) -> Option<u64> {
     text.parse().ok().filter(|&v| v as f64 <= MAX_EXACT)
 }
 
+/// A score as Redis writes it: an integer exact as a double.
+fn score(text: &str) -> Option<u64> {
+    let v: f64 = text.parse().ok()?;
+    ((0.0..=MAX_EXACT).contains(&v) && v.fract() == 0.0).then_some(v as u64)
+}
+
 /// The time of a member, `<time>-<k>`.
 fn time(member: &str) -> Option<u64> {
     let (t, k) = member.split_once('-')?;
@@ -80,7 +104,7 @@ mod tests {
     }
 
     #[test]
-    fn records_are_read_through_the_twin() {
+    fn log_records_are_read_through_the_twin() {
         let l = limit("5/s log");
         let now = 10_000_000;
         // two live entries, the newest 0.2 s ago, charged one more
@@ -120,7 +144,7 @@ mod tests {
     }
 
     #[test]
-    fn malformed_records_are_errors() {
+    fn malformed_log_records_are_errors() {
         let l = limit("5/s log");
         for bad in [
             &b"2,,9800000-1"[..],
@@ -143,6 +167,49 @@ mod tests {
                 1
             };
             assert!(read(bad, &l, 10_000_000, cost, false).is_err(), "{bad:?}");
+        }
+    }
+}
+
+#[cfg(test)]
+mod lease_tests {
+    use super::*;
+
+    #[test]
+    fn lease_records_are_read_through_the_twin() {
+        let l = "3 concurrent lease=10s"
+            .parse::<crate::Policy>()
+            .unwrap()
+            .limits()[0];
+        let now = 10_000_000;
+        let (e, rest) = read(b"1,;", &l, now, 1, true).unwrap();
+        assert!(rest.is_empty());
+        assert_eq!((e.allowed, e.remaining, e.retry_after_us), (true, 1, 0));
+        let (e, _) = read(b"1,;", &l, now, 1, false).unwrap();
+        assert_eq!(e.remaining, 2);
+        // denied: the earliest deadline in 0.4 s, or in a second at the latest
+        let (e, _) = read(b",10400000;", &l, now, 1, false).unwrap();
+        assert_eq!(
+            e,
+            Entry {
+                allowed: false,
+                remaining: 0,
+                reset_after_us: 0,
+                retry_after_us: 400_000
+            }
+        );
+        let (e, _) = read(b",15000000;", &l, now, 1, false).unwrap();
+        assert_eq!(e.retry_after_us, 1_000_000);
+        for bad in [
+            &b"1,10400000;"[..],
+            b",;",
+            b"1;",
+            b"1,,;",
+            b",1.5;",
+            b",-3;",
+            b"1,",
+        ] {
+            assert!(read(bad, &l, now, 1, false).is_err(), "{bad:?}");
         }
     }
 }
