@@ -23,6 +23,9 @@
 //!    slots, so a check is one call per slot. A row of one identifier with twice the checks in
 //!    flight puts as many calls in flight as the split check. `--only cluster` runs this
 //!    section alone.
+//!
+//! `--only GROUP` (the first word of a group's title in section 1, as `log` or
+//! `concurrency`) runs sections 1 and 2 for that group alone.
 
 use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
@@ -143,6 +146,8 @@ struct Options {
     seconds: f64,
     /// Run only the cluster section.
     cluster_only: bool,
+    /// Run sections 1 and 2 for the group whose title starts with this word alone.
+    group: Option<String>,
 }
 
 fn options() -> Options {
@@ -151,6 +156,7 @@ fn options() -> Options {
         calls: 20_000,
         seconds: 2.0,
         cluster_only: false,
+        group: None,
     };
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
@@ -163,7 +169,10 @@ fn options() -> Options {
                     .and_then(|v| v.parse().ok())
                     .unwrap_or(o.seconds)
             }
-            "--only" => o.cluster_only = args.next().as_deref() == Some("cluster"),
+            "--only" => match args.next() {
+                Some(g) if g == "cluster" => o.cluster_only = true,
+                g => o.group = g,
+            },
             _ => {} // cargo bench passes --bench
         }
     }
@@ -953,6 +962,14 @@ async fn main() {
     .trim()
     .to_string();
     println!("# tollgate's cost on Redis ({version})\n");
+    if let Some(only) = &o.group {
+        println!("Ratios are against each group's first row, measured in the same run.\n");
+        let mut groups = groups(&server).await;
+        groups.retain(|g| g.title.split([' ', ':']).next() == Some(only.as_str()));
+        cpu_section(&server, &groups, &o);
+        memory_section(&server, &groups);
+        return;
+    }
     if !o.cluster_only {
         println!("Ratios are against each group's first row, measured in the same run.\n");
         let groups = groups(&server).await;

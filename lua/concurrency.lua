@@ -8,45 +8,47 @@
 -- $w the lease (µs), $key its sorted set, $ttl the key's TTL in ms after a slot is taken
 -- (the lease, rounded up, plus 1 ms). The key outlives its last deadline: taking a slot sets
 -- the TTL to the lease, never shortening it (GT) when the key already holds live leases.
+--
+-- The reply carries what was read as text, "<used>,<deadline>;" (used: the live leases, left
+-- out when denied, as then at least n are live; deadline: the earliest live lease's, as
+-- Redis wrote the score, when denied), and the client derives the figures from it with the
+-- twin (`settle`), as for a sliding log (sliding_log.lua).
 
 --@ prepare
 -- leases whose deadline is after now are live
 local live$x = string.format('(%d', now)
-local deadline$x = string.format('%d', now + $w)
--- per identifier j: live leases, when a denied request may retry
-local L$x = {}
+-- per identifier j: the reply's record (one string: tables cost Redis more to fill)
+local L$x = {''}
 
 --@ evaluate
   do
     local used = redis.call('ZCOUNT', $key, live$x, '+inf')
-    local retry = 0
     if used >= $n then
       ok = false
-      -- Slots free up when requests finish, which nobody can predict: suggest retrying in a
-      -- second, or at the earliest lease deadline if that comes sooner.
-      local first = redis.call('ZRANGEBYSCORE', $key, live$x, '+inf', 'WITHSCORES', 'LIMIT', '0', '1')
-      retry = math.min(tonumber(first[2]), now + 1000000)
+      -- Slots free up when requests finish, which nobody can predict: the client suggests
+      -- retrying in a second, or at the earliest live deadline if that comes sooner (the
+      -- live leases are those of the latest deadlines: the earliest is the used-th latest)
+      local r = '-' .. used
+      L$x[j] = ',' .. redis.call('ZRANGE', $key, r, r, 'WITHSCORES')[2] .. ';'
+    else
+      L$x[j] = used .. ',;'
     end
-    L$x[2 * j - 1], L$x[2 * j] = used, retry
   end
 
 --@ commit
-    redis.call('ZREMRANGEBYSCORE', $key, '-inf', string.sub(live$x, 2))
-    redis.call('ZADD', $key, deadline$x, ARGV[3])
-    if L$x[2 * j - 1] > 0 then
-      redis.call('PEXPIRE', $key, '$ttl', 'GT')
-    else
-      redis.call('PEXPIRE', $key, '$ttl')
+    do
+      -- admitted: the record is "<used>,;"
+      redis.call('ZREMRANGEBYSCORE', $key, '-inf', string.sub(live$x, 2))
+      redis.call('ZADD', $key, string.format('%d', now + $w), ARGV[3])
+      if L$x[j] ~= '0,;' then
+        redis.call('PEXPIRE', $key, '$ttl', 'GT')
+      else
+        redis.call('PEXPIRE', $key, '$ttl')
+      end
     end
 
 --@ report
-  do
-    local used, retry = L$x[2 * j - 1], L$x[2 * j]
-    if ok then
-      used = used + 1
-    end
-    head = head .. struct.pack('<dddd', retry == 0 and 1 or 0, math.max($n - used, 0), 0, retry > 0 and retry - now or 0)
-  end
+  head = head .. L$x[j]
 
 --@ refund
   -- Twin: `refund`. Gives back the slot the check took: its lease id.

@@ -11,7 +11,8 @@
 -- itself refuses any write in it: a peek changes no key, value or TTL.
 --
 -- The reply's verdict is whether every pair admits the cost; the sorted sets are reported as
--- they are (their `report` fragments add the cost only when `ok`, which is cleared first).
+-- they are (a concurrency limit's `report` fragment adds the cost only when `ok`, which is
+-- cleared first; the client reads a log's record as charged with nothing).
 
 --@ shebang
 #!lua flags=no-writes

@@ -39,9 +39,9 @@ for pass = 1, 3 do
 end
 
 --@ retry_sliding_log
-  -- evaluate kept when the cost fits (0 when it fits now)
-  if L$x[3 * j] > tstar then
-    tstar = L$x[3 * j]
+  -- evaluate's: when the cost fits (0 when it fits now)
+  if retry$x > tstar then
+    tstar = retry$x
   end
 
 --@ retry_sliding_window

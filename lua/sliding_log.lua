@@ -9,41 +9,66 @@
 -- window, rounded up, plus 1 ms: see `expires` in check.lua's header). The key outlives its
 -- newest entry by the window: a charge sets the TTL to the window, never shortening it (GT)
 -- when the key already holds live entries.
+--
+-- What a check costs Redis is mostly its calls: a denied check makes two reads by rank (the
+-- newest entry, and the one that must leave the window before the cost fits) and converts
+-- one member to a number; a check on a missing key one read. The reply carries what was
+-- read as text, "<used>,<entry>,<newest>;" (used: the live entries, left out when a cost
+-- of 1 is denied, as then at least n are live; entry: the member that must leave the
+-- window first, when the cost does not fit; newest: the newest member, when there is
+-- one), and the client derives the figures from it with the twin (`settle`): formatting
+-- numbers costs Redis more than reading them costs the client.
 
 --@ prepare
--- entries after now - w are live
-local live$x = string.format('(%d', now - $w)
--- per identifier j: live entries, the newest one's time, when a denied cost fits
-local L$x = {}
+-- per identifier j: the reply's record (one string: tables cost Redis more to fill)
+local L$x = {''}
 
 --@ evaluate
+  -- when a denied cost fits (0 when it fits; reserve.lua reads it)
+  local retry$x = 0
   do
-    local used = redis.call('ZCOUNT', $key, live$x, '+inf')
-    local newest, retry = 0, 0
-    if used > 0 then
-      -- the newest entry's time, read from its member (fetching scores costs more)
-      newest = tonumber(string.match(redis.call('ZRANGE', $key, '-1', '-1')[1], '^%d+'))
+    local newest = redis.call('ZRANGE', $key, '-1', '-1')[1]
+    local record = '0,,;'
+    if newest then
+      -- the cost fits unless the (n - cost + 1)-th newest entry is live; then it is the
+      -- (used + cost - n)-th oldest live one, which must leave the window first (live
+      -- entries are the newest ones: the window has no end but now, or a later entry's time)
+      local r = cost == 1 and '-$n' or string.format('%d', cost - $n - 1)
+      local e = redis.call('ZRANGE', $key, r, r)[1]
+      if e then
+        retry$x = string.match(e, '^%d+') + $w
+      end
+      if retry$x > now then
+        ok = false
+        if cost == 1 then
+          record = ',' .. e .. ',' .. newest .. ';'
+        else
+          local used = redis.call('ZCOUNT', $key, string.format('(%d', now - $w), '+inf')
+          record = used .. ',' .. e .. ',' .. newest .. ';'
+        end
+      else
+        retry$x = 0
+        local used = redis.call('ZCOUNT', $key, string.format('(%d', now - $w), '+inf')
+        record = used .. ',,' .. newest .. ';'
+      end
     end
-    if used + cost > $n then
-      ok = false
-      -- the (used + cost - n)-th oldest live entry must leave the window first
-      local k = used + cost - $n - 1
-      k = k == 0 and '0' or string.format('%d', k)
-      local e = redis.call('ZRANGEBYSCORE', $key, live$x, '+inf', 'LIMIT', k, '1')
-      retry = tonumber(string.match(e[1], '^%d+')) + $w
-    end
-    L$x[3 * j - 2], L$x[3 * j - 1], L$x[3 * j] = used, newest, retry
+    L$x[j] = record
   end
 
 --@ commit
     do
-      -- the entries out of the window by the clock's time ($cut: from live$x, or for a check
-      -- admitted as of a later time, reserve.lua, from `real`)
-      redis.call('ZREMRANGEBYSCORE', $key, '-inf', $cut)
+      -- admitted: the record is "<used>,,<newest>;", or "0,,;" when the key held nothing
+      local record = L$x[j]
+      local held = record ~= '0,,;'
       local at = string.format('%d', now)
       local k = 0
-      if L$x[3 * j - 1] >= now then
-        k = redis.call('ZCOUNT', $key, at, at)
+      if held then
+        -- the entries out of the window by the clock's time ($cut: the window's start, or
+        -- for a check admitted as of a later time, reserve.lua, the clock's window's)
+        redis.call('ZREMRANGEBYSCORE', $key, '-inf', $cut)
+        if string.match(record, ',(%d+)%-%d+;') + 0 >= now then
+          k = redis.call('ZCOUNT', $key, at, at)
+        end
       end
       if cost == 1 then
         redis.call('ZADD', $key, at, at .. '-' .. (k + 1))
@@ -60,8 +85,9 @@ local L$x = {}
           m = m + 500
         end
       end
-      -- $life: the TTL, longer by the wait for a check admitted as of a later time
-      if L$x[3 * j - 2] > 0 then
+      -- $life: the TTL, longer by the wait for a check admitted as of a later time; a key
+      -- that holds entries keeps a longer TTL (a charge admitted as of a later time set it)
+      if held then
         redis.call('PEXPIRE', $key, $life, 'GT')
       else
         redis.call('PEXPIRE', $key, $life)
@@ -69,21 +95,7 @@ local L$x = {}
     end
 
 --@ report
-  do
-    local used, newest, retry = L$x[3 * j - 2], L$x[3 * j - 1], L$x[3 * j]
-    if ok then
-      used = used + cost
-      if newest < now then
-        newest = now
-      end
-    end
-    local remaining, reset = $n, 0
-    if used > 0 then
-      remaining = math.max($n - used, 0)
-      reset = math.max(newest + $w - now, 0)
-    end
-    head = head .. struct.pack('<dddd', retry == 0 and 1 or 0, remaining, reset, retry > 0 and retry - now or 0)
-  end
+  head = head .. L$x[j]
 
 --@ refund
   -- Twin: `refund`. Removes up to `cost` entries scored `at` (entries of one time are

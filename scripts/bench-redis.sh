@@ -5,7 +5,8 @@
 # and Limiter::check, and stops it when done. Installs Debian's redis-server and redis-tools
 # (redis-benchmark) when they are missing. Arguments go to the bench: --rounds N (best of N
 # runs per row, default 5), --calls N (calls per run, default 20000), --seconds S (per
-# throughput row, default 2), --only cluster (the Redis Cluster rows alone).
+# throughput row, default 2), --only cluster (the Redis Cluster rows alone), --only GROUP
+# (one group of the per-call rows, by the first word of its title: log, concurrency...).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

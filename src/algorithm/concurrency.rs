@@ -6,7 +6,7 @@
 //! them) are dropped when a slot is taken. The lease id comes from the caller (random), so the
 //! caller can renew and release it.
 
-use super::{Report, Verdict};
+use super::{Entry, Report, Verdict};
 use crate::policy::Limit;
 
 /// How long a denied check suggests waiting: slots free up when requests finish, which no
@@ -38,6 +38,28 @@ pub(crate) fn report(st: &Leases, lim: &Limit, now: u64) -> Report {
     Report {
         remaining: lim.count().saturating_sub(live),
         reset_after: 0,
+    }
+}
+
+/// The figures of a concurrency limit the script read at `now` (its reply's record: see
+/// `lua/concurrency.lua`): `used` the live leases (`None` when denied: then at least the
+/// count are), `first` the earliest live deadline when denied; after taking a slot when
+/// `charged`. The script's `report` with the rest of [`evaluate`] and [`report`], worked out
+/// on what the script read.
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
+pub(crate) fn settle(
+    used: Option<u64>,
+    first: Option<u64>,
+    lim: &Limit,
+    now: u64,
+    charged: bool,
+) -> Entry {
+    let used = used.unwrap_or(lim.count()) + u64::from(charged);
+    Entry {
+        allowed: first.is_none(),
+        remaining: lim.count().saturating_sub(used),
+        reset_after_us: 0,
+        retry_after_us: first.map_or(0, |f| f.min(now + RETRY_US).saturating_sub(now)),
     }
 }
 

@@ -42,21 +42,22 @@
 //!
 //! The script only decides and writes: for the packed key it returns the state it read, and
 //! the Redis store derives every report from it with this twin ([`decide`] on that state). A
-//! sorted set is read in place by the script, which reports on it itself: the store hands
-//! [`decide`] that report as a [`State::Settled`].
+//! sorted set is read in place by the script, which reports on it itself (a sliding log's
+//! report is what the script read, which `sliding_log::settle` turns into figures): the store
+//! hands [`decide`] that report as a [`State::Settled`].
 
 use crate::policy::{Algorithm, Limit};
 use smallvec::SmallVec;
 
 pub(crate) use reserve::decide_within;
 
-mod concurrency;
+pub(crate) mod concurrency;
 mod fixed_window;
 mod gcra;
 mod reserve;
 pub(crate) mod rolling_window;
 pub(crate) mod schedule;
-mod sliding_log;
+pub(crate) mod sliding_log;
 mod sliding_window;
 
 /// The state of one key.

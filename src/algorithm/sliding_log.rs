@@ -7,7 +7,7 @@
 
 use std::collections::VecDeque;
 
-use super::{Report, Verdict};
+use super::{Entry, Report, Verdict};
 use crate::policy::Limit;
 
 /// The times (µs) of the admitted cost units, ascending.
@@ -69,6 +69,44 @@ pub(crate) fn report(st: &Log, lim: &Limit, now: u64) -> Report {
             reset_after: (newest + w).saturating_sub(now),
         },
         None => Report::empty(lim),
+    }
+}
+
+/// What the check script read of a log, as its reply carries it (see `lua/sliding_log.lua`):
+/// the live entries (`None` when a cost of 1 was denied: then at least the count are), the
+/// time of the entry that must leave the window before a denied cost fits, and the newest
+/// entry's time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
+pub(crate) struct Seen {
+    pub(crate) used: Option<u64>,
+    pub(crate) leaving: Option<u64>,
+    pub(crate) newest: Option<u64>,
+}
+
+/// The figures of a log the script read as `seen` at `now`, after charging `cost` when
+/// `charged`: the script's `report` and the rest of [`evaluate`] and [`report`], on what the
+/// script read rather than on every entry (the script sends what it read, and the figures are
+/// worked out here: formatting numbers costs Redis more than reading them costs the client).
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
+pub(crate) fn settle(seen: Seen, lim: &Limit, now: u64, cost: u64, charged: bool) -> Entry {
+    let (n, w) = (lim.count(), lim.window_us());
+    let retry = seen.leaving.map_or(0, |s| s + w);
+    let mut used = seen.used.unwrap_or(n);
+    let mut newest = seen.newest.unwrap_or(0);
+    if charged {
+        used += cost;
+        newest = newest.max(now);
+    }
+    let (remaining, reset_after_us) = match used {
+        0 => (n, 0),
+        _ => (n.saturating_sub(used), (newest + w).saturating_sub(now)),
+    };
+    Entry {
+        allowed: retry == 0,
+        remaining,
+        reset_after_us,
+        retry_after_us: retry.saturating_sub(now),
     }
 }
 

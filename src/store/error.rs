@@ -107,7 +107,7 @@ pub enum ConfigErrorKind {
 /// `SCRIPT LOAD` after a `NOSCRIPT`, `ZREM` to release slots, `INFO` in the start-up checks)
 /// and those the Lua scripts call. A unit test checks it against the scripts.
 pub(crate) const ACL_COMMANDS: &str = "+evalsha +script|load +zrem +info +time +get +mget \
-     +set +psetex +pexpire +zadd +zcount +zrange +zrangebyscore +zremrangebyscore +zscore";
+     +set +psetex +pexpire +zadd +zcount +zrange +zremrangebyscore +zscore";
 
 /// What a Redis Cluster's nodes are sent besides [`ACL_COMMANDS`]: the cluster client's
 /// `PING` on each new node connection and `CLUSTER SLOTS` for the slot map, and `ASKING` before

@@ -22,7 +22,7 @@ use smallvec::SmallVec;
 
 use super::keyspace;
 use super::{Outcome, Plan, StoreError};
-use crate::algorithm::{self, rolling_window, Counter, Entry, Layout, State};
+use crate::algorithm::{self, rolling_window, Counter, Layout, State};
 use crate::policy::{Algorithm, Limit};
 pub(crate) use reserve::reserve_arg;
 use reserve::{retries_of, stamp_and_wait};
@@ -51,10 +51,6 @@ pub(crate) const RENEW: &str = concat!(
     include_str!("../../lua/prelude.lua"),
     include_str!("../../lua/renew.lua"),
 );
-
-/// Per identifier, per sorted-set limit, the reply holds four doubles: admitted, remaining,
-/// reset_after, retry_after.
-const REPLY_PER_SORTED: usize = 4;
 
 /// How one packed field is stored (a Lua `struct` format code).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -183,7 +179,10 @@ fn limit_vars(
             ),
         )
     } else {
-        (format!("string.sub(live{}, 2)", l + 1), format!("'{ttl}'"))
+        (
+            format!("string.format('%d', now - {w})"),
+            format!("'{ttl}'"),
+        )
     };
     let mut vars = vec![
         ("x", (l + 1).to_string()),
@@ -641,7 +640,7 @@ pub(crate) fn parse_reply(
         now,
         wait,
         mut states,
-    } = read_reply(reply, compiled, plan)?;
+    } = read_reply(reply, compiled, plan, false)?;
     let outcome = algorithm::decide_at(
         &mut states,
         &compiled.layout,
@@ -666,11 +665,15 @@ struct Reply {
     states: Vec<Option<State>>,
 }
 
-/// Reads a check script's reply.
-fn read_reply(reply: Value, compiled: &CheckScript, plan: &Plan<'_>) -> Result<Reply, StoreError> {
+/// Reads a check script's reply (a peek script's when `peek`: nothing was charged).
+fn read_reply(
+    reply: Value,
+    compiled: &CheckScript,
+    plan: &Plan<'_>,
+    peek: bool,
+) -> Result<Reply, StoreError> {
     let layout = &compiled.layout;
     let ids = plan.ids.len();
-    let sorted = layout.keys_per_id() - usize::from(layout.has_packed());
     let Value::BulkString(reply) = reply else {
         return Err(unexpected(format!("{reply:?}")));
     };
@@ -690,42 +693,35 @@ fn read_reply(reply: Value, compiled: &CheckScript, plan: &Plan<'_>) -> Result<R
     } else {
         0
     };
-    let record = state_len + 8 * REPLY_PER_SORTED * sorted;
-    let records = &reply[split + 1..];
-    if records.len() != record * ids {
-        return Err(unexpected(format!(
-            "{} bytes of state for {ids} identifiers",
-            records.len()
-        )));
-    }
-    let number = |bytes: &[u8]| {
-        let v = f64::from_le_bytes(bytes.try_into().unwrap_or_default());
-        if (0.0..=MAX_EXACT).contains(&v) && v.fract() == 0.0 {
-            Ok(v as u64)
-        } else {
-            Err(unexpected(format!("a figure of {v}")))
-        }
+    // a sorted set's record is text (see `record`), what the script read; the client charges
+    // it when the check admitted
+    let charged = allowed && !peek;
+    let mut rest = &reply[split + 1..];
+    let short = |rest: &[u8]| {
+        unexpected(format!(
+            "states that do not fit the policy ({} bytes at the end)",
+            rest.len()
+        ))
     };
     let mut states = Vec::with_capacity(ids * layout.keys_per_id());
-    for r in records.chunks_exact(record) {
-        let (state, entries) = r.split_at(state_len);
+    for _ in 0..ids {
         if layout.has_packed() {
+            let state = rest.get(..state_len).ok_or_else(|| short(rest))?;
+            rest = &rest[state_len..];
             // a stored state's T is a time, never 0: all zeros stand for no state
             states.push(match state.iter().all(|&b| b == 0) {
                 true => None,
                 false => Some(decode(state, compiled, plan.limits)?),
             });
         }
-        for e in entries.chunks_exact(8 * REPLY_PER_SORTED) {
-            let mut f = e.chunks_exact(8).map(number);
-            let mut next = || f.next().unwrap_or(Ok(0));
-            states.push(Some(State::Settled(Entry {
-                allowed: next()? == 1,
-                remaining: next()?,
-                reset_after_us: next()?,
-                retry_after_us: next()?,
-            })));
+        for l in plan.limits.iter().filter(|l| !algorithm::is_packed(l)) {
+            let (entry, after) = record::read(rest, l, now + wait, plan.cost, charged)?;
+            rest = after;
+            states.push(Some(State::Settled(entry)));
         }
+    }
+    if !rest.is_empty() {
+        return Err(short(rest));
     }
     Ok(Reply {
         allowed,
@@ -749,6 +745,7 @@ fn agree(allowed: bool, outcome: Outcome) -> Result<Outcome, StoreError> {
 
 mod call;
 mod peek;
+mod record;
 mod refund;
 mod reserve;
 

@@ -59,7 +59,7 @@ pub(crate) fn parse_peek_reply(
         now,
         mut states,
         ..
-    } = read_reply(reply, compiled, plan)?;
+    } = read_reply(reply, compiled, plan, true)?;
     let outcome = algorithm::peek(&mut states, &compiled.layout, plan.limits, now, plan.cost);
     agree(allowed, outcome)
 }

@@ -282,8 +282,8 @@ fn every_shape_fills_every_placeholder() {
     assert_eq!(wire.len(), 8);
     assert!(text.contains("local got1, got2 = unpack(redis.call('MGET', KEYS[1], KEYS[4]))"));
     assert!(text.contains("local j, base = 2, 3"));
-    assert!(text.contains("redis.call('ZCOUNT', KEYS[base + 2], live2, '+inf')"));
-    assert!(text.contains("redis.call('ZADD', KEYS[base + 3], deadline4, ARGV[3])"));
+    assert!(text.contains("redis.call('ZRANGE', KEYS[base + 2], '-1', '-1')"));
+    assert!(text.contains("redis.call('ZADD', KEYS[base + 3], string.format('%d', now + "));
     // 7/3s: T = 3e6/7 µs = 428571 + 3/7; burst 2 → 857142 + 6/7
     assert!(text.contains("cu5, cr5 = cost * 428571 + kq, kr - kq * 7"));
     assert!(text.contains("t5 - now > 857142 or (t5 - now == 857142 and r5 > 6)"));
@@ -325,13 +325,11 @@ fn wire_layout_matches_the_driver() {
     assert!(clock.contains("sec, usec = t[1], t[2]"));
     assert!(clock.contains("sec, usec, realtime = '0', now, false"));
     assert!(section(DRIVER, "reply_packed").contains("head = head .. (got$j or '$zero')"));
-    let entry = format!(
-        "head = head .. struct.pack('<{}', ",
-        "d".repeat(REPLY_PER_SORTED)
-    );
-    for lua in [SLIDING_LOG, CONCURRENCY] {
-        assert_eq!(section(lua, "report").matches(&entry).count(), 1);
-    }
+    // a sorted set's record: what it read, as text (see `record`)
+    assert!(section(CONCURRENCY, "report").contains("head = head .. L$x[j]"));
+    assert!(section(CONCURRENCY, "evaluate").contains("L$x[j] = used .. ',;'"));
+    assert!(section(SLIDING_LOG, "report").contains("head = head .. L$x[j]"));
+    assert!(section(SLIDING_LOG, "evaluate").contains("record = used .. ',,' .. newest .. ';'"));
     // the packed state is T, then the fields; T is the time of the last charge
     assert!(section(DRIVER, "stored").contains("local T, $fields = 0, $zeros"));
     assert!(section(RENEW_LUA, "renew").contains("local lease = tonumber(ARGV[1])"));
@@ -366,15 +364,14 @@ fn replies_are_derived_with_the_twin() {
     };
     // one request earlier in this second: T, c, p
     let state = pack(&compiled.wire, &[now - 100_000, 1, 0]);
-    let reply = |allowed: &str, state: &[u8], entry: [f64; 4]| {
+    let reply = |allowed: &str, state: &[u8], entry: &str| {
         let mut head = format!("{allowed}1767225600,250000;").into_bytes();
         head.extend_from_slice(state);
-        for v in entry {
-            head.extend_from_slice(&v.to_le_bytes());
-        }
+        head.extend_from_slice(entry.as_bytes());
         Value::BulkString(head)
     };
-    let log = [1.0, 3.0, 1_000_000.0, 0.0];
+    // the log as the script read it: one live entry, 0.1 s ago; charged one more
+    let log = "1,,1767225600150000-1;";
     let out = parse_reply(reply("1", &state, log), &compiled, &plan).unwrap();
     assert!(out.allowed);
     assert_eq!(out.entries[0].remaining, 0);
@@ -390,10 +387,19 @@ fn replies_are_derived_with_the_twin() {
     assert!(parse_reply(reply("0", &state, log), &compiled, &plan).is_err());
     // a state of the wrong size, a negative or fractional figure, a bad time, not a string
     assert!(parse_reply(reply("1", &state[1..], log), &compiled, &plan).is_err());
-    let negative = [1.0, -3.0, 0.0, 0.0];
+    let negative = "-3,,1767225600150000-1;";
     assert!(parse_reply(reply("1", &state, negative), &compiled, &plan).is_err());
-    let fraction = [1.0, 3.5, 0.0, 0.0];
+    let fraction = "3.5,,1767225600150000-1;";
     assert!(parse_reply(reply("1", &state, fraction), &compiled, &plan).is_err());
+    // a record cut short, or followed by more
+    assert!(parse_reply(
+        reply("1", &state, "1,,1767225600150000-1"),
+        &compiled,
+        &plan
+    )
+    .is_err());
+    let longer = "1,,1767225600150000-1;0";
+    assert!(parse_reply(reply("1", &state, longer), &compiled, &plan).is_err());
     assert!(parse_reply(Value::BulkString(b"1x;".to_vec()), &compiled, &plan).is_err());
     assert!(parse_reply(Value::Int(1), &compiled, &plan).is_err());
 
