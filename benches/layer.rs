@@ -1,7 +1,8 @@
 //! The HTTP layer's cost in process: an axum hello-world router called bare, behind
 //! `tower_governor`, and behind `RateLimitLayer` on the memory store, measured in the same run.
 //!
-//! `cargo bench --bench layer [-- --iters N]`
+//! `cargo bench --bench layer [-- --iters N] [--only ROW]` (`--only tollgate` measures the
+//! rows whose name contains `tollgate`, for a profiler; the ratios then read 0)
 //!
 //! Every request carries the same peer address in `ConnectInfo` (both layers key on it), the
 //! limits are never reached, and both layers add their rate-limit headers. Each request is
@@ -84,54 +85,68 @@ async fn measure(router: Router, iters: usize) -> (f64, f64) {
 
 fn main() {
     let mut iters = 300_000usize;
+    let mut only = String::new();
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         if a == "--iters" {
             iters = args.next().and_then(|v| v.parse().ok()).unwrap_or(iters);
+        } else if a == "--only" {
+            only = args.next().unwrap_or_default();
         }
     }
+    let runs = |name: &str| name.contains(only.as_str());
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .expect("runtime");
     rt.block_on(async {
-        let bare = measure(hello(), iters).await;
-
         let config = GovernorConfigBuilder::default()
             .per_nanosecond(1)
             .burst_size(1_000_000_000)
             .use_headers()
             .finish()
             .expect("governor config");
-        let governed = measure(hello().layer(GovernorLayer::new(config)), iters).await;
-
-        let mut rows = vec![
-            ("bare axum (baseline)".to_string(), bare),
-            ("tower_governor, headers".to_string(), governed),
+        let mut routers = vec![
+            ("bare axum (baseline)".to_string(), hello()),
+            (
+                "tower_governor, headers".to_string(),
+                hello().layer(GovernorLayer::new(config)),
+            ),
         ];
         for policy in ["1000000/s", "1000000/s, 10000000/min, 50000000/h"] {
             let limiter = Limiter::new(MemoryStore::new(), policy.parse().expect("policy"));
-            let router = hello().layer(RateLimitLayer::new(limiter));
             let n = policy.split(',').count();
-            let figures = measure(router, iters).await;
-            rows.push((
+            routers.push((
                 format!("tollgate, {n} limit{}", if n > 1 { "s" } else { "" }),
-                figures,
+                hello().layer(RateLimitLayer::new(limiter)),
             ));
         }
+        let mut rows = Vec::new();
+        for (name, router) in routers {
+            if runs(&name) {
+                let figures = measure(router, iters).await;
+                rows.push((name, figures));
+            }
+        }
+        let ns_of = |k: usize| {
+            rows.get(k)
+                .filter(|_| only.is_empty())
+                .map_or(0.0, |r| r.1 .0)
+        };
+        let (bare, governed) = (ns_of(0), ns_of(1));
 
         println!("{iters} requests per row, one peer address, limits never reached, headers on\n");
         println!(
             "{:<34} {:>9} {:>8} {:>18} {:>10}",
             "router", "ns/req", "x bare", "x tower_governor", "allocs/req"
         );
-        for (name, (ns, allocs)) in rows {
+        for (name, (ns, allocs)) in &rows {
             println!(
                 "{:<34} {:>9.0} {:>8.2} {:>18.2} {:>10.1}",
                 name,
                 ns,
-                bare.0 / ns,
-                governed.0 / ns,
+                bare / ns,
+                governed / ns,
                 allocs
             );
         }

@@ -5,6 +5,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::task::{Context, Poll, Waker};
 
 use arc_swap::ArcSwap;
 
@@ -516,6 +517,33 @@ impl Limiter {
         cost: u64,
     ) -> Result<Decision, Error> {
         self.run(identifiers, cost, Mode::PEEK).await
+    }
+}
+
+impl Limiter {
+    /// Whether a check is decided in process, without waiting: an in-process store, and a
+    /// policy without a concurrency limit (a check that takes a slot runs in a task of its
+    /// own). The HTTP layer then checks in `call`, with [`run_now`](Limiter::run_now).
+    pub(crate) fn decides_at_once(&self) -> bool {
+        matches!(self.inner.store, Store::Memory(_))
+            && self.inner.version.load().policy.concurrency().is_none()
+    }
+
+    /// [`run`](Limiter::run), made at once: polled once, as a limiter that
+    /// [decides at once](Limiter::decides_at_once) finishes it. `None` when it did not finish
+    /// — the policy gained a concurrency limit since that was asked: the check goes on in
+    /// its own task (which gives its slot back) and the caller checks again with `run`.
+    pub(crate) fn run_now<I: AsRef<str>>(
+        &self,
+        identifiers: &[I],
+        cost: u64,
+        mode: Mode,
+    ) -> Option<Result<Decision, Error>> {
+        let check = std::pin::pin!(self.run(identifiers, cost, mode));
+        match check.poll(&mut Context::from_waker(Waker::noop())) {
+            Poll::Ready(outcome) => Some(outcome),
+            Poll::Pending => None,
+        }
     }
 }
 
