@@ -5,7 +5,7 @@
 use std::cmp::Reverse;
 use std::time::Duration;
 
-use http::header::{HeaderName, HeaderValue, RETRY_AFTER};
+use http::header::{Entry, HeaderName, HeaderValue, RETRY_AFTER};
 use http::HeaderMap;
 use sfv::{key_ref, BareItem, FieldType, Item, KeyRef, List, ListEntry, Parameters, Parser};
 
@@ -253,14 +253,14 @@ pub(crate) fn add_headers(
         .get(RETRY_AFTER)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.trim().parse::<u64>().ok());
-    if style == HeaderStyle::Ietf
-        && !headers.contains_key(RATELIMIT_POLICY)
-        && !headers.contains_key(RATELIMIT)
-    {
+    if style == HeaderStyle::Ietf && !headers.contains_key(RATELIMIT) {
         if let Some((policy, state)) = cache.fields(decision, pks, retry_after) {
-            headers.insert(RATELIMIT_POLICY, policy);
-            headers.insert(RATELIMIT, state);
-            return;
+            // Neither field there yet: written whole (else merged below).
+            if let Entry::Vacant(slot) = headers.entry(RATELIMIT_POLICY) {
+                slot.insert(policy);
+                headers.insert(RATELIMIT, state);
+                return;
+            }
         }
     }
     let ours = adverts(decision, pks);

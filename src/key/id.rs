@@ -34,19 +34,44 @@ impl<const N: usize> InlineText<N> {
 
     /// Appends the decimal digits of `n`.
     pub(crate) fn write_u64(&mut self, mut n: u64) -> fmt::Result {
-        let mut digits = [0u8; 20];
+        let mut digits = [b'0'; 20];
         let mut start = digits.len();
-        loop {
-            start -= 1;
-            digits[start] = b'0' + (n % 10) as u8;
-            n /= 10;
-            if n == 0 {
-                break;
-            }
+        while n >= 100 {
+            let pair = usize::try_from(n % 100).unwrap_or_default() * 2;
+            n /= 100;
+            start -= 2;
+            digits[start..start + 2].copy_from_slice(&PAIRS[pair..pair + 2]);
         }
-        fmt::Write::write_str(self, std::str::from_utf8(&digits[start..]).unwrap_or("0"))
+        if n >= 10 {
+            let pair = usize::try_from(n).unwrap_or_default() * 2;
+            start -= 2;
+            digits[start..start + 2].copy_from_slice(&PAIRS[pair..pair + 2]);
+        } else {
+            start -= 1;
+            digits[start] = b'0' + n as u8;
+        }
+        self.push_ascii(&digits[start..])
+    }
+
+    /// Appends `bytes`, ASCII (so the text stays UTF-8).
+    fn push_ascii(&mut self, bytes: &[u8]) -> fmt::Result {
+        debug_assert!(bytes.is_ascii());
+        let end = self.len + bytes.len();
+        let Some(room) = self.bytes.get_mut(self.len..end) else {
+            return Err(fmt::Error);
+        };
+        room.copy_from_slice(bytes);
+        self.len = end;
+        Ok(())
     }
 }
+
+/// "00" to "99", two digits at a time.
+const PAIRS: &[u8; 200] = b"0001020304050607080910111213141516171819\
+    2021222324252627282930313233343536373839\
+    4041424344454647484950515253545556575859\
+    6061626364656667686970717273747576777879\
+    8081828384858687888990919293949596979899";
 
 impl<const N: usize> fmt::Write for InlineText<N> {
     /// Appends `s`, or fails (leaving the text as it was) when it does not fit.
@@ -150,7 +175,12 @@ mod tests {
 
     #[test]
     fn numbers_are_their_display() {
-        for n in [0, 7, 10, 99, 100, 12_345, 999_999_999_999_999, u64::MAX] {
+        let mut numbers = vec![u64::MAX, 999_999_999_999_999, 1 << 53];
+        numbers.extend(0..=1_000);
+        numbers.extend((1..20).map(|k| 10u64.pow(k)));
+        numbers.extend((1..20).map(|k| 10u64.pow(k) - 1));
+        numbers.extend((1..20).map(|k| 10u64.pow(k) + 7));
+        for n in numbers {
             let mut text = InlineText::<20>::new();
             text.write_u64(n).unwrap();
             assert_eq!(text.as_str(), n.to_string());

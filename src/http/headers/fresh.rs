@@ -25,7 +25,7 @@ const MAX_ITEMS: usize = 16;
 const MAX_ENTRIES: usize = 16;
 /// The longest `RateLimit` value written on the stack (three limits with partition keys take
 /// about 160 bytes); a longer one takes the general path.
-const STATE_BYTES: usize = 512;
+const STATE_BYTES: usize = 320;
 
 /// What the IETF fields of a list of limits share from one response to the next, for the
 /// lists a layer has seen.
