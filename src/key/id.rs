@@ -54,7 +54,7 @@ impl<const N: usize> InlineText<N> {
     }
 
     /// Appends `bytes`, ASCII (so the text stays UTF-8).
-    fn push_ascii(&mut self, bytes: &[u8]) -> fmt::Result {
+    pub(crate) fn push_ascii(&mut self, bytes: &[u8]) -> fmt::Result {
         debug_assert!(bytes.is_ascii());
         let end = self.len + bytes.len();
         let Some(room) = self.bytes.get_mut(self.len..end) else {

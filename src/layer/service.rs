@@ -85,7 +85,9 @@ where
         };
         let mut ids = Identifiers::default();
         if config.keys.is_empty() {
-            ids.extend(PeerIp::new().identifier(&view));
+            if let Some(id) = PeerIp::new().identifier(&view) {
+                ids = Identifiers::One(id);
+            }
         } else {
             for key in &config.keys {
                 ids.extend(key.identifier(&view));

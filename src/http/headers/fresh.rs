@@ -5,7 +5,7 @@
 //! bytes are those `fresh_ietf` writes (and the structured-field serializer would).
 
 use std::fmt::Write;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use arc_swap::ArcSwap;
 use http::header::HeaderValue;
@@ -31,6 +31,10 @@ const STATE_BYTES: usize = 320;
 /// lists a layer has seen.
 #[derive(Default)]
 pub(crate) struct HeaderCache {
+    /// The first list seen — for most layers the only one (a single limiter whose policy
+    /// never changes) —, read without the cost of a guard.
+    first: OnceLock<Arc<Entry>>,
+    /// The others.
     entries: ArcSwap<Vec<Arc<Entry>>>,
 }
 
@@ -58,6 +62,9 @@ struct Item {
     w: Option<u64>,
 }
 
+/// The status each item describes, in the order of the items.
+type Picks<'a> = [Option<&'a LimitStatus>];
+
 impl HeaderCache {
     /// The `RateLimit-Policy` and `RateLimit` values of `decision` for a response that has
     /// neither, or `None` when they take the general path. `retry_after` is the response's
@@ -80,18 +87,66 @@ impl HeaderCache {
         if picks.is_empty() {
             return None;
         }
+        if let Some(first) = self.first.get().filter(|e| e.lists(picks)) {
+            return first.fields.as_ref()?.write(picks, pks, retry_after);
+        }
         let entries = self.entries.load();
-        let added;
-        let entry = match entries.iter().find(|e| e.lists(picks)) {
-            Some(entry) => entry,
-            None => {
-                added = self.add(picks);
-                &added
+        match entries.iter().find(|e| e.lists(picks)) {
+            Some(entry) => entry.fields.as_ref()?.write(picks, pks, retry_after),
+            None => self
+                .add(picks)
+                .fields
+                .as_ref()?
+                .write(picks, pks, retry_after),
+        }
+    }
+
+    /// Builds the entry of the limits of `picks`, and keeps it.
+    fn add(&self, picks: &Picks<'_>) -> Arc<Entry> {
+        let limits: Vec<Limit> = picks.iter().flatten().map(|s| s.limit).collect();
+        let fields = Fields::of(&limits);
+        let entry = Arc::new(Entry { limits, fields });
+        if self.first.set(entry.clone()).is_ok() {
+            return entry;
+        }
+        self.entries.rcu(|entries| {
+            if entries.iter().any(|e| e.limits == entry.limits) {
+                return Vec::clone(entries);
             }
-        };
-        let fields = entry.fields.as_ref()?;
+            let mut entries = if entries.len() < MAX_ENTRIES {
+                Vec::clone(entries)
+            } else {
+                Vec::new()
+            };
+            entries.push(entry.clone());
+            entries
+        });
+        entry
+    }
+}
+
+impl Entry {
+    /// Whether this is the entry of the limits of `picks`.
+    fn lists(&self, picks: &Picks<'_>) -> bool {
+        self.limits.len() == picks.len()
+            && self
+                .limits
+                .iter()
+                .zip(picks.iter().flatten())
+                .all(|(l, s)| *l == s.limit)
+    }
+}
+
+impl Fields {
+    /// The values, for the statuses `picks` of this entry's limits.
+    fn write(
+        &self,
+        picks: &Picks<'_>,
+        pks: Option<&[Vec<u8>]>,
+        retry_after: Option<u64>,
+    ) -> Option<(HeaderValue, HeaderValue)> {
         let mut state = InlineText::<STATE_BYTES>::new();
-        for (i, (s, item)) in picks.iter().flatten().zip(&fields.items).enumerate() {
+        for (i, (s, item)) in picks.iter().flatten().zip(&self.items).enumerate() {
             if i > 0 {
                 state.write_str(", ").ok()?;
             }
@@ -115,43 +170,9 @@ impl HeaderCache {
             }
         }
         let state = HeaderValue::from_bytes(state.as_bytes()).ok()?;
-        Some((fields.policy.clone(), state))
+        Some((self.policy.clone(), state))
     }
 
-    /// Builds the entry of the limits of `picks`, and keeps it.
-    fn add(&self, picks: &[Option<&LimitStatus>]) -> Arc<Entry> {
-        let limits: Vec<Limit> = picks.iter().flatten().map(|s| s.limit).collect();
-        let fields = Fields::of(&limits);
-        let entry = Arc::new(Entry { limits, fields });
-        self.entries.rcu(|entries| {
-            if entries.iter().any(|e| e.limits == entry.limits) {
-                return Vec::clone(entries);
-            }
-            let mut entries = if entries.len() < MAX_ENTRIES {
-                Vec::clone(entries)
-            } else {
-                Vec::new()
-            };
-            entries.push(entry.clone());
-            entries
-        });
-        entry
-    }
-}
-
-impl Entry {
-    /// Whether this is the entry of the limits of `picks`.
-    fn lists(&self, picks: &[Option<&LimitStatus>]) -> bool {
-        self.limits.len() == picks.len()
-            && self
-                .limits
-                .iter()
-                .zip(picks.iter().flatten())
-                .all(|(l, s)| *l == s.limit)
-    }
-}
-
-impl Fields {
     fn of(limits: &[Limit]) -> Option<Fields> {
         let mut policy = String::new();
         let mut items = Vec::with_capacity(limits.len());

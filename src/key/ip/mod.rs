@@ -7,7 +7,7 @@
 //! The networks are in `cidr`, the parsing of the forwarding headers in `forwarded`.
 
 use std::fmt;
-use std::net::{IpAddr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::ops::ControlFlow;
 
 use http::header::HeaderMap;
@@ -42,35 +42,25 @@ fn ip_key(ip: IpAddr, ipv6_prefix: u8) -> String {
 /// [`ip_key`], in place when it fits (it always does: `ip:` and at most 43 bytes).
 fn ip_identifier(ip: IpAddr, ipv6_prefix: u8) -> Identifier {
     let mut key = InlineText::new();
-    match write_ip_key(&mut key, ip, ipv6_prefix) {
+    let written = match ip {
+        IpAddr::V4(v4) => {
+            let (text, len) = dotted(v4);
+            key.push_ascii(b"ip:")
+                .and_then(|()| key.push_ascii(&text[..len]))
+        }
+        IpAddr::V6(_) => write_ip_key(&mut key, ip, ipv6_prefix),
+    };
+    match written {
         Ok(()) => Identifier::Inline(key),
         Err(_) => Identifier::Owned(ip_key(ip, ipv6_prefix)),
     }
 }
 
-/// Writes the key of `ip` (see [`ip_key`]). An IPv4 address is written digit by digit, the
-/// bytes `Display` gives, without the formatting machinery: it is the key of most requests.
+/// Writes the key of `ip` (see [`ip_key`]).
 fn write_ip_key(out: &mut impl fmt::Write, ip: IpAddr, ipv6_prefix: u8) -> fmt::Result {
     match ip {
         IpAddr::V4(v4) => {
-            let mut text = [0u8; 15];
-            let mut len = 0;
-            for (i, octet) in v4.octets().into_iter().enumerate() {
-                if i > 0 {
-                    text[len] = b'.';
-                    len += 1;
-                }
-                if octet >= 100 {
-                    text[len] = b'0' + octet / 100;
-                    len += 1;
-                }
-                if octet >= 10 {
-                    text[len] = b'0' + octet / 10 % 10;
-                    len += 1;
-                }
-                text[len] = b'0' + octet % 10;
-                len += 1;
-            }
+            let (text, len) = dotted(v4);
             out.write_str("ip:")?;
             out.write_str(std::str::from_utf8(&text[..len]).map_err(|_| fmt::Error)?)
         }
@@ -80,6 +70,30 @@ fn write_ip_key(out: &mut impl fmt::Write, ip: IpAddr, ipv6_prefix: u8) -> fmt::
         },
         IpAddr::V6(v6) => write!(out, "ip:{v6}"),
     }
+}
+
+/// The dotted-quad text of `v4` (its first `len` bytes), the bytes `Display` gives, written
+/// digit by digit without the formatting machinery: it is the key of most requests.
+fn dotted(v4: Ipv4Addr) -> ([u8; 15], usize) {
+    let mut text = [0u8; 15];
+    let mut len = 0;
+    for (i, octet) in v4.octets().into_iter().enumerate() {
+        if i > 0 {
+            text[len] = b'.';
+            len += 1;
+        }
+        if octet >= 100 {
+            text[len] = b'0' + octet / 100;
+            len += 1;
+        }
+        if octet >= 10 {
+            text[len] = b'0' + octet / 10 % 10;
+            len += 1;
+        }
+        text[len] = b'0' + octet % 10;
+        len += 1;
+    }
+    (text, len)
 }
 
 /// The TCP peer's address, canonicalised, from the request extensions: axum's
