@@ -169,3 +169,44 @@ fn charged(outcome: Result<Decision, Error>) -> Option<Decision> {
     drop(decision.take_guard());
     (decision.is_allowed() && decision.origin() != Origin::FailOpen).then_some(decision)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::{check_both_now, AtOnce};
+    use crate::key::Identifier;
+    use crate::limiter::Mode;
+    use crate::{Limiter, MemoryStore};
+
+    fn remaining(outcome: &AtOnce) -> Option<Vec<u64>> {
+        match outcome {
+            AtOnce::Decided(Ok(d)) if d.is_allowed() => {
+                Some(d.statuses().iter().map(|s| s.remaining).collect())
+            }
+            _ => None,
+        }
+    }
+
+    #[tokio::test]
+    async fn in_process_limiters_are_checked_at_once_and_the_others_later() {
+        let ids = [Identifier::Owned("ip:192.0.2.1".into())];
+        let rate = Limiter::new(MemoryStore::new(), "2/min".parse().unwrap());
+        let slots = Limiter::new(MemoryStore::new(), "5/min, 1 concurrent".parse().unwrap());
+        let first = check_both_now(&rate, None, &ids, 1, Mode::CHECK);
+        assert_eq!(remaining(&first), Some(vec![1]));
+        // a concurrency limit takes its slot in a task: nothing is checked now
+        for (a, b) in [(&slots, None), (&rate, Some(&slots)), (&slots, Some(&rate))] {
+            let later = check_both_now(a, b, &ids, 1, Mode::CHECK);
+            assert!(matches!(later, AtOnce::Later(None)));
+        }
+        assert_eq!(slots.peek(&ids).await.unwrap().statuses()[0].remaining, 5);
+        assert_eq!(rate.peek(&ids).await.unwrap().statuses()[0].remaining, 1);
+        // two in-process limiters: both listed, the second's limits after the first's
+        let other = Limiter::new(MemoryStore::new(), "3/min".parse().unwrap());
+        let both = check_both_now(&rate, Some(&other), &ids, 1, Mode::CHECK);
+        assert_eq!(remaining(&both), Some(vec![0, 2]));
+        let denied = check_both_now(&rate, Some(&other), &ids, 1, Mode::CHECK);
+        assert!(matches!(denied, AtOnce::Decided(Ok(ref d)) if !d.is_allowed()));
+        // the second limiter was not asked once the first denied
+        assert_eq!(other.peek(&ids).await.unwrap().statuses()[0].remaining, 2);
+    }
+}
