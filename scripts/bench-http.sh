@@ -6,6 +6,9 @@
 # with ratios to bare axum and to tower_governor.
 #
 # scripts/bench-http.sh [SECONDS (default 10)] [CONNECTIONS (default 64)] [ROUNDS (default 1)]
+#
+# HTTP_SERVER_BIN=path runs that build of the server instead of building one (to compare two
+# builds on the same machine state).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 secs="${1:-10}"
@@ -21,9 +24,13 @@ if ! command -v wrk >/dev/null 2>&1; then
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq wrk >/dev/null
 fi
 
-cargo bench --bench http_server --no-run 2>&1 | tail -1
-bin=$(cargo bench --bench http_server --no-run --message-format=json 2>/dev/null |
-  sed -n 's/.*"executable":"\([^"]*http_server[^"]*\)".*/\1/p' | tail -1)
+if [ -n "${HTTP_SERVER_BIN:-}" ]; then
+  bin="$HTTP_SERVER_BIN"
+else
+  cargo bench --bench http_server --no-run 2>&1 | tail -1
+  bin=$(cargo bench --bench http_server --no-run --message-format=json 2>/dev/null |
+    sed -n 's/.*"executable":"\([^"]*http_server[^"]*\)".*/\1/p' | tail -1)
+fi
 [ -x "$bin" ] || { echo "http_server binary not found" >&2; exit 1; }
 
 server_pin=()

@@ -21,7 +21,8 @@ pin_project! {
     pub struct ResponseBody<B> {
         #[pin]
         kind: Kind<B>,
-        guard: Option<ConcurrencyGuard>,
+        // Boxed: most responses hold none, and the body is moved (and boxed by axum) whole.
+        guard: Option<Box<ConcurrencyGuard>>,
     }
 }
 
@@ -56,7 +57,7 @@ impl<B> ResponseBody<B> {
 
     /// Holds `guard` until the body ends.
     pub(crate) fn guarded(mut self, guard: Option<ConcurrencyGuard>) -> Self {
-        self.guard = guard;
+        self.guard = guard.map(Box::new);
         self
     }
 }

@@ -5,11 +5,15 @@
 use std::cmp::Reverse;
 use std::time::Duration;
 
-use http::header::{HeaderName, HeaderValue, RETRY_AFTER};
+use http::header::{Entry, HeaderName, HeaderValue, RETRY_AFTER};
 use http::HeaderMap;
 use sfv::{key_ref, BareItem, FieldType, Item, KeyRef, List, ListEntry, Parameters, Parser};
 
 use crate::{Algorithm, Decision, Limit, LimitStatus};
+
+mod fresh;
+
+pub(crate) use fresh::HeaderCache;
 
 /// `RateLimit`: the state of each limit.
 pub(crate) const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
@@ -154,31 +158,50 @@ pub(crate) fn partition_key(secret: &[u8], identifier: &str) -> Vec<u8> {
 /// `pks` (the partition key of each identifier of the check, by index), each with the
 /// partition key of the identifier it describes.
 pub(crate) fn adverts(decision: &Decision, pks: Option<&[Vec<u8>]>) -> Vec<Advert> {
-    let mut indexes: Vec<usize> = Vec::new();
-    for s in decision.statuses() {
-        if !indexes.contains(&s.limit_index) {
-            indexes.push(s.limit_index);
-        }
-    }
-    indexes
-        .into_iter()
+    limit_indexes(decision)
         .filter_map(|l| {
-            let of_limit = || {
-                decision
-                    .statuses()
-                    .iter()
-                    .filter(move |s| s.limit_index == l)
-            };
-            // The identifier that holds the request back longest, else the most constrained.
-            let pick = of_limit()
-                .filter(|s| !s.allowed)
-                .max_by_key(|s| s.retry_after)
-                .or_else(|| of_limit().min_by_key(|s| (s.remaining, Reverse(s.reset_after))))?;
+            let pick = pick(decision, l)?;
             let mut advert = advert(pick);
             advert.pk = pks.and_then(|pks| pks.get(pick.identifier)).cloned();
             Some(advert)
         })
         .collect()
+}
+
+/// The index of each limit of `decision`, in the order the statuses first name it.
+fn limit_indexes(decision: &Decision) -> impl Iterator<Item = usize> + '_ {
+    let statuses = decision.statuses();
+    statuses.iter().enumerate().filter_map(move |(k, s)| {
+        let seen = statuses[..k].iter().any(|e| e.limit_index == s.limit_index);
+        (!seen).then_some(s.limit_index)
+    })
+}
+
+/// The status an item of limit `l` describes: the identifier that holds the request back
+/// longest, else the most constrained.
+fn pick(decision: &Decision, l: usize) -> Option<&LimitStatus> {
+    let of_limit = || {
+        decision
+            .statuses()
+            .iter()
+            .filter(move |s| s.limit_index == l)
+    };
+    of_limit()
+        .filter(|s| !s.allowed)
+        .max_by_key(|s| s.retry_after)
+        .or_else(|| of_limit().min_by_key(|s| (s.remaining, Reverse(s.reset_after))))
+}
+
+/// `t`: the effective window of a rate limit whose window is `w` seconds.
+fn effective_window(s: &LimitStatus, w: u64) -> u64 {
+    if s.allowed {
+        match ceil_secs(s.reset_after) {
+            0 => w,
+            t => t.min(w),
+        }
+    } else {
+        ceil_secs(s.retry_after.unwrap_or_default())
+    }
 }
 
 fn advert(s: &LimitStatus) -> Advert {
@@ -196,20 +219,12 @@ fn advert(s: &LimitStatus) -> Advert {
         };
     }
     let (q, w) = quota_and_window(&s.limit);
-    let t = if s.allowed {
-        match ceil_secs(s.reset_after) {
-            0 => w,
-            t => t.min(w),
-        }
-    } else {
-        ceil_secs(s.retry_after.unwrap_or_default())
-    };
     Advert {
         name,
         q,
         w: Some(w),
         r: s.remaining.min(q),
-        t: Some(t),
+        t: Some(effective_window(s, w)),
         full: ceil_secs(s.reset_after),
         pk: None,
     }
@@ -219,11 +234,15 @@ fn advert(s: &LimitStatus) -> Advert {
 /// to those already there: another layer's items are kept (a limit listed by both appears
 /// once, with the tighter state), and so is a `Retry-After` already set. With `pks` (the
 /// partition key of each identifier of the check), the `RateLimit` items carry `pk`.
+///
+/// The IETF fields of a response that has none yet are written from `cache`, which keeps
+/// what does not change from one response to the next.
 pub(crate) fn add_headers(
     headers: &mut HeaderMap,
     decision: &Decision,
     style: HeaderStyle,
     pks: Option<&[Vec<u8>]>,
+    cache: &HeaderCache,
 ) {
     if let Some(wait) = decision.retry_after() {
         if !headers.contains_key(RETRY_AFTER) {
@@ -234,6 +253,16 @@ pub(crate) fn add_headers(
         .get(RETRY_AFTER)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.trim().parse::<u64>().ok());
+    if style == HeaderStyle::Ietf && !headers.contains_key(RATELIMIT) {
+        if let Some((policy, state)) = cache.fields(decision, pks, retry_after) {
+            // Neither field there yet: written whole (else merged below).
+            if let Entry::Vacant(slot) = headers.entry(RATELIMIT_POLICY) {
+                slot.insert(policy);
+                headers.insert(RATELIMIT, state);
+                return;
+            }
+        }
+    }
     let ours = adverts(decision, pks);
     if style.ietf() {
         merge_ietf(headers, &ours, retry_after);
@@ -388,7 +417,6 @@ fn merge_ietf(headers: &mut HeaderMap, ours: &[Advert], retry_after: Option<u64>
 /// that needs escaping, a repeated name, a number too large for a structured field).
 fn fresh_ietf(ours: &[Advert], retry_after: Option<u64>) -> Option<(String, String)> {
     use std::fmt::Write;
-    const MAX_INTEGER: u64 = 999_999_999_999_999;
     let mut policy = String::with_capacity(40 * ours.len());
     // a partition key of n bytes takes `;pk=::` and 4 characters per 3 bytes
     let pks: usize = ours
@@ -398,12 +426,8 @@ fn fresh_ietf(ours: &[Advert], retry_after: Option<u64>) -> Option<(String, Stri
         .sum();
     let mut state = String::with_capacity(32 * ours.len() + pks);
     for (i, a) in ours.iter().enumerate() {
-        let plain = a
-            .name
-            .bytes()
-            .all(|b| (0x20..=0x7e).contains(&b) && b != b'"' && b != b'\\');
         let numbers = [Some(a.q), Some(a.r), a.w, a.t];
-        if !plain
+        if !is_plain(&a.name)
             || ours[..i].iter().any(|o| o.name == a.name)
             || numbers.iter().flatten().any(|&n| n > MAX_INTEGER)
         {
@@ -426,16 +450,25 @@ fn fresh_ietf(ours: &[Advert], retry_after: Option<u64>) -> Option<(String, Stri
         }
         if let Some(pk) = &a.pk {
             state.push_str(";pk=:");
-            push_base64(&mut state, pk);
+            let _ = push_base64(&mut state, pk);
             state.push(':');
         }
     }
     Some((policy, state))
 }
 
+/// The largest integer a structured field holds.
+const MAX_INTEGER: u64 = 999_999_999_999_999;
+
+/// Whether a limit's name is written as a structured-field string without escapes.
+fn is_plain(name: &str) -> bool {
+    name.bytes()
+        .all(|b| (0x20..=0x7e).contains(&b) && b != b'"' && b != b'\\')
+}
+
 /// `bytes` in base64 with padding (RFC 4648's standard alphabet), as a structured field's
 /// byte sequence holds them.
-fn push_base64(out: &mut String, bytes: &[u8]) {
+fn push_base64(out: &mut impl std::fmt::Write, bytes: &[u8]) -> std::fmt::Result {
     const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
     for chunk in bytes.chunks(3) {
         let b = [0, 1, 2].map(|i| chunk.get(i).copied().unwrap_or(0));
@@ -443,12 +476,13 @@ fn push_base64(out: &mut String, bytes: &[u8]) {
         // a chunk of k bytes gives k + 1 characters, then padding to 4
         for (k, shift) in [18, 12, 6, 0].into_iter().enumerate() {
             if k <= chunk.len() {
-                out.push(char::from(ALPHABET[(n >> shift & 63) as usize]));
+                out.write_char(char::from(ALPHABET[(n >> shift & 63) as usize]))?;
             } else {
-                out.push('=');
+                out.write_char('=')?;
             }
         }
     }
+    Ok(())
 }
 
 fn merge_legacy(headers: &mut HeaderMap, ours: &[Advert]) {

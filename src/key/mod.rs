@@ -15,14 +15,17 @@
 //! Write your own by implementing [`KeyExtractor`], or pass a closure
 //! `Fn(&RequestView<'_>) -> Option<String>`.
 
+use std::any::Any;
 use std::fmt;
 use std::sync::Arc;
 
 use http::{Extensions, HeaderMap, Method, Uri};
 
+mod id;
 mod ip;
 mod simple;
 
+pub(crate) use id::{Identifier, Identifiers, InlineText};
 pub use ip::{ClientIp, IpCidr, IpCidrError, IpCidrErrorKind, PeerIp};
 pub use simple::{Extension, Global, GrpcMethod, Header, Route};
 
@@ -77,9 +80,36 @@ where
     }
 }
 
-/// A shareable, type-erased extractor.
+/// A shareable, type-erased extractor. The IP extractors are kept as themselves, so that
+/// their keys are written in place rather than allocated.
 #[derive(Clone)]
-pub(crate) struct AnyExtractor(pub(crate) Arc<dyn KeyExtractor>);
+pub(crate) enum AnyExtractor {
+    Peer(PeerIp),
+    Client(Arc<ClientIp>),
+    Other(Arc<dyn KeyExtractor>),
+}
+
+impl AnyExtractor {
+    pub(crate) fn new<E: KeyExtractor>(extractor: E) -> AnyExtractor {
+        let any: &dyn Any = &extractor;
+        if let Some(peer) = any.downcast_ref::<PeerIp>() {
+            return AnyExtractor::Peer(*peer);
+        }
+        if let Some(client) = any.downcast_ref::<ClientIp>() {
+            return AnyExtractor::Client(Arc::new(client.clone()));
+        }
+        AnyExtractor::Other(Arc::new(extractor))
+    }
+
+    /// The identifier the extractor finds in `req`.
+    pub(crate) fn identifier(&self, req: &RequestView<'_>) -> Option<Identifier> {
+        match self {
+            AnyExtractor::Peer(peer) => peer.identifier(req),
+            AnyExtractor::Client(client) => client.identifier(req),
+            AnyExtractor::Other(other) => other.extract(req).map(Identifier::Owned),
+        }
+    }
+}
 
 impl fmt::Debug for AnyExtractor {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

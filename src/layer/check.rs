@@ -1,25 +1,73 @@
 //! The layer's checks: one or two limiters per request, and — when the layer charges by
 //! response — the charge made once the response is known.
+//!
+//! Limiters that decide at once (the memory store) are checked in the service's `call`,
+//! without a future of their own; the others in the response future.
 
 use std::future::Future;
 use std::pin::Pin;
 
+use crate::key::{Identifier, Identifiers};
 use crate::limiter::Mode;
 use crate::{Decision, Error, Limiter, Origin};
 
-/// Checks `ids` against `first`, then — if it allowed — against `then`: one decision listing
-/// the limits of both, allowed if both allowed, holding the concurrency slots of both.
+/// Where a check made at once got to.
+pub(super) enum AtOnce {
+    /// Decided.
+    Decided(Result<Decision, Error>),
+    /// To be made by [`check_both`]: nothing decided, or (`Some`) the first limiter's
+    /// decision, when the second does not decide at once.
+    Later(Option<Decision>),
+}
+
+/// [`check_both`], at once, when both limiters decide at once.
+pub(super) fn check_both_now(
+    first: &Limiter,
+    then: Option<&Limiter>,
+    ids: &[Identifier],
+    cost: u64,
+    mode: Mode,
+) -> AtOnce {
+    if !first.decides_at_once() || then.is_some_and(|then| !then.decides_at_once()) {
+        return AtOnce::Later(None);
+    }
+    let decision = match first.run_now(ids, cost, mode) {
+        Some(Ok(decision)) => decision.visible(),
+        Some(Err(e)) => return AtOnce::Decided(Err(e)),
+        None => return AtOnce::Later(None),
+    };
+    let Some(then) = then else {
+        return AtOnce::Decided(Ok(decision));
+    };
+    if !decision.is_allowed() {
+        return AtOnce::Decided(Ok(decision));
+    }
+    match then.run_now(ids, cost, mode) {
+        Some(Ok(second)) => AtOnce::Decided(Ok(joined(decision, second.visible()))),
+        // An error drops the first decision, and with it any slot it took.
+        Some(Err(e)) => AtOnce::Decided(Err(e)),
+        None => AtOnce::Later(Some(decision)),
+    }
+}
+
+/// Checks `ids` against `first` (unless `done` is its decision already), then — if it
+/// allowed — against `then`: one decision listing the limits of both, allowed if both
+/// allowed, holding the concurrency slots of both.
 ///
 /// Each decision is taken as the layer shows it ([`Decision::visible`]): a shadow decision
 /// lets the request through and lists nothing.
 pub(super) async fn check_both(
     first: &Limiter,
     then: Option<&Limiter>,
-    ids: &[String],
+    ids: &[Identifier],
     cost: u64,
     mode: Mode,
+    done: Option<Decision>,
 ) -> Result<Decision, Error> {
-    let mut decision = first.run(ids, cost, mode).await?.visible();
+    let decision = match done {
+        Some(decision) => decision,
+        None => first.run(ids, cost, mode).await?.visible(),
+    };
     let Some(then) = then else {
         return Ok(decision);
     };
@@ -27,7 +75,13 @@ pub(super) async fn check_both(
         return Ok(decision);
     }
     // An error or a denial here drops the first decision, and with it any slot it took.
-    let mut second = then.run(ids, cost, mode).await?.visible();
+    let second = then.run(ids, cost, mode).await?.visible();
+    Ok(joined(decision, second))
+}
+
+/// The decision of two limiters, the first of which allowed: the limits of both, allowed if
+/// the second allowed, holding the slots of both then.
+fn joined(mut decision: Decision, mut second: Decision) -> Decision {
     let offset = decision
         .statuses
         .iter()
@@ -45,7 +99,7 @@ pub(super) async fn check_both(
         (Some(a), Some(b)) => Some(a.join(b)),
         (a, b) => a.or(b),
     };
-    Ok(decision)
+    decision
 }
 
 /// Whether a response is charged, for a layer that charges by response.
@@ -55,7 +109,7 @@ pub(crate) type ChargeFn = std::sync::Arc<dyn Fn(&http::response::Parts) -> bool
 pub(crate) struct Pending {
     pub(super) first: Limiter,
     pub(super) then: Option<Limiter>,
-    pub(super) ids: Vec<String>,
+    pub(super) ids: Identifiers,
     pub(super) cost: u64,
     pub(super) shadow: bool,
 }
@@ -63,32 +117,115 @@ pub(crate) struct Pending {
 /// A charge under way; its decision when it allowed.
 pub(super) type ChargeFuture = Pin<Box<dyn Future<Output = Option<Decision>> + Send>>;
 
+/// A charge: made at once, or under way.
+pub(super) enum Charge {
+    /// Made: its decision when it allowed.
+    Made(Option<Decision>),
+    /// Under way.
+    Running(ChargeFuture),
+}
+
 impl Pending {
-    /// Charges the request, all-or-nothing for each limiter as a check does. The charge runs
-    /// in a task of its own, so that it is made even if the response is dropped before it
-    /// is sent. It counts no decision (the peek before the handler did); a charge the
-    /// limits no longer admit (others were charged since the peek) charges nothing.
-    pub(super) fn charge(self) -> ChargeFuture {
+    /// Charges the request, all-or-nothing for each limiter as a check does. A charge the
+    /// limiters make at once is made here; any other runs in a task of its own. Either way
+    /// it is made even if the response is dropped before it is sent. It counts no decision
+    /// (the peek before the handler did); a charge the limits no longer admit (others were
+    /// charged since the peek) charges nothing.
+    pub(super) fn charge(self) -> Charge {
         let mode = Mode {
             shadow: self.shadow,
             charge: true,
             record: false,
         };
-        let task = async move {
-            let decision = check_both(&self.first, self.then.as_ref(), &self.ids, self.cost, mode)
-                .await
-                .ok()?;
-            // A slot taken now would outlive nothing: it is given back at once.
-            let mut decision = decision;
-            drop(decision.take_guard());
-            (decision.is_allowed() && decision.origin() != Origin::FailOpen).then_some(decision)
+        let done = match check_both_now(
+            &self.first,
+            self.then.as_ref(),
+            self.ids.as_slice(),
+            self.cost,
+            mode,
+        ) {
+            AtOnce::Decided(outcome) => return Charge::Made(charged(outcome)),
+            AtOnce::Later(done) => done,
         };
-        match tokio::runtime::Handle::try_current() {
+        let task = async move {
+            let ids = self.ids.as_slice();
+            let first = &self.first;
+            charged(check_both(first, self.then.as_ref(), ids, self.cost, mode, done).await)
+        };
+        Charge::Running(match tokio::runtime::Handle::try_current() {
             Ok(runtime) => {
                 let handle = runtime.spawn(task);
                 Box::pin(async move { handle.await.ok().flatten() })
             }
             Err(_) => Box::pin(task),
+        })
+    }
+}
+
+/// The decision of a charge, when it charged.
+fn charged(outcome: Result<Decision, Error>) -> Option<Decision> {
+    let mut decision = outcome.ok()?;
+    // A slot taken now would outlive nothing: it is given back at once.
+    drop(decision.take_guard());
+    (decision.is_allowed() && decision.origin() != Origin::FailOpen).then_some(decision)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{check_both_now, AtOnce};
+    use crate::key::Identifier;
+    use crate::limiter::Mode;
+    use crate::{Limiter, MemoryStore};
+
+    fn remaining(outcome: &AtOnce) -> Option<Vec<u64>> {
+        match outcome {
+            AtOnce::Decided(Ok(d)) if d.is_allowed() => {
+                Some(d.statuses().iter().map(|s| s.remaining).collect())
+            }
+            _ => None,
         }
+    }
+
+    #[tokio::test]
+    async fn in_process_limiters_are_checked_at_once_and_the_others_later() {
+        let ids = [Identifier::Owned("ip:192.0.2.1".into())];
+        let rate = Limiter::new(MemoryStore::new(), "2/min".parse().unwrap());
+        let first = check_both_now(&rate, None, &ids, 1, Mode::CHECK);
+        assert_eq!(remaining(&first), Some(vec![1]));
+        // a concurrency limit in process takes its slot at once, and the decision holds it
+        let slots = Limiter::new(MemoryStore::new(), "5/min, 1 concurrent".parse().unwrap());
+        let mut held = check_both_now(&slots, None, &ids, 1, Mode::CHECK);
+        assert_eq!(remaining(&held), Some(vec![4, 0]));
+        let full = check_both_now(&slots, None, &ids, 1, Mode::CHECK);
+        assert!(matches!(full, AtOnce::Decided(Ok(ref d)) if !d.is_allowed()));
+        if let AtOnce::Decided(Ok(d)) = &mut held {
+            drop(d.take_guard());
+        }
+        assert_eq!(slots.peek(&ids).await.unwrap().statuses()[1].remaining, 1);
+        // a store that must be waited on: nothing is checked now, in either place
+        #[cfg(feature = "redis")]
+        {
+            let remote = crate::RedisStore::builder("redis://127.0.0.1:1/")
+                .build_lazy()
+                .unwrap();
+            let remote = Limiter::new(remote, "5/min".parse().unwrap());
+            for (a, b) in [
+                (&remote, None),
+                (&rate, Some(&remote)),
+                (&remote, Some(&rate)),
+            ] {
+                let later = check_both_now(a, b, &ids, 1, Mode::CHECK);
+                assert!(matches!(later, AtOnce::Later(None)));
+            }
+            assert_eq!(rate.peek(&ids).await.unwrap().statuses()[0].remaining, 1);
+        }
+        // two in-process limiters: both listed, the second's limits after the first's
+        let other = Limiter::new(MemoryStore::new(), "3/min".parse().unwrap());
+        let both = check_both_now(&rate, Some(&other), &ids, 1, Mode::CHECK);
+        assert_eq!(remaining(&both), Some(vec![0, 2]));
+        let denied = check_both_now(&rate, Some(&other), &ids, 1, Mode::CHECK);
+        assert!(matches!(denied, AtOnce::Decided(Ok(ref d)) if !d.is_allowed()));
+        // the second limiter was not asked once the first denied
+        assert_eq!(other.peek(&ids).await.unwrap().statuses()[0].remaining, 2);
     }
 }

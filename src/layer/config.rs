@@ -6,7 +6,7 @@ use bytes::Bytes;
 use http::StatusCode;
 
 use super::check::ChargeFn;
-use crate::http::headers::HeaderStyle;
+use crate::http::headers::{HeaderCache, HeaderStyle};
 use crate::http::response::problem_response;
 use crate::key::{AnyExtractor, RequestView};
 use crate::{Decision, Limiter};
@@ -133,6 +133,8 @@ pub(crate) struct Config {
     pub(crate) charge_if: Option<ChargeFn>,
     /// The secret of the `pk` parameters (none: no `pk`).
     pub(crate) partition_secret: Option<Arc<[u8]>>,
+    /// The parts of the rate-limit fields that do not change from one response to the next.
+    pub(crate) header_cache: Arc<HeaderCache>,
 }
 
 impl Config {
@@ -154,6 +156,7 @@ impl Config {
             shadow: settings.shadow,
             charge_if: None,
             partition_secret: None,
+            header_cache: Arc::default(),
         }
     }
 

@@ -12,7 +12,7 @@ use http::{Request, Response, StatusCode};
 use pin_project_lite::pin_project;
 use tower_service::Service;
 
-use super::check::{ChargeFuture, Pending};
+use super::check::{Charge, ChargeFuture, Pending};
 use super::config::Config;
 use crate::http::headers::add_headers;
 use crate::http::response::{limited_message, own_response};
@@ -33,9 +33,7 @@ pin_project! {
         S: Service<Request<ReqBody>>,
     {
         #[pin]
-        state: State<S::Future, S::Response, ReqBody>,
-        // The service that answers the request once the check admits it.
-        inner: S,
+        state: State<S, S::Future, S::Response, ReqBody>,
         config: Arc<Config>,
         grpc: bool,
         // When the layer charges by response: the charge to make if the response is selected.
@@ -48,9 +46,12 @@ pin_project! {
 pin_project! {
     #[project = StateProj]
     #[project_replace = StateProjReplace]
-    enum State<F, Res, ReqBody> {
-        // The limiter decides.
-        Checking { check: CheckFuture<Request<ReqBody>> },
+    enum State<S, F, Res, ReqBody> {
+        // The limiter decides; `inner`, a ready service, answers the request if it admits it.
+        Checking {
+            check: CheckFuture<Request<ReqBody>>,
+            inner: S,
+        },
         // The inner service answers; its response gets the headers of the decision, if any.
         Calling {
             #[pin]
@@ -103,12 +104,43 @@ where
         pending: Option<Pending>,
     ) -> Self {
         ResponseFuture {
-            state: State::Checking { check },
-            inner,
+            state: State::Checking { check, inner },
             config,
             grpc,
             pending,
             pks: None,
+        }
+    }
+
+    /// The request was checked already (`outcome`): passes it to `inner`, the service that
+    /// was polled ready, when admitted, else answers it. `pks` as for
+    /// [`with_partition_keys`](Self::with_partition_keys).
+    pub(crate) fn decided(
+        inner: &mut S,
+        req: Request<ReqBody>,
+        outcome: Result<Decision, Error>,
+        config: Arc<Config>,
+        pending: Option<Pending>,
+        pks: Option<Arc<[Vec<u8>]>>,
+    ) -> Self {
+        let state = match outcome {
+            Ok(decision) if decision.is_allowed() => State::Calling {
+                fut: inner.call(req),
+                decision: Some(decision),
+            },
+            refused => {
+                let grpc = RequestView::of(&req).is_grpc();
+                State::Answered {
+                    res: refusal(&config, &req, refused, grpc, pks.as_deref()),
+                }
+            }
+        };
+        ResponseFuture {
+            state,
+            config,
+            grpc: false,
+            pending,
+            pks,
         }
     }
 
@@ -119,15 +151,13 @@ where
         self
     }
 
-    /// Passes the request to `inner`, a ready service, unchecked.
-    pub(crate) fn called(mut inner: S, req: Request<ReqBody>, config: Arc<Config>) -> Self {
-        let fut = inner.call(req);
+    /// The response of the inner service's future `fut`, unchecked.
+    pub(crate) fn called(fut: S::Future, config: Arc<Config>) -> Self {
         ResponseFuture {
             state: State::Calling {
                 fut,
                 decision: None,
             },
-            inner,
             config,
             grpc: false,
             pending: None,
@@ -135,11 +165,10 @@ where
         }
     }
 
-    /// Answers with `res`; `inner` is not called.
-    pub(crate) fn answered(inner: S, res: Response<Bytes>, config: Arc<Config>) -> Self {
+    /// Answers with `res`; the inner service is not called.
+    pub(crate) fn answered(res: Response<Bytes>, config: Arc<Config>) -> Self {
         ResponseFuture {
             state: State::Answered { res },
-            inner,
             config,
             grpc: false,
             pending: None,
@@ -158,7 +187,7 @@ where
         let mut this = self.project();
         loop {
             match this.state.as_mut().project() {
-                StateProj::Checking { check } => {
+                StateProj::Checking { check, inner } => {
                     let (outcome, req) = ready!(check.as_mut().poll(cx));
                     let decision = match outcome {
                         Ok(decision) if decision.is_allowed() => Some(decision),
@@ -169,7 +198,7 @@ where
                             continue;
                         }
                     };
-                    let fut = this.inner.call(req);
+                    let fut = inner.call(req);
                     this.state.set(State::Calling { fut, decision });
                 }
                 StateProj::Calling { fut, decision } => {
@@ -181,17 +210,20 @@ where
                         let selected = selects(&parts);
                         let res = Response::from_parts(parts, body);
                         let peeked = decision.take();
-                        if selected {
-                            let charge = pending.charge();
-                            let res = Some(res);
-                            this.state.set(State::Charging {
-                                charge,
-                                res,
-                                peeked,
-                            });
-                            continue;
-                        }
-                        let res = finish(res, peeked, this.config, this.pks.as_deref());
+                        let shown = match selected.then(|| pending.charge()) {
+                            Some(Charge::Running(charge)) => {
+                                let res = Some(res);
+                                this.state.set(State::Charging {
+                                    charge,
+                                    res,
+                                    peeked,
+                                });
+                                continue;
+                            }
+                            Some(Charge::Made(charged)) => charged.or(peeked),
+                            None => peeked,
+                        };
+                        let res = finish(res, shown, this.config, this.pks.as_deref());
                         this.state.set(State::Done);
                         return Poll::Ready(Ok(res));
                     }
@@ -199,7 +231,9 @@ where
                     let mut res = res.map(|b| ResponseBody::inner(b).guarded(guard));
                     if let Some(decision) = decision {
                         let pks = this.pks.as_deref();
-                        add_headers(res.headers_mut(), decision, this.config.headers, pks);
+                        let config = &**this.config;
+                        let cache = &config.header_cache;
+                        add_headers(res.headers_mut(), decision, config.headers, pks, cache);
                     }
                     this.state.set(State::Done);
                     return Poll::Ready(Ok(res));
@@ -241,7 +275,13 @@ fn finish<B>(
 ) -> Response<ResponseBody<B>> {
     let mut res = res.map(ResponseBody::inner);
     if let Some(decision) = decision {
-        add_headers(res.headers_mut(), &decision, config.headers, pks);
+        add_headers(
+            res.headers_mut(),
+            &decision,
+            config.headers,
+            pks,
+            &config.header_cache,
+        );
     }
     res
 }
@@ -285,6 +325,12 @@ fn limited<B>(
         (Some(handler), false) => handler(&RequestView::of(req), decision),
         _ => own_response(config.limited_status, &limited_message(decision), grpc),
     };
-    add_headers(res.headers_mut(), decision, config.headers, pks);
+    add_headers(
+        res.headers_mut(),
+        decision,
+        config.headers,
+        pks,
+        &config.header_cache,
+    );
     res
 }

@@ -66,7 +66,7 @@ impl RateLimitLayer {
     /// found, at once, all-or-nothing (e.g. the client IP *and* the user). Without any, the
     /// peer IP ([`PeerIp`](crate::key::PeerIp)) is used.
     pub fn key(self, extractor: impl KeyExtractor) -> Self {
-        let e = AnyExtractor(Arc::new(extractor));
+        let e = AnyExtractor::new(extractor);
         self.edit(|c| c.keys.push(e))
     }
 

@@ -9,8 +9,10 @@
 //! [`KeyedRateLimitLayer`](crate::KeyedRateLimitLayer) takes identifiers from a closure over
 //! the request, and rejects with a [`RateLimited`](crate::RateLimited) error.
 //!
-//! Both check in the response future: `poll_ready` only asks the inner service, because the
-//! key is in the request (and axum expects services to be always ready).
+//! `poll_ready` only asks the inner service, because the key is in the request (and axum
+//! expects services to be always ready). The check is made in the response future, or — for
+//! [`RateLimitLayer`] with a limiter that decides in process (a memory store, no concurrency
+//! limit) — at once in `call`.
 //!
 //! # Rules
 //!

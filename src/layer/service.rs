@@ -7,13 +7,13 @@ use std::task::{Context, Poll};
 use http::{Request, Response};
 use tower_service::Service;
 
-use super::check::{check_both, Pending};
+use super::check::{check_both, check_both_now, AtOnce, Pending};
 use super::config::{Action, Config, MissingKey};
 use super::future::ResponseFuture;
 use crate::http::headers::partition_key;
 use crate::http::response::own_response;
 use crate::http::ResponseBody;
-use crate::key::{KeyExtractor, PeerIp, RequestView};
+use crate::key::{Identifiers, PeerIp, RequestView};
 use crate::limiter::Mode;
 
 /// An HTTP service wrapped by [`RateLimitLayer`](super::RateLimitLayer).
@@ -71,68 +71,88 @@ where
     }
 
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
-        let config = self.config.clone();
+        let config = &self.config;
         let view = RequestView::of(&req);
-        let grpc = view.is_grpc();
         let (limiter, also) = match config.rules.iter().find(|r| (r.matches)(&view)) {
             Some(rule) => match &rule.action {
-                Action::Bypass => return ResponseFuture::called(self.take_ready(), req, config),
-                Action::Replace(limiter) => (limiter.clone(), None),
-                Action::Add(limiter) => (limiter.clone(), Some(config.default.clone())),
+                Action::Bypass => {
+                    return ResponseFuture::called(self.inner.call(req), config.clone())
+                }
+                Action::Replace(limiter) => (limiter, None),
+                Action::Add(limiter) => (limiter, Some(&config.default)),
             },
-            None => (config.default.clone(), None),
+            None => (&config.default, None),
         };
-        let ids: Vec<String> = if config.keys.is_empty() {
-            PeerIp::default().extract(&view).into_iter().collect()
+        let mut ids = Identifiers::default();
+        if config.keys.is_empty() {
+            if let Some(id) = PeerIp::new().identifier(&view) {
+                ids = Identifiers::One(id);
+            }
         } else {
-            config
-                .keys
-                .iter()
-                .filter_map(|k| k.0.extract(&view))
-                .collect()
-        };
+            for key in &config.keys {
+                ids.extend(key.identifier(&view));
+            }
+        }
         if ids.is_empty() {
             return match config.missing {
-                MissingKey::Allow => ResponseFuture::called(self.take_ready(), req, config),
+                MissingKey::Allow => ResponseFuture::called(self.inner.call(req), config.clone()),
                 MissingKey::Reject(status) => {
+                    let grpc = view.is_grpc();
                     let res = own_response(status, "no rate-limit key found in the request", grpc);
-                    ResponseFuture::answered(self.inner.clone(), res, config)
+                    ResponseFuture::answered(res, config.clone())
                 }
             };
         }
         let cost = config.cost.as_ref().map_or(1, |f| f(&view));
-        let pks: Option<Arc<[Vec<u8>]>> = config
-            .partition_secret
-            .as_ref()
-            .map(|secret| ids.iter().map(|id| partition_key(secret, id)).collect());
+        let pks: Option<Arc<[Vec<u8>]>> = config.partition_secret.as_ref().map(|secret| {
+            let ids = ids.as_slice().iter();
+            ids.map(|id| partition_key(secret, id.as_ref())).collect()
+        });
         let shadow = config.shadow;
-        if config.charge_if.is_none() {
-            let mode = Mode::CHECK.shadowed(shadow);
-            let check = Box::pin(async move {
-                let decision = check_both(&limiter, also.as_ref(), &ids, cost, mode).await;
-                (decision, req)
-            });
-            return ResponseFuture::checking(self.take_ready(), check, config, grpc, None)
-                .with_partition_keys(pks);
-        }
         // Charged by response: a peek now (counted as the request's decision), the charge
         // once the response says whether it is charged.
-        let pending = Pending {
+        let by_response = config.charge_if.is_some();
+        let mode = Mode {
+            charge: !by_response,
+            ..Mode::CHECK.shadowed(shadow)
+        };
+        let done = match check_both_now(limiter, also, ids.as_slice(), cost, mode) {
+            AtOnce::Decided(outcome) => {
+                let pending = by_response.then(|| Pending {
+                    first: limiter.clone(),
+                    then: also.cloned(),
+                    ids,
+                    cost,
+                    shadow,
+                });
+                let config = config.clone();
+                return ResponseFuture::decided(
+                    &mut self.inner,
+                    req,
+                    outcome,
+                    config,
+                    pending,
+                    pks,
+                );
+            }
+            AtOnce::Later(done) => done,
+        };
+        let grpc = view.is_grpc();
+        let pending = by_response.then(|| Pending {
             first: limiter.clone(),
-            then: also.clone(),
+            then: also.cloned(),
             ids: ids.clone(),
             cost,
             shadow,
-        };
-        let mode = Mode {
-            charge: false,
-            ..Mode::CHECK.shadowed(shadow)
-        };
+        });
+        let (limiter, also) = (limiter.clone(), also.cloned());
         let check = Box::pin(async move {
-            let decision = check_both(&limiter, also.as_ref(), &ids, cost, mode).await;
+            let ids = ids.as_slice();
+            let decision = check_both(&limiter, also.as_ref(), ids, cost, mode, done).await;
             (decision, req)
         });
-        ResponseFuture::checking(self.take_ready(), check, config, grpc, Some(pending))
+        let config = config.clone();
+        ResponseFuture::checking(self.take_ready(), check, config, grpc, pending)
             .with_partition_keys(pks)
     }
 }

@@ -5,6 +5,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::time::Duration;
 
 use arc_swap::ArcSwap;
 
@@ -524,6 +525,26 @@ impl Limiter {
         cost: u64,
     ) -> Result<Decision, Error> {
         self.run(identifiers, cost, Mode::PEEK).await
+    }
+}
+
+impl Limiter {
+    /// Whether a check is decided in process, without waiting (the memory store): the HTTP
+    /// layer then checks in `call`, with [`run_now`](Limiter::run_now).
+    pub(crate) fn decides_at_once(&self) -> bool {
+        self.inner.store.as_memory().is_some()
+    }
+
+    /// [`run`](Limiter::run), made at once (`run_at_once`); `None` for a store that must be
+    /// waited on.
+    pub(crate) fn run_now<I: AsRef<str>>(
+        &self,
+        identifiers: &[I],
+        cost: u64,
+        mode: Mode,
+    ) -> Option<Result<Decision, Error>> {
+        self.run_at_once(identifiers, cost, mode, Duration::ZERO)
+            .map(|answer| answer.map(|(decision, _)| decision))
     }
 }
 

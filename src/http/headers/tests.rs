@@ -3,8 +3,18 @@ use std::time::Duration;
 use http::header::RETRY_AFTER;
 use http::{HeaderMap, HeaderValue};
 
-use super::{add_headers, adverts, quota_and_window, Advert, HeaderStyle, RATELIMIT};
+use super::{adverts, quota_and_window, Advert, HeaderCache, HeaderStyle, RATELIMIT};
 use crate::{Clock, Decision, Limiter, ManualClock, MemoryStore};
+
+/// Adds the fields of `decision`, with a cache of its own.
+fn add_headers(
+    headers: &mut HeaderMap,
+    decision: &Decision,
+    style: HeaderStyle,
+    pks: Option<&[Vec<u8>]>,
+) {
+    super::add_headers(headers, decision, style, pks, &HeaderCache::default());
+}
 
 /// 2026-01-01T00:00:00Z: the start of every window.
 const EPOCH_ALIGNED_US: u64 = 1_767_225_600_000_000;
@@ -340,4 +350,58 @@ fn fields_written_directly_are_those_the_serializer_writes() {
 fn with_pk(mut a: Advert, pk: &[u8]) -> Advert {
     a.pk = Some(pk.to_vec());
     a
+}
+
+/// The fields written from the cache are those written from the adverts, whatever the
+/// policy, the decision, the partition keys and the `Retry-After`, for a cache shared by many
+/// lists of limits — more than it keeps.
+#[tokio::test]
+async fn fields_from_the_cache_are_those_from_the_adverts() {
+    use super::fresh_ietf;
+    let cache = HeaderCache::default();
+    let pks = [vec![0xb6, 0x17, 0x31, 0x86], vec![0xff; 12]];
+    let mut policies: Vec<String> = [
+        "10/s",
+        "3/s, 2 concurrent, 240/h gcra",
+        "2/min log, 1000/d fixed",
+        "5/500ms, 3/700ms, 100/s bucket capacity=500",
+        "1/1500ms sliding",
+    ]
+    .iter()
+    .map(|p| p.to_string())
+    .collect();
+    // more lists of limits than the cache keeps
+    policies.extend((1..=20).map(|n| format!("{n}/min")));
+    let mut compared = 0;
+    for policy in &policies {
+        let (l, clock) = limiter(policy);
+        for round in 0..6 {
+            let ids: &[&str] = if round % 2 == 0 { &["a"] } else { &["a", "b"] };
+            let decision = l.check(ids).await.unwrap();
+            clock.advance(Duration::from_millis(300));
+            for (keys, retry_after) in [(None, None), (Some(&pks[..]), Some(1))] {
+                let cached = cache.fields(&decision, keys, retry_after);
+                let ours = adverts(&decision, keys);
+                let general = fresh_ietf(&ours, retry_after);
+                let (policy_field, state_field) = cached.expect("written from the cache");
+                let (policy_text, state_text) = general.expect("written directly");
+                assert_eq!(policy_field, policy_text, "{policy}");
+                assert_eq!(state_field, state_text, "{policy}");
+                compared += 1;
+            }
+        }
+    }
+    assert_eq!(compared, policies.len() * 12);
+    // a list the general path must write (a name listed twice) is not written from the cache
+    let (a, _) = limiter("10/s");
+    let (b, _) = limiter("10/s");
+    let mut both = a.check(&["k"]).await.unwrap();
+    let other = b.check(&["k"]).await.unwrap();
+    let mut second = other.statuses[0];
+    second.limit_index = 1;
+    both.statuses.push(second);
+    assert!(cache.fields(&both, None, None).is_none());
+    let mut headers = HeaderMap::new();
+    super::add_headers(&mut headers, &both, HeaderStyle::Ietf, None, &cache);
+    assert_eq!(headers["ratelimit-policy"], r#""10/s";q=10;w=1"#);
 }

@@ -6,13 +6,15 @@
 //!
 //! The networks are in `cidr`, the parsing of the forwarding headers in `forwarded`.
 
-use std::net::{IpAddr, SocketAddr};
+use std::fmt;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::ops::ControlFlow;
 
 use http::header::HeaderMap;
 use http::Extensions;
 use ipnet::Ipv6Net;
 
+use super::id::{Identifier, InlineText};
 use super::{KeyExtractor, RequestView};
 
 mod cidr;
@@ -32,14 +34,66 @@ use forwarded::{real_ip, walk_chain, ForwardingHeader, Hop};
 /// The key of `ip`: `ip:ADDRESS`, or `ip:NETWORK/PREFIX` for IPv6 grouped by a prefix shorter
 /// than 128 bits. `ip` is canonical (never IPv4-mapped).
 fn ip_key(ip: IpAddr, ipv6_prefix: u8) -> String {
-    let grouped = match ip {
-        IpAddr::V6(v6) if ipv6_prefix < 128 => Ipv6Net::new(v6, ipv6_prefix).ok(),
-        _ => None,
+    let mut key = String::with_capacity(24);
+    let _ = write_ip_key(&mut key, ip, ipv6_prefix);
+    key
+}
+
+/// [`ip_key`], in place when it fits (it always does: `ip:` and at most 43 bytes).
+fn ip_identifier(ip: IpAddr, ipv6_prefix: u8) -> Identifier {
+    let mut key = InlineText::new();
+    let written = match ip {
+        IpAddr::V4(v4) => {
+            let (text, len) = dotted(v4);
+            key.push_ascii(b"ip:")
+                .and_then(|()| key.push_ascii(&text[..len]))
+        }
+        IpAddr::V6(_) => write_ip_key(&mut key, ip, ipv6_prefix),
     };
-    match grouped {
-        Some(net) => format!("ip:{}", net.trunc()),
-        None => format!("ip:{ip}"),
+    match written {
+        Ok(()) => Identifier::Inline(key),
+        Err(_) => Identifier::Owned(ip_key(ip, ipv6_prefix)),
     }
+}
+
+/// Writes the key of `ip` (see [`ip_key`]).
+fn write_ip_key(out: &mut impl fmt::Write, ip: IpAddr, ipv6_prefix: u8) -> fmt::Result {
+    match ip {
+        IpAddr::V4(v4) => {
+            let (text, len) = dotted(v4);
+            out.write_str("ip:")?;
+            out.write_str(std::str::from_utf8(&text[..len]).map_err(|_| fmt::Error)?)
+        }
+        IpAddr::V6(v6) if ipv6_prefix < 128 => match Ipv6Net::new(v6, ipv6_prefix) {
+            Ok(net) => write!(out, "ip:{}", net.trunc()),
+            Err(_) => write!(out, "ip:{v6}"),
+        },
+        IpAddr::V6(v6) => write!(out, "ip:{v6}"),
+    }
+}
+
+/// The dotted-quad text of `v4` (its first `len` bytes), the bytes `Display` gives, written
+/// digit by digit without the formatting machinery: it is the key of most requests.
+fn dotted(v4: Ipv4Addr) -> ([u8; 15], usize) {
+    let mut text = [0u8; 15];
+    let mut len = 0;
+    for (i, octet) in v4.octets().into_iter().enumerate() {
+        if i > 0 {
+            text[len] = b'.';
+            len += 1;
+        }
+        if octet >= 100 {
+            text[len] = b'0' + octet / 100;
+            len += 1;
+        }
+        if octet >= 10 {
+            text[len] = b'0' + octet / 10 % 10;
+            len += 1;
+        }
+        text[len] = b'0' + octet % 10;
+        len += 1;
+    }
+    (text, len)
 }
 
 /// The TCP peer's address, canonicalised, from the request extensions: axum's
@@ -117,6 +171,13 @@ impl Default for PeerIp {
 impl KeyExtractor for PeerIp {
     fn extract(&self, req: &RequestView<'_>) -> Option<String> {
         Some(ip_key(self.ip(req)?, self.ipv6_prefix))
+    }
+}
+
+impl PeerIp {
+    /// [`extract`](KeyExtractor::extract)'s key, in place.
+    pub(crate) fn identifier(&self, req: &RequestView<'_>) -> Option<Identifier> {
+        Some(ip_identifier(self.ip(req)?, self.ipv6_prefix))
     }
 }
 
@@ -375,6 +436,13 @@ impl ClientIp {
 impl KeyExtractor for ClientIp {
     fn extract(&self, req: &RequestView<'_>) -> Option<String> {
         Some(ip_key(self.ip(req)?, self.ipv6_prefix))
+    }
+}
+
+impl ClientIp {
+    /// [`extract`](KeyExtractor::extract)'s key, in place.
+    pub(crate) fn identifier(&self, req: &RequestView<'_>) -> Option<Identifier> {
+        Some(ip_identifier(self.ip(req)?, self.ipv6_prefix))
     }
 }
 

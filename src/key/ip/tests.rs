@@ -598,3 +598,62 @@ fn hops_stop_at_entries_that_are_not_addresses() {
     );
     assert_eq!(ip_of(&two, &req), Some(ip("10.0.0.2")));
 }
+
+// --- Keys written in place -------------------------------------------------------------
+
+#[test]
+fn ip_keys_are_the_display_of_the_address() {
+    let mut addresses: Vec<IpAddr> = Vec::new();
+    for a in [0u8, 1, 9, 10, 99, 100, 199, 200, 255] {
+        for b in [0u8, 7, 42, 250] {
+            addresses.push(IpAddr::from([a, b, 255 - a, b.wrapping_mul(3)]));
+        }
+    }
+    for text in [
+        "::",
+        "::1",
+        "2001:db8::7",
+        "2001:db8:1:2:aaaa::1",
+        "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff",
+        "fe80::1:2:3:4",
+    ] {
+        addresses.push(ip(text));
+    }
+    for address in addresses {
+        for prefix in [0u8, 48, 64, 127, 128] {
+            let expected = match address {
+                IpAddr::V6(v6) if prefix < 128 => {
+                    format!("ip:{}", Ipv6Net::new(v6, prefix).unwrap().trunc())
+                }
+                _ => format!("ip:{address}"),
+            };
+            assert_eq!(ip_key(address, prefix), expected);
+            let id = ip_identifier(address, prefix);
+            assert!(matches!(id, Identifier::Inline(_)), "{expected}");
+            assert_eq!(id.as_ref(), expected);
+        }
+    }
+}
+
+#[test]
+fn identifiers_in_place_match_the_extracted_keys() {
+    let client_ip = behind_proxies();
+    for (peer, headers) in [
+        (Some("203.0.113.7:1"), &[][..]),
+        (Some("[2001:db8::9]:1"), &[][..]),
+        (
+            Some("10.0.0.2:1"),
+            &[("x-forwarded-for", &b"198.51.100.4"[..])][..],
+        ),
+        (None, &[][..]),
+    ] {
+        let req = request(peer, headers);
+        let view = RequestView::of(&req);
+        let texts = |id: Option<Identifier>| id.map(|id| id.as_ref().to_owned());
+        assert_eq!(
+            texts(PeerIp::new().identifier(&view)),
+            key(&PeerIp::new(), &req)
+        );
+        assert_eq!(texts(client_ip.identifier(&view)), key(&client_ip, &req));
+    }
+}

@@ -1,0 +1,214 @@
+//! The IETF fields of a response that has none yet — the usual case, once per response —
+//! without building adverts: the `RateLimit-Policy` value depends only on the list of limits,
+//! so it is built once per list and cloned; the `RateLimit` value is written into a buffer on
+//! the stack from parts built once (each item's `"NAME";r=`) and the decision's numbers. The
+//! bytes are those `fresh_ietf` writes (and the structured-field serializer would).
+
+use std::fmt::Write;
+use std::sync::{Arc, OnceLock};
+
+use arc_swap::ArcSwap;
+use http::header::HeaderValue;
+
+use super::{
+    effective_window, is_plain, limit_indexes, pick, push_base64, quota_and_window,
+    CONCURRENT_REQUESTS, MAX_INTEGER,
+};
+use crate::key::InlineText;
+use crate::{Decision, Limit, LimitStatus};
+
+/// The most items written this way; a decision naming more limits takes the general path.
+const MAX_ITEMS: usize = 16;
+/// The most lists of limits kept. A layer sees few: one per limiter (or pair of limiters, for
+/// a route that adds its own), and one more per version of a changed policy. When the cache
+/// is full, a new list takes the place of all the others.
+const MAX_ENTRIES: usize = 16;
+/// The longest `RateLimit` value written on the stack (three limits with partition keys take
+/// about 160 bytes); a longer one takes the general path.
+const STATE_BYTES: usize = 320;
+
+/// What the IETF fields of a list of limits share from one response to the next, for the
+/// lists a layer has seen.
+#[derive(Default)]
+pub(crate) struct HeaderCache {
+    /// The first list seen — for most layers the only one (a single limiter whose policy
+    /// never changes) —, read without the cost of a guard.
+    first: OnceLock<Arc<Entry>>,
+    /// The others.
+    entries: ArcSwap<Vec<Arc<Entry>>>,
+}
+
+/// The fields of one list of limits.
+struct Entry {
+    limits: Vec<Limit>,
+    /// `None` when the list needs the general path (a name that needs escaping, a name
+    /// listed twice, a quota too large for a structured field).
+    fields: Option<Fields>,
+}
+
+struct Fields {
+    /// `RateLimit-Policy`.
+    policy: HeaderValue,
+    /// Each limit's `RateLimit` item, but for its numbers.
+    items: Vec<Item>,
+}
+
+struct Item {
+    /// `"NAME";r=`.
+    prefix: Box<str>,
+    /// The quota, which `r` never exceeds.
+    q: u64,
+    /// The window in seconds; `None` for a concurrency limit (an item without `t`).
+    w: Option<u64>,
+}
+
+/// The status each item describes, in the order of the items.
+type Picks<'a> = [Option<&'a LimitStatus>];
+
+impl HeaderCache {
+    /// The `RateLimit-Policy` and `RateLimit` values of `decision` for a response that has
+    /// neither, or `None` when they take the general path. `retry_after` is the response's
+    /// `Retry-After` in seconds, which caps every `t`.
+    pub(crate) fn fields(
+        &self,
+        decision: &Decision,
+        pks: Option<&[Vec<u8>]>,
+        retry_after: Option<u64>,
+    ) -> Option<(HeaderValue, HeaderValue)> {
+        let mut picks: [Option<&LimitStatus>; MAX_ITEMS] = [None; MAX_ITEMS];
+        let mut count = 0;
+        for l in limit_indexes(decision) {
+            if let Some(s) = pick(decision, l) {
+                *picks.get_mut(count)? = Some(s);
+                count += 1;
+            }
+        }
+        let picks = &picks[..count];
+        if picks.is_empty() {
+            return None;
+        }
+        if let Some(first) = self.first.get().filter(|e| e.lists(picks)) {
+            return first.fields.as_ref()?.write(picks, pks, retry_after);
+        }
+        let entries = self.entries.load();
+        match entries.iter().find(|e| e.lists(picks)) {
+            Some(entry) => entry.fields.as_ref()?.write(picks, pks, retry_after),
+            None => self
+                .add(picks)
+                .fields
+                .as_ref()?
+                .write(picks, pks, retry_after),
+        }
+    }
+
+    /// Builds the entry of the limits of `picks`, and keeps it.
+    fn add(&self, picks: &Picks<'_>) -> Arc<Entry> {
+        let limits: Vec<Limit> = picks.iter().flatten().map(|s| s.limit).collect();
+        let fields = Fields::of(&limits);
+        let entry = Arc::new(Entry { limits, fields });
+        if self.first.set(entry.clone()).is_ok() {
+            return entry;
+        }
+        self.entries.rcu(|entries| {
+            if entries.iter().any(|e| e.limits == entry.limits) {
+                return Vec::clone(entries);
+            }
+            let mut entries = if entries.len() < MAX_ENTRIES {
+                Vec::clone(entries)
+            } else {
+                Vec::new()
+            };
+            entries.push(entry.clone());
+            entries
+        });
+        entry
+    }
+}
+
+impl Entry {
+    /// Whether this is the entry of the limits of `picks`.
+    fn lists(&self, picks: &Picks<'_>) -> bool {
+        self.limits.len() == picks.len()
+            && self
+                .limits
+                .iter()
+                .zip(picks.iter().flatten())
+                .all(|(l, s)| *l == s.limit)
+    }
+}
+
+impl Fields {
+    /// The values, for the statuses `picks` of this entry's limits.
+    fn write(
+        &self,
+        picks: &Picks<'_>,
+        pks: Option<&[Vec<u8>]>,
+        retry_after: Option<u64>,
+    ) -> Option<(HeaderValue, HeaderValue)> {
+        let mut state = InlineText::<STATE_BYTES>::new();
+        for (i, (s, item)) in picks.iter().flatten().zip(&self.items).enumerate() {
+            if i > 0 {
+                state.write_str(", ").ok()?;
+            }
+            state.write_str(&item.prefix).ok()?;
+            state.write_u64(s.remaining.min(item.q)).ok()?;
+            if let Some(w) = item.w {
+                let t = effective_window(s, w);
+                if t > MAX_INTEGER {
+                    return None;
+                }
+                // Every effective window ends by the time Retry-After says to come back.
+                state.write_str(";t=").ok()?;
+                state
+                    .write_u64(retry_after.map_or(t, |cap| t.min(cap)))
+                    .ok()?;
+            }
+            if let Some(pk) = pks.and_then(|pks| pks.get(s.identifier)) {
+                state.write_str(";pk=:").ok()?;
+                push_base64(&mut state, pk).ok()?;
+                state.write_str(":").ok()?;
+            }
+        }
+        let state = HeaderValue::from_bytes(state.as_bytes()).ok()?;
+        Some((self.policy.clone(), state))
+    }
+
+    fn of(limits: &[Limit]) -> Option<Fields> {
+        let mut policy = String::new();
+        let mut items = Vec::with_capacity(limits.len());
+        let mut names: Vec<String> = Vec::with_capacity(limits.len());
+        for (i, limit) in limits.iter().enumerate() {
+            let name = limit.to_string();
+            let (q, w) = if limit.is_concurrency() {
+                (limit.count(), None)
+            } else {
+                let (q, w) = quota_and_window(limit);
+                (q, Some(w))
+            };
+            if !is_plain(&name) || names.contains(&name) || q > MAX_INTEGER {
+                return None;
+            }
+            if w.is_some_and(|w| w > MAX_INTEGER) {
+                return None;
+            }
+            if i > 0 {
+                policy.push_str(", ");
+            }
+            let _ = write!(policy, "\"{name}\";q={q}");
+            let _ = match w {
+                Some(w) => write!(policy, ";w={w}"),
+                None => write!(policy, ";qu=\"{CONCURRENT_REQUESTS}\""),
+            };
+            items.push(Item {
+                prefix: format!("\"{name}\";r=").into(),
+                q,
+                w,
+            });
+            names.push(name);
+        }
+        Some(Fields {
+            policy: HeaderValue::from_str(&policy).ok()?,
+            items,
+        })
+    }
+}
