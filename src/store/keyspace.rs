@@ -178,6 +178,7 @@ pub(crate) fn key(prefix: &str, escaped: &str, namespace: Option<&str>, limit: &
 
 /// Builds the packed key of an identifier for `limits` (the policy's window and GCRA limits,
 /// in order) in `namespace`; `escaped` comes from [`escape_identifier`].
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
 pub(crate) fn packed_key<'a>(
     prefix: &str,
     escaped: &str,
