@@ -104,10 +104,11 @@ pub enum ConfigErrorKind {
 }
 
 /// The Redis commands the store sends, as an ACL rule: its own calls (`EVALSHA`,
-/// `SCRIPT LOAD` after a `NOSCRIPT`, `ZREM` to release slots, `INFO` in the start-up checks)
-/// and those the Lua scripts call. A unit test checks it against the scripts.
-pub(crate) const ACL_COMMANDS: &str = "+evalsha +script|load +zrem +info +time +get +mget \
-     +set +psetex +pexpire +zadd +zcount +zrange +zremrangebyscore +zscore";
+/// `SCRIPT LOAD` after a `NOSCRIPT`, `ZREM` to release slots, `INFO` in the start-up checks,
+/// `DEL` for `Limiter::reset`) and those the Lua scripts call. A unit test checks it against
+/// the scripts.
+pub(crate) const ACL_COMMANDS: &str = "+evalsha +script|load +zrem +info +del +time +get \
+     +mget +set +psetex +pexpire +zadd +zcount +zrange +zremrangebyscore +zscore";
 
 /// What a Redis Cluster's nodes are sent besides [`ACL_COMMANDS`]: the cluster client's
 /// `PING` on each new node connection and `CLUSTER SLOTS` for the slot map, and `ASKING` before

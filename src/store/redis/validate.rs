@@ -7,8 +7,8 @@
 //! one of its own slots (`cluster`) — and a probe runs every command the store will send, as the store sends it, on
 //! reserved keys under the store's prefix (`PREFIX:{tollgate-probe-RANDOM}:…`): `SCRIPT LOAD` of both
 //! scripts, the check script once admitted (every algorithm's writes) and once denied (every
-//! algorithm's reads), a lease renewal and a release; then the keys are deleted (they would
-//! expire within seconds anyway). An ACL user missing a command or a key pattern is refused
+//! algorithm's reads), a lease renewal and a release; then the keys are deleted with `DEL`, as
+//! `Limiter::reset` deletes (they would expire within seconds anyway). An ACL user missing a command or a key pattern is refused
 //! here, not on the first busy minute.
 
 use std::time::Duration;
@@ -293,8 +293,9 @@ pub(crate) async fn probe(
     let probe_id = ids.first.as_str();
     let limits = probe_limits();
     let result = run_probe(conn, prefix, ids, &id, &limits).await;
-    // Leave nothing behind: a TTL of 0 deletes a key (and needs no command the scripts do
-    // not already need). Should this fail, the keys expire within seconds.
+    // Leave nothing behind, with the `DEL` that `Limiter::reset` sends (so a user who may
+    // not run it is refused here, not at the first reset). Should this fail, the keys expire
+    // within seconds. One key per `DEL`: on a cluster the keys need not share a slot.
     let mut clean = redis::pipe();
     let packed = limits.iter().filter(|l| crate::algorithm::is_packed(l));
     let day = probe_packed();
@@ -303,13 +304,12 @@ pub(crate) async fn probe(
         keyspace::packed_key(prefix, probe_id, None, &day),
         keyspace::packed_key(prefix, &ids.second, None, &day),
     ] {
-        clean.cmd("PEXPIRE").arg(key).arg(0).ignore();
+        clean.cmd("DEL").arg(key).ignore();
     }
     for limit in limits.iter().filter(|l| !crate::algorithm::is_packed(l)) {
         clean
-            .cmd("PEXPIRE")
+            .cmd("DEL")
             .arg(keyspace::key(prefix, probe_id, None, limit))
-            .arg(0)
             .ignore();
     }
     let cleaned: RedisResult<()> = clean.query_async(conn).await;

@@ -18,6 +18,12 @@ fn the_acl_rule_covers_the_scripts() {
         include_str!("../../../../lua/gcra.lua"),
         include_str!("../../../../lua/concurrency.lua"),
         include_str!("../../../../lua/renew.lua"),
+        include_str!("../../../../lua/peek.lua"),
+        include_str!("../../../../lua/refund.lua"),
+        include_str!("../../../../lua/reserve.lua"),
+        include_str!("../../../../lua/rolling_window.lua"),
+        include_str!("../../../../lua/rolling_window_wide.lua"),
+        include_str!("../../../../lua/schedule.lua"),
     ] {
         for piece in text.split("redis.call(").skip(1) {
             let name: String = piece
@@ -30,7 +36,7 @@ fn the_acl_rule_covers_the_scripts() {
             }
         }
     }
-    for own in ["+evalsha", "+script|load", "+zrem", "+info"] {
+    for own in ["+evalsha", "+script|load", "+zrem", "+info", "+del"] {
         called.insert(own.to_string());
     }
     let granted: BTreeSet<String> = ACL_COMMANDS
