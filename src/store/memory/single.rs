@@ -1,19 +1,20 @@
 //! The short way for a check of one identifier whose state is one key: a policy of window
 //! (rolling, sliding, fixed) and GCRA limits, which share the packed key, or of one sorted-set
-//! limit. One hash, one shard, one lookup, and for a key that exists no allocation in the store: the key
-//! is built in a buffer reused from check to check on the thread, and the state is decided in
-//! place.
+//! limit. One hash, one shard, one lookup, and for a key that exists no allocation in the
+//! store: the key is built in a buffer reused from check to check on the thread, and the state
+//! is decided in place.
 //!
 //! It decides exactly as `MemoryStore::decide_general`: the same key (the one
 //! `keyspace::keys_of` names, namespace included), so the same shard, the same decision
 //! (`algorithm::decide_within`), the same expiry, and the same eviction when the key is new.
 //! Peeks, resets and refunds take the general way.
 
+use std::cell::RefCell;
+
 use super::{lock, make_room, MemoryStore, Stored, PREFIX};
 use crate::algorithm::{self, Layout, State};
 use crate::policy::Limit;
 use crate::store::{keyspace, Outcome, Plan};
-use std::cell::RefCell;
 
 thread_local! {
     /// What a single-key check reuses from one check to the next on this thread.
