@@ -468,51 +468,73 @@ pub(crate) fn check_script_within(
     ids: usize,
     reserving: bool,
 ) -> Arc<CheckScript> {
-    type Cache = HashMap<(Vec<Limit>, usize, bool), Arc<CheckScript>>;
-    type Last = Option<(Vec<Limit>, usize, bool, Arc<CheckScript>)>;
-    static CACHE: OnceLock<Mutex<Cache>> = OnceLock::new();
-    thread_local! {
-        /// The script this thread used last: a limiter checks one shape over and over, and
-        /// finding it here takes no lock and no copy of the limits for a key.
-        static LAST: RefCell<Last> = const { RefCell::new(None) };
-    }
-    let last = |l: &Last| match l {
-        Some((ls, i, r, s)) if ls == limits && *i == ids && *r == reserving => Some(s.clone()),
-        _ => None,
+    let kind = if reserving {
+        Kind::Reserving
+    } else {
+        Kind::Check
     };
-    if let Some(found) = LAST.with(|l| l.try_borrow().ok().and_then(|l| last(&l))) {
+    cached(kind, limits, ids, || {
+        generate_within(limits, ids, reserving)
+    })
+}
+
+/// Which of a policy's generated scripts: each is cached apart (the same policy may use all).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Kind {
+    Check,
+    Reserving,
+    Peek,
+}
+
+/// The generated script of `kind` for `limits` and `ids` identifiers: `generate` runs on
+/// first use, and the script is cached (up to `MAX_CACHED` shapes) by the process and,
+/// for the last one used, by the thread — a limiter runs one shape over and over, and finding
+/// it there takes no lock and no copy of the limits for a key.
+fn cached(
+    kind: Kind,
+    limits: &[Limit],
+    ids: usize,
+    generate: impl FnOnce() -> (String, Layout, Vec<usize>, Vec<Wire>),
+) -> Arc<CheckScript> {
+    type Key = (Vec<Limit>, usize, Kind);
+    static CACHE: OnceLock<Mutex<HashMap<Key, Arc<CheckScript>>>> = OnceLock::new();
+    thread_local! {
+        static LAST: RefCell<Option<(Key, Arc<CheckScript>)>> = const { RefCell::new(None) };
+    }
+    let last = LAST.with(|l| match &*l.try_borrow().ok()? {
+        Some(((ls, i, k), s)) if ls == limits && *i == ids && *k == kind => Some(s.clone()),
+        _ => None,
+    });
+    if let Some(found) = last {
         return found;
     }
-    let remember = |s: &Arc<CheckScript>| {
-        LAST.with(|l| {
-            if let Ok(mut l) = l.try_borrow_mut() {
-                *l = Some((limits.to_vec(), ids, reserving, s.clone()));
-            }
-        });
-    };
+    let key = (limits.to_vec(), ids, kind);
     let cache = CACHE.get_or_init(Mutex::default);
-    let key = (limits.to_vec(), ids, reserving);
-    if let Some(found) = cache
+    let found = cache
         .lock()
         .unwrap_or_else(PoisonError::into_inner)
         .get(&key)
-    {
-        remember(found);
-        return found.clone();
-    }
-    let (text, layout, packed, wire) = generate_within(limits, ids, reserving);
-    let compiled = Arc::new(CheckScript {
-        script: Script::new(&text),
-        layout,
-        packed,
-        wire,
+        .cloned();
+    let compiled = found.unwrap_or_else(|| {
+        let (text, layout, packed, wire) = generate();
+        let compiled = Arc::new(CheckScript {
+            script: Script::new(&text),
+            layout,
+            packed,
+            wire,
+        });
+        let mut cache = cache.lock().unwrap_or_else(PoisonError::into_inner);
+        if cache.len() >= MAX_CACHED {
+            cache.clear();
+        }
+        cache.insert(key.clone(), compiled.clone());
+        compiled
     });
-    let mut cache = cache.lock().unwrap_or_else(PoisonError::into_inner);
-    if cache.len() >= MAX_CACHED {
-        cache.clear();
-    }
-    cache.insert(key, compiled.clone());
-    remember(&compiled);
+    LAST.with(|l| {
+        if let Ok(mut l) = l.try_borrow_mut() {
+            *l = Some((key, compiled.clone()));
+        }
+    });
     compiled
 }
 

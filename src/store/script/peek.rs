@@ -3,14 +3,13 @@
 //! that file's header). Its reply is read as the check's, then decided by the twin's
 //! [`peek`](algorithm::peek).
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::sync::Arc;
 
-use redis::{Script, Value};
+use redis::Value;
 
 use super::{
-    agree, fill, fragments_of, limit_vars, read_reply, section, CheckScript, Reply, Shape, Wire,
-    DRIVER, MAX_CACHED, PRELUDE,
+    agree, cached, fill, fragments_of, limit_vars, read_reply, section, CheckScript, Kind, Reply,
+    Shape, Wire, DRIVER, PRELUDE,
 };
 use crate::algorithm::{self, Layout};
 use crate::policy::Limit;
@@ -21,30 +20,7 @@ const PEEK: &str = include_str!("../../../lua/peek.lua");
 /// The peek script of `limits` for `ids` identifiers, generated on first use and then cached
 /// (apart from the check scripts: the same policy has both).
 pub(crate) fn peek_script(limits: &[Limit], ids: usize) -> Arc<CheckScript> {
-    type Cache = HashMap<(Vec<Limit>, usize), Arc<CheckScript>>;
-    static CACHE: OnceLock<Mutex<Cache>> = OnceLock::new();
-    let cache = CACHE.get_or_init(Mutex::default);
-    let key = (limits.to_vec(), ids);
-    if let Some(found) = cache
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .get(&key)
-    {
-        return found.clone();
-    }
-    let (text, layout, packed, wire) = generate(limits, ids);
-    let compiled = Arc::new(CheckScript {
-        script: Script::new(&text),
-        layout,
-        packed,
-        wire,
-    });
-    let mut cache = cache.lock().unwrap_or_else(PoisonError::into_inner);
-    if cache.len() >= MAX_CACHED {
-        cache.clear();
-    }
-    cache.insert(key, compiled.clone());
-    compiled
+    cached(Kind::Peek, limits, ids, || generate(limits, ids))
 }
 
 /// Reads the peek script's reply: as a check's, the figures derived by the twin's
