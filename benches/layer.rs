@@ -14,9 +14,7 @@
 //! rows, the rest being the layer's and axum's. The row of a layer doing nothing (tower's
 //! `Identity`) is what axum costs for any layer.
 
-use std::alloc::{GlobalAlloc, Layout, System};
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use axum::body::Body;
@@ -28,31 +26,8 @@ use tower::ServiceExt;
 use tower_governor::governor::GovernorConfigBuilder;
 use tower_governor::GovernorLayer;
 
-/// Counts allocations (and reallocations) made anywhere in the process.
-struct Counting;
-
-static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
-
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        unsafe { System.dealloc(ptr, layout) }
-    }
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
-        unsafe { System.alloc_zeroed(layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
-
-#[global_allocator]
-static GLOBAL: Counting = Counting;
+#[path = "support/counting.rs"]
+mod counting;
 
 fn hello() -> Router {
     Router::new().route("/", get(|| async { "Hello, World!" }))
@@ -71,7 +46,7 @@ async fn measure(router: Router, iters: usize) -> (f64, f64) {
     for _ in 0..iters / 10 {
         let _ = router.clone().oneshot(request()).await;
     }
-    let before = ALLOCATIONS.load(Ordering::Relaxed);
+    let before = counting::allocations();
     let started = Instant::now();
     let mut ok = 0usize;
     for _ in 0..iters {
@@ -82,7 +57,7 @@ async fn measure(router: Router, iters: usize) -> (f64, f64) {
         ok += usize::from(res.status().is_success());
     }
     let ns = started.elapsed().as_nanos() as f64 / iters as f64;
-    let allocs = (ALLOCATIONS.load(Ordering::Relaxed) - before) as f64 / iters as f64;
+    let allocs = (counting::allocations() - before) as f64 / iters as f64;
     assert_eq!(ok, iters, "every request must be answered 200");
     (ns, allocs)
 }
@@ -94,14 +69,14 @@ async fn measure_check(limiter: &Limiter, iters: usize) -> (f64, f64) {
     for _ in 0..iters / 10 {
         let _ = limiter.check(&ids).await;
     }
-    let before = ALLOCATIONS.load(Ordering::Relaxed);
+    let before = counting::allocations();
     let started = Instant::now();
     let mut ok = 0usize;
     for _ in 0..iters {
         ok += usize::from(limiter.check(&ids).await.is_ok_and(|d| d.is_allowed()));
     }
     let ns = started.elapsed().as_nanos() as f64 / iters as f64;
-    let allocs = (ALLOCATIONS.load(Ordering::Relaxed) - before) as f64 / iters as f64;
+    let allocs = (counting::allocations() - before) as f64 / iters as f64;
     assert_eq!(ok, iters, "every check must be allowed");
     (ns, allocs)
 }

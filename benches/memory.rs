@@ -10,40 +10,15 @@
 //! divided by the checks of one thread (the latency each thread sees). Allocations are counted
 //! by a global allocator over the whole timed loop (every thread), divided by all checks.
 
-use std::alloc::{GlobalAlloc, Layout, System};
 use std::num::NonZeroU32;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Barrier;
 use std::time::Instant;
 
 use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
 use tollgate::{Limiter, MemoryStore};
 
-/// Counts allocations (and reallocations) made anywhere in the process.
-struct Counting;
-
-static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
-
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        unsafe { System.dealloc(ptr, layout) }
-    }
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
-        unsafe { System.alloc_zeroed(layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
-
-#[global_allocator]
-static GLOBAL: Counting = Counting;
+#[path = "support/counting.rs"]
+mod counting;
 
 const KEYS: usize = 100_000;
 
@@ -70,12 +45,12 @@ where
                 }
             });
         }
-        let before = ALLOCATIONS.load(Ordering::Relaxed);
+        let before = counting::allocations();
         barrier.wait();
         (Instant::now(), before)
     });
     let elapsed = started.elapsed();
-    let allocs = ALLOCATIONS.load(Ordering::Relaxed) - before;
+    let allocs = counting::allocations() - before;
     Figures {
         ns: elapsed.as_nanos() as f64 / iters as f64,
         allocs: allocs as f64 / (threads * iters) as f64,
@@ -212,12 +187,12 @@ fn run_tollgate(
                 })
             });
         }
-        let before = ALLOCATIONS.load(Ordering::Relaxed);
+        let before = counting::allocations();
         barrier.wait();
         (Instant::now(), before)
     });
     let elapsed = started.elapsed();
-    let allocs = ALLOCATIONS.load(Ordering::Relaxed) - before;
+    let allocs = counting::allocations() - before;
     Figures {
         ns: elapsed.as_nanos() as f64 / iters as f64,
         allocs: allocs as f64 / (threads * iters) as f64,
