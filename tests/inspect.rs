@@ -6,7 +6,7 @@ mod common;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use common::{manual_clock, RedisServer};
+use common::{manual_clock, snapshot, RedisServer};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 use redis::Commands;
@@ -24,18 +24,6 @@ fn memory(clock: &ManualClock) -> Store {
         .clock(Clock::Manual(clock.clone()))
         .build()
         .into()
-}
-
-/// Every key under `prefix`, with its DUMP and absolute expiry time (ms).
-fn snapshot(conn: &mut redis::Connection, prefix: &str) -> BTreeMap<String, (Vec<u8>, i64)> {
-    let keys: Vec<String> = conn.keys(format!("{prefix}:*")).unwrap();
-    keys.into_iter()
-        .map(|k| {
-            let dump: Vec<u8> = redis::cmd("DUMP").arg(&k).query(conn).unwrap();
-            let at: i64 = redis::cmd("PEXPIRETIME").arg(&k).query(conn).unwrap();
-            (k, (dump, at))
-        })
-        .collect()
 }
 
 /// A peek says what the check made right after it decides, and charges nothing: on both

@@ -3,24 +3,11 @@
 
 mod common;
 
-use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use common::{manual_clock, unique_prefix, RedisServer};
+use common::{manual_clock, snapshot, unique_prefix, RedisServer};
 use redis::Commands;
 use tollgate::{Clock, Error, Limiter, RedisStore, StoreError};
-
-/// Every key under `prefix`, with its DUMP and absolute expiry time (ms).
-fn snapshot(conn: &mut redis::Connection, prefix: &str) -> BTreeMap<String, (Vec<u8>, i64)> {
-    let keys: Vec<String> = conn.keys(format!("{prefix}:*")).unwrap();
-    keys.into_iter()
-        .map(|k| {
-            let dump: Vec<u8> = redis::cmd("DUMP").arg(&k).query(conn).unwrap();
-            let at: i64 = redis::cmd("PEXPIRETIME").arg(&k).query(conn).unwrap();
-            (k, (dump, at))
-        })
-        .collect()
-}
 
 #[tokio::test]
 async fn a_denied_request_leaves_redis_exactly_as_it_was() {

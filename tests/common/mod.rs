@@ -781,3 +781,22 @@ fn cluster_port() -> u16 {
         }
     }
 }
+
+/// Every key under `prefix`, with its DUMP and absolute expiry time (ms): what a test compares
+/// to show that a call changed nothing.
+pub fn snapshot(
+    conn: &mut redis::Connection,
+    prefix: &str,
+) -> std::collections::BTreeMap<String, (Vec<u8>, i64)> {
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("{prefix}:*"))
+        .query(conn)
+        .unwrap();
+    keys.into_iter()
+        .map(|k| {
+            let dump: Vec<u8> = redis::cmd("DUMP").arg(&k).query(conn).unwrap();
+            let at: i64 = redis::cmd("PEXPIRETIME").arg(&k).query(conn).unwrap();
+            (k, (dump, at))
+        })
+        .collect()
+}
