@@ -244,7 +244,8 @@ impl Escaped {
             return Err(Error::Cost { cost, max });
         }
         let (first_ix, count) = first_occurrences(identifiers)?;
-        let mut ids = ID_BUFFERS.with(Cell::take);
+        // `try_with`: on a thread being torn down, buffers of its own.
+        let mut ids = ID_BUFFERS.try_with(Cell::take).unwrap_or_default();
         ids.truncate(count);
         for (k, &i) in first_ix[..count].iter().enumerate() {
             match ids.get_mut(k) {
@@ -267,7 +268,7 @@ impl Escaped {
 impl Drop for Escaped {
     fn drop(&mut self) {
         let ids = std::mem::take(&mut self.ids);
-        ID_BUFFERS.with(|b| b.set(ids));
+        let _ = ID_BUFFERS.try_with(|b| b.set(ids));
     }
 }
 

@@ -225,7 +225,8 @@ pub(crate) fn each_key(
     thread_local! {
         static BUFFER: Cell<String> = const { Cell::new(String::new()) };
     }
-    let mut out = BUFFER.with(Cell::take);
+    // `try_with`: on a thread being torn down, a buffer of its own.
+    let mut out = BUFFER.try_with(Cell::take).unwrap_or_default();
     if limits.iter().any(algorithm::is_packed) {
         head_into(&mut out, prefix, escaped, namespace);
         let packed = limits.iter().filter(|l| algorithm::is_packed(l));
@@ -246,7 +247,7 @@ pub(crate) fn each_key(
         limit_tag(&mut out, limit, shared);
         f(&out);
     }
-    BUFFER.with(|b| b.set(out));
+    let _ = BUFFER.try_with(|b| b.set(out));
 }
 
 /// The space of a limiter's keys on its store, apart from other limiters' state: see

@@ -501,10 +501,12 @@ fn cached(
     thread_local! {
         static LAST: RefCell<Option<(Key, Arc<CheckScript>)>> = const { RefCell::new(None) };
     }
-    let last = LAST.with(|l| match &*l.try_borrow().ok()? {
+    // `try_with`: a thread being torn down has no memo, and goes to the shared cache.
+    let last = LAST.try_with(|l| match &*l.try_borrow().ok()? {
         Some(((ls, i, k), s)) if ls == limits && *i == ids && *k == kind => Some(s.clone()),
         _ => None,
     });
+    let last = last.ok().flatten();
     if let Some(found) = last {
         return found;
     }
@@ -530,7 +532,7 @@ fn cached(
         cache.insert(key.clone(), compiled.clone());
         compiled
     });
-    LAST.with(|l| {
+    let _ = LAST.try_with(|l| {
         if let Ok(mut l) = l.try_borrow_mut() {
             *l = Some((key, compiled.clone()));
         }

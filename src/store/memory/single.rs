@@ -29,13 +29,16 @@ pub(super) fn check(
     plan: &Plan<'_>,
     max_wait_us: u64,
 ) -> Option<Outcome> {
-    SCRATCH.with(|scratch| {
-        // Borrowed only here, and a check never runs another: a failed borrow cannot happen,
-        // but the general way would answer it all the same.
-        let mut scratch = scratch.try_borrow_mut().ok()?;
-        let (layout, key) = scratch.key(id, plan.namespace, plan.limits)?;
-        Some(decide(store, layout, key, plan, max_wait_us))
-    })
+    // On a thread being torn down (`try_with` fails), or if the scratch were borrowed (a
+    // check never runs another, so it cannot be), the general way answers.
+    SCRATCH
+        .try_with(|scratch| {
+            let mut scratch = scratch.try_borrow_mut().ok()?;
+            let (layout, key) = scratch.key(id, plan.namespace, plan.limits)?;
+            Some(decide(store, layout, key, plan, max_wait_us))
+        })
+        .ok()
+        .flatten()
 }
 
 /// The check of the one key `key`, laid out as `layout`.
