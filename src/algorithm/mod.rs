@@ -49,7 +49,7 @@
 use crate::policy::{Algorithm, Limit};
 use smallvec::SmallVec;
 
-pub(crate) use reserve::decide_within;
+pub(crate) use reserve::decide_within_into;
 
 pub(crate) mod concurrency;
 mod fixed_window;
@@ -203,6 +203,40 @@ pub(crate) struct Outcome {
     /// How long an allowed check waits for the time it was admitted at (0 but for a check
     /// that may wait: see `reserve`).
     pub(crate) wait_us: u64,
+}
+
+impl Outcome {
+    /// The outcome `summary` sums up, with `entries`.
+    pub(crate) fn of(summary: Summary, entries: Entries) -> Outcome {
+        Outcome {
+            allowed: summary.allowed,
+            entries,
+            at_us: summary.at_us,
+            wait_us: summary.wait_us,
+        }
+    }
+}
+
+/// An [`Outcome`] without its entries, which went to a [`Sink`] as they were reported.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Summary {
+    pub(crate) allowed: bool,
+    pub(crate) at_us: u64,
+    pub(crate) wait_us: u64,
+}
+
+/// Where a check's entries go as they are reported, one per (identifier, limit) pair,
+/// identifier-major (`id` counts the check's identifiers, `limit` the policy's limits): an
+/// [`Outcome`]'s [`Entries`], or, for the memory store, straight into a decision's statuses,
+/// so that a check's figures are written once rather than moved through every layer of it.
+pub(crate) trait Sink {
+    fn entry(&mut self, id: usize, limit: usize, entry: Entry);
+}
+
+impl Sink for Entries {
+    fn entry(&mut self, _id: usize, _limit: usize, entry: Entry) {
+        self.push(entry);
+    }
 }
 
 /// The entries of an [`Outcome`]: inline up to two identifiers of three limits, so that a
@@ -413,6 +447,23 @@ pub(crate) fn decide_at(
     cost: u64,
     lease: &str,
 ) -> Outcome {
+    let mut entries = Entries::new();
+    let summary = decide_at_into(states, layout, limits, now, at, cost, lease, &mut entries);
+    Outcome::of(summary, entries)
+}
+
+/// [`decide_at`], its entries given to `sink`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn decide_at_into(
+    states: &mut [Option<State>],
+    layout: &Layout,
+    limits: &[Limit],
+    now: u64,
+    at: u64,
+    cost: u64,
+    lease: &str,
+    sink: &mut impl Sink,
+) -> Summary {
     let (real, now) = (now, at.max(now));
     let per_id = layout.keys_per_id();
     let verdicts = evaluate_all(states, layout, limits, now, cost);
@@ -426,7 +477,7 @@ pub(crate) fn decide_at(
             }
         }
     }
-    outcome(states, layout, limits, real, now, &verdicts)
+    report_all(states, layout, limits, real, now, &verdicts, sink)
 }
 
 /// Phase 1 of [`decide`] alone, the twin of the peek script: what a check of `cost` would
@@ -439,23 +490,37 @@ pub(crate) fn peek(
     now: u64,
     cost: u64,
 ) -> Outcome {
-    let verdicts = evaluate_all(states, layout, limits, now, cost);
-    outcome(states, layout, limits, now, now, &verdicts)
+    let mut entries = Entries::new();
+    let summary = peek_into(states, layout, limits, now, cost, &mut entries);
+    Outcome::of(summary, entries)
 }
 
-/// The outcome of `verdicts`, reported on `states` as they are now: decided at `at` (`real`,
-/// the clock's time, or later for a waiting check), with reset and retry times counted from
-/// `real`.
-fn outcome(
+/// [`peek`], its entries given to `sink`.
+pub(crate) fn peek_into(
+    states: &mut [Option<State>],
+    layout: &Layout,
+    limits: &[Limit],
+    now: u64,
+    cost: u64,
+    sink: &mut impl Sink,
+) -> Summary {
+    let verdicts = evaluate_all(states, layout, limits, now, cost);
+    report_all(states, layout, limits, now, now, &verdicts, sink)
+}
+
+/// The outcome of `verdicts`, reported on `states` as they are now, entry by entry to `sink`:
+/// decided at `at` (`real`, the clock's time, or later for a waiting check), with reset and
+/// retry times counted from `real`.
+fn report_all(
     states: &mut [Option<State>],
     layout: &Layout,
     limits: &[Limit],
     real: u64,
     at: u64,
     verdicts: &[Verdict],
-) -> Outcome {
+    sink: &mut impl Sink,
+) -> Summary {
     let per_id = layout.keys_per_id();
-    let mut entries = Entries::with_capacity(verdicts.len());
     for j in 0..states.len() / per_id {
         for (l, lim) in limits.iter().enumerate() {
             let v = verdicts[j * limits.len() + l];
@@ -463,7 +528,7 @@ fn outcome(
                 Some(st) => report(part(st, layout.slots[l].1), lim, at),
                 None => Report::empty(lim),
             };
-            entries.push(Entry {
+            let entry = Entry {
                 allowed: v.allowed,
                 remaining: r.remaining,
                 // counted from `real`: the report is the state's at `at`, the time decided at
@@ -476,13 +541,13 @@ fn outcome(
                 } else {
                     v.retry_at.saturating_sub(real)
                 },
-            });
+            };
+            sink.entry(j, l, entry);
         }
     }
     let allowed = verdicts.iter().all(|v| v.allowed);
-    Outcome {
+    Summary {
         allowed,
-        entries,
         at_us: at,
         wait_us: if allowed { at - real } else { 0 },
     }

@@ -17,13 +17,15 @@
 //! Two passes therefore decide (at now, then at the latest retry time); a third is a
 //! safeguard, and past it, or past the longest wait, the check is denied.
 
-use super::{decide_at, evaluate_all, Layout, Limit, Outcome, State};
+use super::{decide_at_into, evaluate_all, Layout, Limit, Sink, State, Summary};
 
 /// How many times a check is evaluated at most.
 const PASSES: usize = 3;
 
-/// [`decide`](super::decide), waiting up to `max_wait_us` for the time every pair admits.
-pub(crate) fn decide_within(
+/// [`decide`](super::decide), waiting up to `max_wait_us` for the time every pair admits;
+/// its entries given to `sink`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn decide_within_into(
     states: &mut [Option<State>],
     layout: &Layout,
     limits: &[Limit],
@@ -31,9 +33,10 @@ pub(crate) fn decide_within(
     cost: u64,
     lease: &str,
     max_wait_us: u64,
-) -> Outcome {
+    sink: &mut impl Sink,
+) -> Summary {
     let at = admission_time(states, layout, limits, now, cost, max_wait_us);
-    decide_at(states, layout, limits, now, at, cost, lease)
+    decide_at_into(states, layout, limits, now, at, cost, lease, sink)
 }
 
 /// The time the check is decided at: `now`, or the time every pair admits when the passes

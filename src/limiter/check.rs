@@ -9,13 +9,14 @@ use std::time::{Duration, Instant};
 
 use super::deny_cache::DenyCache;
 use super::{Error, Limiter, OnStoreError, Version, MAX_IDENTIFIERS};
+use crate::algorithm::{Entry, Sink, Summary};
 use crate::decision::{Decision, LimitStatus, Origin};
 use crate::guard::ConcurrencyGuard;
 use crate::observe::{self, Action};
 use crate::policy::{Limit, Policy};
 use crate::store::keyspace;
 use crate::store::lease::{lease_id, Lease};
-use crate::store::{MemoryStore, Namespace, Outcome, Plan, Store, StoreError};
+use crate::store::{MemoryStore, Namespace, OneKey, Outcome, Plan, Store, StoreError};
 
 /// How a check runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -60,6 +61,8 @@ struct Target<'a> {
     name: &'a str,
     /// The limiter's namespace on both its stores.
     namespace: Option<&'a Namespace>,
+    /// The shape of an identifier's one key on the memory store, if it has one.
+    one_key: Option<&'a OneKey>,
 }
 
 impl Limiter {
@@ -124,8 +127,8 @@ impl Limiter {
         version: &'a Version,
         fallback: Option<(&'a Store, &'a Policy)>,
     ) -> Target<'a> {
-        let (store, policy, deny_cache) = match fallback {
-            Some((store, policy)) => (store, policy, None),
+        let (store, policy, deny_cache, one_key) = match fallback {
+            Some((store, policy)) => (store, policy, None, None),
             None => (
                 &self.inner.store,
                 &version.policy,
@@ -133,6 +136,7 @@ impl Limiter {
                     .deny_cache
                     .as_ref()
                     .map(|c| (c, version.generation)),
+                version.one_key.as_ref(),
             ),
         };
         Target {
@@ -141,6 +145,7 @@ impl Limiter {
             deny_cache,
             name: &version.name,
             namespace: self.inner.namespace.as_ref(),
+            one_key,
         }
     }
 
@@ -239,10 +244,7 @@ struct Escaped {
 impl Escaped {
     /// Checks `cost` against `policy` and escapes the distinct identifiers.
     fn of<I: AsRef<str>>(identifiers: &[I], cost: u64, policy: &Policy) -> Result<Escaped, Error> {
-        let max = policy.max_cost();
-        if cost == 0 || cost > max {
-            return Err(Error::Cost { cost, max });
-        }
+        admissible(cost, policy)?;
         let (first_ix, count) = first_occurrences(identifiers)?;
         // `try_with`: on a thread being torn down, buffers of its own.
         let mut ids = ID_BUFFERS.try_with(Cell::take).unwrap_or_default();
@@ -277,6 +279,15 @@ thread_local! {
     static ID_BUFFERS: Cell<Vec<String>> = const { Cell::new(Vec::new()) };
 }
 
+/// Whether `policy` could ever admit `cost`.
+fn admissible(cost: u64, policy: &Policy) -> Result<(), Error> {
+    let max = policy.max_cost();
+    if cost == 0 || cost > max {
+        return Err(Error::Cost { cost, max });
+    }
+    Ok(())
+}
+
 /// The check on the memory store, made at once (it never fails, so no failure policy
 /// answers; it holds no deny cache: the store itself answers as fast).
 fn decide_now<I: AsRef<str>>(
@@ -287,6 +298,21 @@ fn decide_now<I: AsRef<str>>(
     charge: bool,
     max_wait: Duration,
 ) -> Result<(Decision, Duration), Error> {
+    // One identifier whose state is one key: escaped straight into its key, in the shape the
+    // limiter worked out with its policy.
+    if let (true, Some(shape), [id]) = (charge, target.one_key, identifiers) {
+        admissible(cost, target.policy)?;
+        let limits = target.policy.limits();
+        let mut statuses = crate::decision::status_buffer();
+        let mut sink = Statuses {
+            out: &mut statuses,
+            firsts: &[0],
+            limits,
+        };
+        let wait = max_wait_us(max_wait);
+        let summary = store.check_one(shape, id.as_ref(), limits, cost, wait, &mut sink);
+        return Ok(decided(summary, cost, statuses, None));
+    }
     let escaped = Escaped::of(identifiers, cost, target.policy)?;
     let limits = target.policy.limits();
     let namespace = target.namespace.map(Namespace::as_str);
@@ -297,24 +323,51 @@ fn decide_now<I: AsRef<str>>(
         cost,
         lease: "",
     };
-    let (outcome, guard) = match target.policy.concurrency() {
-        _ if !charge => (store.peek(&plan), None),
-        None => (store.check_within(&plan, max_wait_us(max_wait)), None),
+    let mut statuses = crate::decision::status_buffer();
+    let mut sink = Statuses {
+        out: &mut statuses,
+        firsts: escaped.firsts(),
+        limits,
+    };
+    let (summary, guard) = match target.policy.concurrency() {
+        _ if !charge => (store.peek_into(&plan, &mut sink), None),
+        None => (
+            store.check_into(&plan, max_wait_us(max_wait), &mut sink),
+            None,
+        ),
         // Made at once, the check cannot be cut short between taking the slot and guarding
         // it.
         Some(slot) => {
             let id = lease_id();
             let plan = Plan { lease: &id, ..plan };
-            let outcome = store.check(&plan);
+            let summary = store.check_into(&plan, 0, &mut sink);
             let held = (&escaped.ids[..], namespace);
             let store = Store::Memory(store.clone());
-            let guard = outcome
+            let guard = summary
                 .allowed
                 .then(|| ConcurrencyGuard::new(lease(&store, held, slot, id), store));
-            (outcome, guard)
+            (summary, guard)
         }
     };
-    Ok(decision_of(outcome, escaped.firsts(), limits, cost, guard))
+    Ok(decided(summary, cost, statuses, guard))
+}
+
+/// The decision a store made at once: `summary`, with the `statuses` of its entries.
+fn decided(
+    summary: Summary,
+    cost: u64,
+    statuses: Vec<LimitStatus>,
+    guard: Option<ConcurrencyGuard>,
+) -> (Decision, Duration) {
+    let decision = Decision {
+        allowed: summary.allowed,
+        shadow: false,
+        cost,
+        statuses,
+        guard,
+        origin: Origin::Store,
+    };
+    (decision, Duration::from_micros(summary.wait_us))
 }
 
 /// The check itself, on one store with one policy; a check that may wait up to `max_wait`
@@ -402,21 +455,15 @@ fn decision_of(
     guard: Option<ConcurrencyGuard>,
 ) -> (Decision, Duration) {
     let mut statuses = crate::decision::status_buffer();
-    statuses.extend(
-        outcome
-            .entries
-            .iter()
-            .enumerate()
-            .map(|(k, e)| LimitStatus {
-                identifier: firsts[k / limits.len()],
-                limit_index: k % limits.len(),
-                limit: limits[k % limits.len()],
-                allowed: e.allowed,
-                remaining: e.remaining,
-                reset_after: Duration::from_micros(e.reset_after_us),
-                retry_after: (!e.allowed).then(|| Duration::from_micros(e.retry_after_us)),
-            }),
-    );
+    let mut sink = Statuses {
+        out: &mut statuses,
+        firsts,
+        limits,
+    };
+    let per_id = limits.len();
+    for (k, &entry) in outcome.entries.iter().enumerate() {
+        sink.entry(k / per_id, k % per_id, entry);
+    }
     let decision = Decision {
         allowed: outcome.allowed,
         shadow: false,
@@ -426,6 +473,28 @@ fn decision_of(
         origin: Origin::Store,
     };
     (decision, Duration::from_micros(outcome.wait_us))
+}
+
+/// A decision's statuses, written from a store's entries: for the `j`th distinct identifier,
+/// its index among the caller's (`firsts[j]`).
+struct Statuses<'a> {
+    out: &'a mut Vec<LimitStatus>,
+    firsts: &'a [usize],
+    limits: &'a [Limit],
+}
+
+impl Sink for Statuses<'_> {
+    fn entry(&mut self, id: usize, limit: usize, e: Entry) {
+        self.out.push(LimitStatus {
+            identifier: self.firsts[id],
+            limit_index: limit,
+            limit: self.limits[limit],
+            allowed: e.allowed,
+            remaining: e.remaining,
+            reset_after: Duration::from_micros(e.reset_after_us),
+            retry_after: (!e.allowed).then(|| Duration::from_micros(e.retry_after_us)),
+        });
+    }
 }
 
 /// The distinct identifiers among `identifiers`: the index of each one's first occurrence,

@@ -12,7 +12,7 @@ use arc_swap::ArcSwap;
 use crate::decision::Decision;
 use crate::observe::{self, ShadowLog};
 use crate::policy::Policy;
-use crate::store::{MemoryStore, Namespace, Store};
+use crate::store::{MemoryStore, Namespace, OneKey, Store};
 
 mod check;
 mod deny_cache;
@@ -85,6 +85,9 @@ struct Version {
     fallback: Option<Policy>,
     /// Counts the versions, so that the deny cache keeps no denial of an older one.
     generation: u64,
+    /// On the memory store, when an identifier's state under this policy is one key: its
+    /// shape, worked out once here rather than at every check.
+    one_key: Option<OneKey>,
 }
 
 impl Version {
@@ -93,7 +96,14 @@ impl Version {
         given_name: Option<&Arc<str>>,
         on_error: OnStoreError,
         generation: u64,
+        at: (&Store, Option<&Namespace>),
     ) -> Version {
+        let (store, namespace) = at;
+        // (a concurrency limit takes the general way: it takes a lease and guards it)
+        let one_key = store
+            .as_memory()
+            .filter(|_| policy.concurrency().is_none())
+            .and_then(|_| OneKey::of(namespace.map(Namespace::as_str), policy.limits()));
         let name = given_name
             .cloned()
             .unwrap_or_else(|| policy.to_string().into());
@@ -112,6 +122,7 @@ impl Version {
             limit_labels,
             fallback,
             generation,
+            one_key,
         }
     }
 }
@@ -244,7 +255,13 @@ impl LimiterBuilder {
         let fallback_store = matches!(self.on_error, OnStoreError::Fallback(_))
             .then(|| Store::from(MemoryStore::new()));
         let given_name: Option<Arc<str>> = self.name.map(Into::into);
-        let version = Version::new(self.policy, given_name.as_ref(), self.on_error, 0);
+        let version = Version::new(
+            self.policy,
+            given_name.as_ref(),
+            self.on_error,
+            0,
+            (&self.store, self.namespace.as_ref()),
+        );
         let deny_cache = (self.deny_cache > 0 && self.store.is_remote_on_real_clock())
             .then(|| DenyCache::new(self.deny_cache));
         Limiter {
@@ -366,6 +383,7 @@ impl Limiter {
             self.inner.given_name.as_ref(),
             self.inner.on_error,
             generation,
+            (&self.inner.store, self.inner.namespace.as_ref()),
         );
         observe::policy_changed(&old.name, &old.policy, &version.policy);
         self.inner.version.store(Arc::new(version));

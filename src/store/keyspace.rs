@@ -82,11 +82,17 @@ pub(crate) fn escape_identifier(id: &str) -> String {
 /// check does not allocate once it is large enough).
 pub(crate) fn escape_identifier_into(out: &mut String, id: &str) {
     out.clear();
+    push_escaped(out, id);
+}
+
+/// [`escape_identifier`], appended to `out` (a key being built).
+pub(crate) fn push_escaped(out: &mut String, id: &str) {
     // The usual identifier has nothing to escape and is short: copied whole.
     if id.len() <= MAX_PLAIN_ID && !id.bytes().any(|b| matches!(b, b'%' | b'{' | b'}' | b'#')) {
         out.push_str(id);
         return;
     }
+    let start = out.len();
     for c in id.chars() {
         match c {
             '%' => out.push_str("%25"),
@@ -95,9 +101,9 @@ pub(crate) fn escape_identifier_into(out: &mut String, id: &str) {
             '#' => out.push_str("%23"),
             c => out.push(c),
         }
-        if out.len() > MAX_PLAIN_ID {
+        if out.len() - start > MAX_PLAIN_ID {
             let digest = sha1_smol::Sha1::from(id.as_bytes()).digest();
-            out.clear();
+            out.truncate(start);
             let _ = write!(out, "#{digest}");
             return;
         }
@@ -343,6 +349,21 @@ pub(crate) fn valid_prefix(prefix: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_identifier_escaped_after_a_prefix_is_escaped_as_alone() {
+        let long = "x".repeat(MAX_PLAIN_ID + 1);
+        let almost = "{".repeat(MAX_PLAIN_ID / 3);
+        let over = "{".repeat(MAX_PLAIN_ID / 3 + 1);
+        for id in ["ip:1.2.3.4", "", "{a}%#", &long, &almost, &over] {
+            let mut key = String::from("m:{");
+            push_escaped(&mut key, id);
+            assert_eq!(key, format!("m:{{{}", escape_identifier(id)), "{id}");
+        }
+        // a hashed identifier is hashed whatever came before it
+        assert!(escape_identifier(&over).starts_with('#'));
+        assert!(!escape_identifier(&almost).starts_with('#'));
+    }
     use std::collections::HashSet;
 
     #[test]

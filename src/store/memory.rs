@@ -25,11 +25,14 @@ use super::keyspace;
 use super::lease::{KeeperSlot, Lease};
 use super::{Outcome, Plan};
 use crate::algorithm::schedule::{self, Placement, Rate};
-use crate::algorithm::{self, Layout, State};
+use crate::algorithm::{self, Entries, Layout, Sink, State, Summary};
 use crate::clock::{system_micros, Clock};
+use crate::policy::Limit;
 
 mod single;
 mod table;
+
+pub(crate) use single::OneKey;
 
 use table::Table;
 
@@ -141,15 +144,57 @@ impl MemoryStore {
         self.check_within(plan, 0)
     }
 
-    /// A check that may wait up to `max_wait_us` to be admitted (`algorithm::decide_within`).
+    /// A check that may wait up to `max_wait_us` to be admitted (`algorithm::decide_within_into`).
     pub(crate) fn check_within(&self, plan: &Plan<'_>, max_wait_us: u64) -> Outcome {
-        self.decide(plan, Some(max_wait_us))
+        let mut entries = Entries::new();
+        let summary = self.decide(plan, Some(max_wait_us), &mut entries);
+        Outcome::of(summary, entries)
     }
 
     /// What a check of `plan` would decide now; no state changes (one that expired may be
     /// dropped: it decides like none).
     pub(crate) fn peek(&self, plan: &Plan<'_>) -> Outcome {
-        self.decide(plan, None)
+        let mut entries = Entries::new();
+        let summary = self.decide(plan, None, &mut entries);
+        Outcome::of(summary, entries)
+    }
+
+    /// [`check_within`](Self::check_within), its entries given to `sink` as they are
+    /// reported.
+    pub(crate) fn check_into(
+        &self,
+        plan: &Plan<'_>,
+        max_wait_us: u64,
+        sink: &mut impl Sink,
+    ) -> Summary {
+        self.decide(plan, Some(max_wait_us), sink)
+    }
+
+    /// A check of the one identifier `id` (as the caller gave it), whose state under
+    /// `limits` is one key shaped as `shape` ([`OneKey::of`] the limits and the namespace),
+    /// that may wait up to `max_wait_us`: the short way of [`check_into`](Self::check_into),
+    /// with the key's shape worked out beforehand.
+    pub(crate) fn check_one(
+        &self,
+        shape: &OneKey,
+        id: &str,
+        limits: &[Limit],
+        cost: u64,
+        max_wait_us: u64,
+        sink: &mut impl Sink,
+    ) -> Summary {
+        let ask = single::Ask {
+            limits,
+            cost,
+            lease: "",
+            max_wait_us,
+        };
+        single::check_one(self, shape, id, &ask, sink)
+    }
+
+    /// [`peek`](Self::peek), its entries given to `sink` as they are reported.
+    pub(crate) fn peek_into(&self, plan: &Plan<'_>, sink: &mut impl Sink) -> Summary {
+        self.decide(plan, None, sink)
     }
 
     /// Forgets every state of `plan`'s identifiers for its limits: they start afresh.
@@ -175,20 +220,25 @@ impl MemoryStore {
 
     /// A check that may wait up to `charge`'s µs, or (`None`) a peek: the same evaluation,
     /// and only a check writes.
-    fn decide(&self, plan: &Plan<'_>, charge: Option<u64>) -> Outcome {
+    fn decide(&self, plan: &Plan<'_>, charge: Option<u64>, sink: &mut impl Sink) -> Summary {
         // A check of one identifier whose state is one key takes the short way (`single`),
         // which decides exactly as the general one below.
         if let (Some(max_wait_us), [id]) = (charge, plan.ids) {
-            if let Some(outcome) = single::check(self, id, plan, max_wait_us) {
-                return outcome;
+            if let Some(summary) = single::check(self, id, plan, max_wait_us, sink) {
+                return summary;
             }
         }
-        self.decide_general(plan, charge)
+        self.decide_general(plan, charge, sink)
     }
 
     /// [`decide`](Self::decide) for any plan: every key of every identifier, each shard
     /// involved locked in index order.
-    fn decide_general(&self, plan: &Plan<'_>, charge: Option<u64>) -> Outcome {
+    fn decide_general(
+        &self,
+        plan: &Plan<'_>,
+        charge: Option<u64>,
+        sink: &mut impl Sink,
+    ) -> Summary {
         let inner = &*self.inner;
         let now = self.now();
         let (layout, pairs) = self.keys(plan);
@@ -215,8 +265,8 @@ impl MemoryStore {
                 stored.filter(|st| st.expires_at > now).map(|st| st.state)
             })
             .collect();
-        let outcome = match charge {
-            Some(max_wait_us) => algorithm::decide_within(
+        let summary = match charge {
+            Some(max_wait_us) => algorithm::decide_within_into(
                 &mut states,
                 &layout,
                 plan.limits,
@@ -224,8 +274,9 @@ impl MemoryStore {
                 plan.cost,
                 plan.lease,
                 max_wait_us,
+                sink,
             ),
-            None => algorithm::peek(&mut states, &layout, plan.limits, now, plan.cost),
+            None => algorithm::peek_into(&mut states, &layout, plan.limits, now, plan.cost, sink),
         };
         for (k, ((h, key), state)) in pairs.iter().zip(states).enumerate() {
             let Some(state) = state else { continue };
@@ -241,7 +292,7 @@ impl MemoryStore {
             };
             shard.map.insert(*h, key, Stored { state, expires_at });
         }
-        outcome
+        summary
     }
 }
 

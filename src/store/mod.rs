@@ -23,6 +23,7 @@ pub(crate) use crate::algorithm::Outcome;
 pub use error::{ConfigError, ConfigErrorKind, Misconfiguration, MisconfigurationKind, StoreError};
 pub use keyspace::Namespace;
 use lease::{Backend, Keeper, Lease};
+pub(crate) use memory::OneKey;
 pub use memory::{MemoryStore, MemoryStoreBuilder};
 #[cfg(feature = "redis")]
 pub use redis::{RedisStore, RedisStoreBuilder};

@@ -4,21 +4,95 @@
 //! store: the key is built in a buffer reused from check to check on the thread, and the state
 //! is decided in place.
 //!
+//! The shape of such a key ([`OneKey`]: the layout, and the key after the identifier) is worked
+//! out once per policy: a limiter holds it with each version of its policy and hands it to
+//! [`MemoryStore::check_one`] with the identifier as the caller gave it, which is escaped
+//! straight into the key; a check that comes as a `Plan` (escaped identifiers) finds it in a
+//! per-thread memo of the last policy checked on the thread.
+//!
 //! It decides exactly as `MemoryStore::decide_general`: the same key (the one
 //! `keyspace::keys_of` names, namespace included), so the same shard, the same decision
-//! (`algorithm::decide_within`), the same expiry, and the same eviction when the key is new.
+//! (`algorithm::decide_within_into`), the same expiry, and the same eviction when the key is new.
 //! Peeks, resets and refunds take the general way.
 
 use std::cell::RefCell;
 
 use super::{lock, make_room, MemoryStore, Stored, PREFIX};
-use crate::algorithm::{self, Layout, State};
+use crate::algorithm::{self, Layout, Sink, State, Summary};
 use crate::policy::Limit;
-use crate::store::{keyspace, Outcome, Plan};
+use crate::store::{keyspace, Plan};
 
 thread_local! {
-    /// What a single-key check reuses from one check to the next on this thread.
+    /// The key buffer and the memo of the last shape, reused from one check to the next on
+    /// this thread.
     static SCRATCH: RefCell<Scratch> = RefCell::default();
+}
+
+/// How an identifier's state is one key under a policy and a namespace: its layout, and the
+/// key after the identifier.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct OneKey {
+    layout: Layout,
+    /// The key after the identifier: `}:`, the namespace and `:` when there is one, and the
+    /// limit part.
+    suffix: String,
+}
+
+impl OneKey {
+    /// The shape of the keys of `limits` in `namespace`; `None` when an identifier's state
+    /// is more than one key (the general way decides).
+    pub(crate) fn of(namespace: Option<&str>, limits: &[Limit]) -> Option<OneKey> {
+        let layout = Layout::of(limits);
+        if layout.keys_per_id() != 1 {
+            return None;
+        }
+        // the key of an empty identifier is the prefix, `:{`, then the suffix
+        let keys = keyspace::keys_of(PREFIX, "", namespace, limits);
+        let suffix = match keys.as_slice() {
+            [key] => key.strip_prefix(PREFIX)?.strip_prefix(":{")?,
+            _ => return None,
+        };
+        Some(OneKey {
+            layout,
+            suffix: suffix.to_owned(),
+        })
+    }
+}
+
+/// What one check of one identifier decides with: its limits, cost, lease and longest wait.
+pub(super) struct Ask<'a> {
+    pub(super) limits: &'a [Limit],
+    pub(super) cost: u64,
+    pub(super) lease: &'a str,
+    pub(super) max_wait_us: u64,
+}
+
+/// A check of `id` (as the caller gave it: escaped here) shaped as `shape`.
+pub(super) fn check_one(
+    store: &MemoryStore,
+    shape: &OneKey,
+    id: &str,
+    ask: &Ask<'_>,
+    sink: &mut impl Sink,
+) -> Summary {
+    let mut run = |key: &mut String| {
+        key.clear();
+        key.push_str(PREFIX);
+        key.push_str(":{");
+        keyspace::push_escaped(key, id);
+        key.push_str(&shape.suffix);
+        decide(store, &shape.layout, key, ask, sink)
+    };
+    // `try_with`: on a thread being torn down, a buffer of its own; a scratch already
+    // borrowed cannot be (a check never runs another), and would get one too.
+    let reused = SCRATCH.try_with(|scratch| {
+        let mut scratch = scratch.try_borrow_mut().ok()?;
+        Some(run(&mut scratch.key))
+    });
+    match reused {
+        Ok(Some(summary)) => summary,
+        _ => run(&mut String::new()),
+    }
 }
 
 /// A check of `id` (escaped, the plan's only identifier) that may wait up to `max_wait_us`;
@@ -28,14 +102,21 @@ pub(super) fn check(
     id: &str,
     plan: &Plan<'_>,
     max_wait_us: u64,
-) -> Option<Outcome> {
+    sink: &mut impl Sink,
+) -> Option<Summary> {
+    let ask = Ask {
+        limits: plan.limits,
+        cost: plan.cost,
+        lease: plan.lease,
+        max_wait_us,
+    };
     // On a thread being torn down (`try_with` fails), or if the scratch were borrowed (a
     // check never runs another, so it cannot be), the general way answers.
     SCRATCH
         .try_with(|scratch| {
             let mut scratch = scratch.try_borrow_mut().ok()?;
-            let (layout, key) = scratch.key(id, plan.namespace, plan.limits)?;
-            Some(decide(store, layout, key, plan, max_wait_us))
+            let (shape, key) = scratch.key(id, plan.namespace, plan.limits)?;
+            Some(decide(store, &shape.layout, key, &ask, sink))
         })
         .ok()
         .flatten()
@@ -46,103 +127,89 @@ fn decide(
     store: &MemoryStore,
     layout: &Layout,
     key: &str,
-    plan: &Plan<'_>,
-    max_wait_us: u64,
-) -> Outcome {
+    ask: &Ask<'_>,
+    sink: &mut impl Sink,
+) -> Summary {
     let inner = &*store.inner;
     let now = store.now();
     let hash = inner.hash(key);
     let mut guard = lock(inner.shard(hash));
     let shard = &mut *guard;
-    let decide = |slot: &mut [Option<State>; 1]| {
-        algorithm::decide_within(
+    let mut decide = |slot: &mut [Option<State>; 1]| {
+        algorithm::decide_within_into(
             slot,
             layout,
-            plan.limits,
+            ask.limits,
             now,
-            plan.cost,
-            plan.lease,
-            max_wait_us,
+            ask.cost,
+            ask.lease,
+            ask.max_wait_us,
+            sink,
         )
     };
     let Some(stored) = shard.map.get_mut(hash, key) else {
         let mut slot = [None];
-        let outcome = decide(&mut slot);
+        let summary = decide(&mut slot);
         if let [Some(state)] = slot {
             make_room(shard, now, inner.max_per_shard, |k| k == key);
-            let expires_at = algorithm::expires_at(&state, layout, plan.limits, 0);
+            let expires_at = algorithm::expires_at(&state, layout, ask.limits, 0);
             shard.map.insert(hash, key, Stored { state, expires_at });
         }
-        return outcome;
+        return summary;
     };
     // The state leaves its entry for the decision (an expired one is dropped: it decides like
     // none) and goes back with its new expiry; the placeholder does not allocate.
+    let live = stored.expires_at > now;
     let taken = std::mem::replace(&mut stored.state, State::Counters(Vec::new()));
-    let mut slot = [(stored.expires_at > now).then_some(taken)];
-    let outcome = decide(&mut slot);
+    let mut slot = [live.then_some(taken)];
+    let summary = decide(&mut slot);
     match slot {
         [Some(state)] => {
-            stored.expires_at = algorithm::expires_at(&state, layout, plan.limits, 0);
+            // A denial changes nothing (all or nothing), so a live state keeps its expiry.
+            if summary.allowed || !live {
+                stored.expires_at = algorithm::expires_at(&state, layout, ask.limits, 0);
+            }
             stored.state = state;
         }
         [None] => {
             shard.map.remove(hash, key);
         }
     }
-    outcome
+    summary
 }
 
-/// The layout of the last policy and namespace checked on this thread and the part of their
-/// key after the identifier, worked out once per policy rather than per check, and the buffer
-/// the key is built in.
+/// The shape of the last policy and namespace checked on this thread (for checks that come
+/// as a `Plan`), and the buffer keys are built in.
 #[derive(Default)]
 struct Scratch {
     limits: Vec<Limit>,
     namespace: Option<String>,
-    /// The layout of `limits`, when an identifier's state is one key.
-    layout: Option<Layout>,
-    /// The key after the identifier: `}:`, the namespace and `:` when there is one, and the
-    /// limit part.
-    suffix: String,
+    shape: Option<OneKey>,
     key: String,
 }
 
 impl Scratch {
-    /// The layout of `limits` and the key of `id` (escaped) under it in `namespace`, when the
+    /// The shape of `limits` in `namespace` and the key of `id` (escaped) under it, when the
     /// state of an identifier is one key.
     fn key(
         &mut self,
         id: &str,
         namespace: Option<&str>,
         limits: &[Limit],
-    ) -> Option<(&Layout, &str)> {
+    ) -> Option<(&OneKey, &str)> {
         if self.limits != limits || self.namespace.as_deref() != namespace {
             self.limits.clear();
             self.limits.extend_from_slice(limits);
             self.namespace = namespace.map(str::to_owned);
-            self.suffix.clear();
-            self.layout = None;
-            let layout = Layout::of(limits);
-            if layout.keys_per_id() == 1 {
-                // the key of an empty identifier is the prefix, `:{`, then the suffix
-                let keys = keyspace::keys_of(PREFIX, "", namespace, limits);
-                let suffix = match keys.as_slice() {
-                    [key] => key.strip_prefix(PREFIX).and_then(|k| k.strip_prefix(":{")),
-                    _ => None,
-                };
-                if let Some(suffix) = suffix {
-                    self.suffix.push_str(suffix);
-                    self.layout = Some(layout);
-                }
-            }
+            self.shape = OneKey::of(namespace, limits);
         }
-        let layout = self.layout.as_ref()?;
+        let shape = self.shape.as_ref()?;
         self.key.clear();
         self.key.push_str(PREFIX);
         self.key.push_str(":{");
         self.key.push_str(id);
-        self.key.push_str(&self.suffix);
-        Some((layout, &self.key))
+        self.key.push_str(&shape.suffix);
+        Some((shape, &self.key))
     }
 }
 

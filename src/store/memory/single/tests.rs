@@ -1,6 +1,7 @@
 use std::time::Duration;
 
 use super::*;
+use crate::algorithm::Entries;
 use crate::clock::{Clock, ManualClock};
 use crate::Policy;
 
@@ -95,8 +96,11 @@ fn the_short_way_decides_as_the_general_way() {
             .min()
             .unwrap()
             .div_ceil(3);
-        let (short, general) = (store(), store());
+        let (short, general, one) = (store(), store(), store());
+        // escaped, and as a caller gives them (to `check_one`, which escapes them itself)
         let ids = ["ip:1.2.3.4".to_string(), "%7B".to_string()];
+        let raw_ids = ["ip:1.2.3.4", "{"];
+        let concurrency = policy.contains("concurrent");
         let mut allowed = 0;
         for round in 0..600 {
             let namespace = NAMESPACES[round % 3];
@@ -110,17 +114,37 @@ fn the_short_way_decides_as_the_general_way() {
             };
             // a third of the checks may wait up to a quarter second (none with a slot to
             // take: the limiter refuses those waits)
-            let waits = !policy.contains("concurrent") && next(3) == 0;
+            let waits = !concurrency && next(3) == 0;
             let max_wait_us = if waits { 250_000 } else { 0 };
-            let expected = general.decide_general(&plan, Some(max_wait_us));
-            let outcome = check(&short, &plan.ids[0], &plan, max_wait_us);
-            assert_eq!(outcome, Some(expected.clone()), "{policy}, round {round}");
-            allowed += u64::from(expected.allowed);
+            let mut expected = Entries::new();
+            let summary = general.decide_general(&plan, Some(max_wait_us), &mut expected);
+            let mut entries = Entries::new();
+            let short_summary = check(&short, &plan.ids[0], &plan, max_wait_us, &mut entries);
+            assert_eq!(short_summary, Some(summary), "{policy}, round {round}");
+            assert_eq!(entries, expected, "{policy}, round {round}");
+            allowed += u64::from(summary.allowed);
             assert_eq!(
                 contents(&short),
                 contents(&general),
                 "{policy}, round {round}"
             );
+            // the limiter's way, for a policy without a slot to take: the caller's identifier,
+            // the shape worked out beforehand
+            if !concurrency {
+                let shape = OneKey::of(namespace, &limits).unwrap();
+                let raw = raw_ids[round / 3 % 2];
+                let mut entries = Entries::new();
+                let ask = Ask {
+                    limits: &limits,
+                    cost: plan.cost,
+                    lease: "",
+                    max_wait_us,
+                };
+                let one_summary = check_one(&one, &shape, raw, &ask, &mut entries);
+                assert_eq!(one_summary, summary, "{policy}, round {round}");
+                assert_eq!(entries, expected, "{policy}, round {round}");
+                assert_eq!(contents(&one), contents(&general), "{policy}, {round}");
+            }
             // a peek (the general way) finds the state the short way wrote
             assert_eq!(short.peek(&plan), general.peek(&plan), "{policy}");
             clock.advance(Duration::from_micros(next(150_000)));
