@@ -64,7 +64,7 @@ mod sliding_window;
 #[derive(Debug, Clone)]
 pub(crate) enum State {
     /// The packed key: one counter per packed limit, in the policy's order.
-    Counters(Vec<Counter>),
+    Counters(Counters),
     Log(sliding_log::Log),
     Leases(concurrency::Leases),
     /// A sorted set the Redis script decided on and reported on itself: its verdict and its
@@ -72,6 +72,10 @@ pub(crate) enum State {
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     Settled(Entry),
 }
+
+/// The counters of a packed key: the first inline, in the state itself, so that a policy of
+/// one counter limit finds its state without following a pointer.
+pub(crate) type Counters = SmallVec<[Counter; 1]>;
 
 /// The state of one limit in a packed key.
 #[derive(Debug, Clone, Copy)]
@@ -399,18 +403,22 @@ fn evaluate_all(
     cost: u64,
 ) -> Verdicts {
     let per_id = layout.keys_per_id();
-    let ids = states.len() / per_id;
-    // A missing state is evaluated as a fresh one, without creating it.
-    let mut scratch: SmallVec<[Option<State>; 2]> = (0..per_id).map(|_| None).collect();
-    let mut verdicts = Verdicts::with_capacity(ids * limits.len());
-    for j in 0..ids {
-        for (l, lim) in limits.iter().enumerate() {
-            let k = layout.key_of(l);
-            let st = match &mut states[j * per_id + k] {
+    // A missing state is evaluated as a fresh one, without creating it: one per key, made
+    // when a missing state is first met.
+    let mut scratch: SmallVec<[Option<State>; 2]> = SmallVec::new();
+    let mut verdicts = Verdicts::new();
+    for keys in states.chunks_mut(per_id) {
+        for (lim, &(k, pos)) in limits.iter().zip(&layout.slots) {
+            let st = match &mut keys[k] {
                 Some(st) => st,
-                None => scratch[k].get_or_insert_with(|| fresh(layout, limits, k)),
+                None => {
+                    if scratch.is_empty() {
+                        scratch.resize_with(per_id, || None);
+                    }
+                    scratch[k].get_or_insert_with(|| fresh(layout, limits, k))
+                }
             };
-            verdicts.push(evaluate(part(st, layout.slots[l].1), lim, now, cost));
+            verdicts.push(evaluate(part(st, pos), lim, now, cost));
         }
     }
     verdicts
@@ -521,11 +529,12 @@ fn report_all(
     sink: &mut impl Sink,
 ) -> Summary {
     let per_id = layout.keys_per_id();
-    for j in 0..states.len() / per_id {
-        for (l, lim) in limits.iter().enumerate() {
-            let v = verdicts[j * limits.len() + l];
-            let r = match &mut states[j * per_id + layout.key_of(l)] {
-                Some(st) => report(part(st, layout.slots[l].1), lim, at),
+    let mut verdict = verdicts.iter();
+    for (j, keys) in states.chunks_mut(per_id).enumerate() {
+        for (l, (lim, &(k, pos))) in limits.iter().zip(&layout.slots).enumerate() {
+            let Some(&v) = verdict.next() else { break };
+            let r = match &mut keys[k] {
+                Some(st) => report(part(st, pos), lim, at),
                 None => Report::empty(lim),
             };
             let entry = Entry {

@@ -108,7 +108,10 @@ pub(crate) fn expires_at(after: Tat) -> u64 {
 /// The memory store keeps a queue's end as a GCRA state (the same pair `(µs, rem)`), under a
 /// key of its own.
 pub(crate) fn to_state(t: Tat) -> State {
-    State::Counters(vec![Counter::Gcra(gcra::load(0, &[t.0, t.1]))])
+    State::Counters(smallvec::smallvec![Counter::Gcra(gcra::load(
+        0,
+        &[t.0, t.1]
+    ))])
 }
 
 /// The queue's end kept in `st` by [`to_state`].

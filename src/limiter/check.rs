@@ -74,6 +74,11 @@ impl Limiter {
         cost: u64,
         mode: Mode,
     ) -> Result<Decision, Error> {
+        // Decided here when the store decides at once, so that its answer is not handed up
+        // through the futures of the remote check.
+        if let Some(answer) = self.run_now(identifiers, cost, mode) {
+            return answer;
+        }
         self.run_within(identifiers, cost, mode, Duration::ZERO)
             .await
             .map(|(decision, _)| decision)

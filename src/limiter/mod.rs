@@ -449,7 +449,7 @@ impl Limiter {
     ///
     /// As [`Limiter::check_n`].
     pub async fn check<I: AsRef<str>>(&self, identifiers: &[I]) -> Result<Decision, Error> {
-        self.check_n(identifiers, 1).await
+        self.run(identifiers, 1, Mode::CHECK).await
     }
 
     /// Checks one request of cost `cost` (its weight) for the given identifiers: allowed

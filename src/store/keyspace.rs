@@ -85,10 +85,20 @@ pub(crate) fn escape_identifier_into(out: &mut String, id: &str) {
     push_escaped(out, id);
 }
 
+/// The bytes an identifier's escaping replaces, by value: one lookup a byte.
+static ESCAPED: [bool; 256] = {
+    let mut table = [false; 256];
+    table[b'%' as usize] = true;
+    table[b'{' as usize] = true;
+    table[b'}' as usize] = true;
+    table[b'#' as usize] = true;
+    table
+};
+
 /// [`escape_identifier`], appended to `out` (a key being built).
 pub(crate) fn push_escaped(out: &mut String, id: &str) {
     // The usual identifier has nothing to escape and is short: copied whole.
-    if id.len() <= MAX_PLAIN_ID && !id.bytes().any(|b| matches!(b, b'%' | b'{' | b'}' | b'#')) {
+    if id.len() <= MAX_PLAIN_ID && !id.bytes().any(|b| ESCAPED[usize::from(b)]) {
         out.push_str(id);
         return;
     }

@@ -26,7 +26,7 @@ use super::lease::{KeeperSlot, Lease};
 use super::{Outcome, Plan};
 use crate::algorithm::schedule::{self, Placement, Rate};
 use crate::algorithm::{self, Entries, Layout, Sink, State, Summary};
-use crate::clock::{system_micros, Clock};
+use crate::clock::{Clock, CounterClock};
 use crate::policy::Limit;
 
 mod single;
@@ -59,6 +59,8 @@ struct Inner {
     shards: Box<[Mutex<Shard>]>,
     hasher: RandomState,
     clock: Clock,
+    /// What the real clock reads (see [`CounterClock`]).
+    counter: CounterClock,
     max_per_shard: usize,
 }
 
@@ -105,6 +107,7 @@ impl MemoryStoreBuilder {
                 shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
                 hasher: RandomState::new(),
                 clock: self.clock,
+                counter: CounterClock::new(),
                 max_per_shard: max_keys.div_ceil(SHARDS),
             }),
             keeper: Arc::default(),
@@ -298,7 +301,11 @@ impl MemoryStore {
 
 impl MemoryStore {
     fn now(&self) -> u64 {
-        self.inner.clock.manual_now().unwrap_or_else(system_micros)
+        let inner = &*self.inner;
+        inner
+            .clock
+            .manual_now()
+            .unwrap_or_else(|| inner.counter.now_micros())
     }
 
     fn with_state(&self, key: &str, f: impl FnOnce(&mut Stored)) {

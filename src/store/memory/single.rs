@@ -18,7 +18,7 @@
 use std::cell::RefCell;
 
 use super::{lock, make_room, MemoryStore, Stored, PREFIX};
-use crate::algorithm::{self, Layout, Sink, State, Summary};
+use crate::algorithm::{self, Counters, Layout, Sink, State, Summary};
 use crate::policy::Limit;
 use crate::store::{keyspace, Plan};
 
@@ -160,7 +160,7 @@ fn decide(
     // The state leaves its entry for the decision (an expired one is dropped: it decides like
     // none) and goes back with its new expiry; the placeholder does not allocate.
     let live = stored.expires_at > now;
-    let taken = std::mem::replace(&mut stored.state, State::Counters(Vec::new()));
+    let taken = std::mem::replace(&mut stored.state, State::Counters(Counters::new()));
     let mut slot = [live.then_some(taken)];
     let summary = decide(&mut slot);
     match slot {
