@@ -135,24 +135,22 @@ fn decide(
     let hash = inner.hash(key);
     let mut guard = lock(inner.shard(hash));
     let shard = &mut *guard;
-    let mut decide = |slot: &mut [Option<State>; 1]| {
-        algorithm::decide_within_into(
-            slot,
+    let limits = ask.limits;
+    let Some(stored) = shard.map.get_mut(hash, key) else {
+        let mut slot = [None];
+        let summary = algorithm::decide_within_into(
+            &mut slot,
             layout,
-            ask.limits,
+            limits,
             now,
             ask.cost,
             ask.lease,
             ask.max_wait_us,
             sink,
-        )
-    };
-    let Some(stored) = shard.map.get_mut(hash, key) else {
-        let mut slot = [None];
-        let summary = decide(&mut slot);
+        );
         if let [Some(state)] = slot {
             make_room(shard, now, inner.max_per_shard, |k| k == key);
-            let expires_at = algorithm::expires_at(&state, layout, ask.limits, 0);
+            let expires_at = algorithm::expires_at(&state, layout, limits, 0);
             shard.map.insert(hash, key, Stored { state, expires_at });
         }
         return summary;
@@ -162,20 +160,46 @@ fn decide(
     let live = stored.expires_at > now;
     let taken = std::mem::replace(&mut stored.state, State::Counters(Counters::new()));
     let mut slot = [live.then_some(taken)];
-    let summary = decide(&mut slot);
-    match slot {
-        [Some(state)] => {
-            // A denial changes nothing (all or nothing), so a live state keeps its expiry.
-            if summary.allowed || !live {
-                stored.expires_at = algorithm::expires_at(&state, layout, ask.limits, 0);
-            }
+    let (verdicts, at) = algorithm::charge_within(
+        &mut slot,
+        layout,
+        limits,
+        now,
+        ask.cost,
+        ask.lease,
+        ask.max_wait_us,
+    );
+    let allowed = verdicts.iter().all(|v| v.allowed);
+    let [state] = slot;
+    let Some(state) = state else {
+        shard.map.remove(hash, key);
+        drop(guard);
+        return algorithm::report_all(&mut [None], layout, limits, now, at, &verdicts, sink);
+    };
+    // A denial changes nothing (all or nothing), so a live state keeps its expiry.
+    if allowed || !live {
+        stored.expires_at = algorithm::expires_at(&state, layout, limits, 0);
+    }
+    // The report only reads the state: from a copy, after the shard is unlocked, when the
+    // copy costs no allocation (counters held inline), so that other checks of the shard wait
+    // less; otherwise from the state itself, before.
+    match &state {
+        State::Counters(c) if !c.spilled() => {
+            let copy = state.clone();
             stored.state = state;
+            drop(guard);
+            algorithm::report_all(&mut [Some(copy)], layout, limits, now, at, &verdicts, sink)
         }
-        [None] => {
-            shard.map.remove(hash, key);
+        _ => {
+            let mut slot = [Some(state)];
+            let summary =
+                algorithm::report_all(&mut slot, layout, limits, now, at, &verdicts, sink);
+            if let [Some(state)] = slot {
+                stored.state = state;
+            }
+            summary
         }
     }
-    summary
 }
 
 /// The shape of the last policy and namespace checked on this thread (for checks that come
