@@ -64,7 +64,11 @@ struct Inner {
     max_per_shard: usize,
 }
 
+/// Aligned to 128 bytes (two cache lines, which some processors fetch together), so that
+/// each shard's lock and table header have their lines to themselves: checks on different
+/// shards from different threads do not contend for a line they merely share.
 #[derive(Debug, Default)]
+#[repr(align(128))]
 struct Shard {
     map: Table,
     next_sweep: usize,

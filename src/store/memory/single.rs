@@ -185,7 +185,7 @@ fn decide(
     // less; otherwise from the state itself, before.
     match &state {
         State::Counters(c) if !c.spilled() => {
-            let copy = state.clone();
+            let copy = State::Counters(Counters::from_slice(c));
             stored.state = state;
             drop(guard);
             algorithm::report_all(&mut [Some(copy)], layout, limits, now, at, &verdicts, sink)
