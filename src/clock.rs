@@ -10,9 +10,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 #[non_exhaustive]
 pub enum Clock {
     /// The real clock: Redis `TIME` for the Redis store (one clock for the whole fleet), the
-    /// system clock for the memory store (read once, then carried on by the processor's
-    /// time-stamp counter: see [`MemoryStore`](crate::MemoryStore)), a monotonic clock for a
-    /// load shedder.
+    /// system clock for the memory store (read when the store is made, then carried on by the
+    /// processor's time-stamp counter, which reads faster and never steps back), a monotonic
+    /// clock for a load shedder.
     #[default]
     Real,
     /// A clock the caller sets: for tests and replays only.

@@ -469,15 +469,12 @@ fn decision_of(
     for (k, &entry) in outcome.entries.iter().enumerate() {
         sink.entry(k / per_id, k % per_id, entry);
     }
-    let decision = Decision {
+    let summary = Summary {
         allowed: outcome.allowed,
-        shadow: false,
-        cost,
-        statuses,
-        guard,
-        origin: Origin::Store,
+        at_us: outcome.at_us,
+        wait_us: outcome.wait_us,
     };
-    (decision, Duration::from_micros(outcome.wait_us))
+    decided(summary, cost, statuses, guard)
 }
 
 /// A decision's statuses, written from a store's entries: for the `j`th distinct identifier,
