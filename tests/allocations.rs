@@ -54,9 +54,9 @@ static GLOBAL: Counting = Counting;
 /// list of the decision counter's labels (the labels themselves are shared, not copied).
 const MAX_PER_CHECK: u64 = if cfg!(feature = "metrics") { 1 } else { 0 };
 
-/// Allocations per check of `rounds` checks of `id` by a limiter in `namespace` (none: the
+/// Allocations per check of `rounds` checks of `ids` by a limiter in `namespace` (none: the
 /// store's shared space), after a warm-up, and how many of them were allowed.
-fn per_check(policy: &str, namespace: Option<&str>, id: &str, rounds: u64) -> (f64, u64) {
+fn per_check(policy: &str, namespace: Option<&str>, ids: &[&str], rounds: u64) -> (f64, u64) {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -68,13 +68,13 @@ fn per_check(policy: &str, namespace: Option<&str>, id: &str, rounds: u64) -> (f
     let limiter = limiter.build();
     rt.block_on(async {
         for _ in 0..3 {
-            let _ = limiter.check(&[id]).await.unwrap();
+            let _ = limiter.check(ids).await.unwrap();
         }
         COUNT.with(|c| c.set(0));
         COUNTING.with(|c| c.set(true));
         let mut allowed = 0;
         for _ in 0..rounds {
-            let decision = limiter.check(&[id]).await.unwrap();
+            let decision = limiter.check(ids).await.unwrap();
             allowed += u64::from(decision.is_allowed());
         }
         COUNTING.with(|c| c.set(false));
@@ -95,16 +95,21 @@ fn a_steady_check_of_an_existing_key_allocates_nothing() {
         // denied after the warm-up: a denial costs no more
         ("3/h", 1000, 0),
         ("10/s, 120/min, 240/h", 1000, 7),
+        // an identifier of several keys (a sliding log next to window limits)
+        ("1000000/s, 3/h log", 1000, 0),
     ] {
-        // a limiter of its own namespace costs no more
+        // a limiter of its own namespace costs no more, nor does a second identifier (the
+        // IP and the user)
         for namespace in [None, Some("login")] {
-            let (allocs, admitted) = per_check(policy, namespace, "ip:203.0.113.9", rounds);
-            assert_eq!(admitted, allowed, "{policy} in {namespace:?}");
-            assert!(
-                allocs <= MAX_PER_CHECK as f64,
-                "{policy} in {namespace:?}: {allocs} allocations per check, expected at most \
-                 {MAX_PER_CHECK}"
-            );
+            for ids in [&["ip:203.0.113.9"][..], &["ip:203.0.113.9", "user:42"]] {
+                let (allocs, admitted) = per_check(policy, namespace, ids, rounds);
+                assert_eq!(admitted, allowed, "{policy} in {namespace:?} for {ids:?}");
+                assert!(
+                    allocs <= MAX_PER_CHECK as f64,
+                    "{policy} in {namespace:?} for {ids:?}: {allocs} allocations per check, \
+                     expected at most {MAX_PER_CHECK}"
+                );
+            }
         }
     }
 }

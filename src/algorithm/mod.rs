@@ -101,8 +101,9 @@ pub(crate) fn is_packed(limit: &Limit) -> bool {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Layout {
     /// Per limit of the policy: the index of its key among the identifier's keys, and its
-    /// position in the packed key (0 for a key of its own).
-    slots: Vec<(usize, usize)>,
+    /// position in the packed key (0 for a key of its own); inline for a policy of up to four
+    /// limits, so that working a layout out allocates nothing.
+    slots: SmallVec<[(usize, usize); 4]>,
     packed: usize,
 }
 

@@ -17,15 +17,18 @@
 //! refusing clients it has never seen. A sliding-log state holds one `u64` per admitted cost
 //! unit, so its size is bounded by the limit's count.
 
+use std::cell::Cell;
 use std::collections::hash_map::RandomState;
 use std::hash::BuildHasher;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use smallvec::SmallVec;
 
 use super::keyspace;
 use super::lease::{KeeperSlot, Lease};
 use super::{Outcome, Plan};
 use crate::algorithm::schedule::{self, Placement, Rate};
-use crate::algorithm::{self, Entries, Layout, Sink, State, Summary};
+use crate::algorithm::{self, Counters, Entries, Layout, Sink, State, Summary};
 use crate::clock::{Clock, CounterClock};
 use crate::policy::Limit;
 
@@ -239,39 +242,61 @@ impl MemoryStore {
     }
 
     /// [`decide`](Self::decide) for any plan: every key of every identifier, each shard
-    /// involved locked in index order.
+    /// involved locked in index order. For keys that exist, nothing is allocated: the keys
+    /// are built in per-thread buffers, the per-key figures are inline, and each state is
+    /// decided where it lies.
     fn decide_general(
         &self,
         plan: &Plan<'_>,
         charge: Option<u64>,
         sink: &mut impl Sink,
     ) -> Summary {
+        thread_local! {
+            /// The keys of the last general check on this thread, reused by the next.
+            static KEYS: Cell<Vec<String>> = const { Cell::new(Vec::new()) };
+        }
         let inner = &*self.inner;
         let now = self.now();
-        let (layout, pairs) = self.keys(plan);
+        let layout = Layout::of(plan.limits);
         let per_id = layout.keys_per_id();
+        // `try_with`: on a thread being torn down, buffers of their own.
+        let mut buffers = KEYS.try_with(Cell::take).unwrap_or_default();
+        let mut n = 0;
+        for id in plan.ids {
+            keyspace::each_key(PREFIX, id, plan.namespace, plan.limits, |key| {
+                match buffers.get_mut(n) {
+                    Some(buffer) => {
+                        buffer.clear();
+                        buffer.push_str(key);
+                    }
+                    None => buffers.push(key.to_owned()),
+                }
+                n += 1;
+            });
+        }
+        let keys = &buffers[..n];
+        let hashes: Inline<u64> = keys.iter().map(|k| inner.hash(k)).collect();
         // Lock every shard involved, in index order, so that checks never deadlock.
-        let mut shard_ids: Vec<usize> = pairs.iter().map(|(h, _)| shard_of(*h)).collect();
+        let mut shard_ids: Inline<usize> = hashes.iter().map(|&h| shard_of(h)).collect();
         shard_ids.sort_unstable();
         shard_ids.dedup();
-        let mut guards: Vec<MutexGuard<'_, Shard>> =
+        let mut guards: SmallVec<[MutexGuard<'_, Shard>; 8]> =
             shard_ids.iter().map(|&s| lock(&inner.shards[s])).collect();
-        let guard_of = |s: usize| shard_ids.binary_search(&s).unwrap_or(0);
+        let guard_of = |h: u64| shard_ids.binary_search(&shard_of(h)).unwrap_or(0);
 
-        // The states leave their maps for the decision (an expired one is dropped: it decides
-        // like none), and those that exist afterwards go back with their new expiry (after a
-        // peek, with the one they had).
-        let mut present = Vec::with_capacity(pairs.len());
-        let mut expiry = Vec::with_capacity(pairs.len());
-        let mut states: Vec<Option<State>> = pairs
-            .iter()
-            .map(|(h, key)| {
-                let stored = guards[guard_of(shard_of(*h))].map.remove(*h, key);
-                present.push(stored.is_some());
-                expiry.push(stored.as_ref().map_or(0, |st| st.expires_at));
-                stored.filter(|st| st.expires_at > now).map(|st| st.state)
-            })
-            .collect();
+        // Each state leaves its entry for the decision, a placeholder taking its place (an
+        // expired one is left out: it decides like none), and goes back afterwards with its
+        // new expiry (after a peek, with the one it had).
+        let mut present: Inline<Option<u64>> = Inline::new();
+        let mut states: SmallVec<[Option<State>; 8]> = SmallVec::new();
+        for (key, &h) in keys.iter().zip(&hashes) {
+            let stored = guards[guard_of(h)].map.get_mut(h, key);
+            present.push(stored.as_ref().map(|st| st.expires_at));
+            states.push(stored.and_then(|st| {
+                let live = st.expires_at > now;
+                live.then(|| std::mem::replace(&mut st.state, State::Counters(Counters::new())))
+            }));
+        }
         let summary = match charge {
             Some(max_wait_us) => algorithm::decide_within_into(
                 &mut states,
@@ -285,23 +310,53 @@ impl MemoryStore {
             ),
             None => algorithm::peek_into(&mut states, &layout, plan.limits, now, plan.cost, sink),
         };
-        for (k, ((h, key), state)) in pairs.iter().zip(states).enumerate() {
-            let Some(state) = state else { continue };
-            let shard = &mut *guards[guard_of(shard_of(*h))];
-            if !present[k] {
-                make_room(shard, now, inner.max_per_shard, |k| {
-                    pairs.iter().any(|(_, p)| p == k)
-                });
+        let expiry = |k: usize, state: &State, had: u64| match charge {
+            Some(_) => algorithm::expires_at(state, &layout, plan.limits, k % per_id),
+            None => had,
+        };
+        // The states that had an entry go back first (an expired one that is still none
+        // goes), so that making room for the new ones, which may sweep expired entries, finds
+        // them with their new expiry.
+        let mut new = Inline::new();
+        for (k, state) in states.into_iter().enumerate() {
+            let (key, h) = (&keys[k], hashes[k]);
+            let map = &mut guards[guard_of(h)].map;
+            match (state, present[k]) {
+                (Some(state), Some(had)) => {
+                    let stored = Stored {
+                        expires_at: expiry(k, &state, had),
+                        state,
+                    };
+                    // (its entry is still there: nothing touched the shard since)
+                    match map.get_mut(h, key) {
+                        Some(entry) => *entry = stored,
+                        None => map.insert(h, key, stored),
+                    }
+                }
+                (None, Some(_)) => {
+                    map.remove(h, key);
+                }
+                (Some(state), None) => new.push((k, state)),
+                (None, None) => {}
             }
-            let expires_at = match charge {
-                Some(_) => algorithm::expires_at(&state, &layout, plan.limits, k % per_id),
-                None => expiry[k],
-            };
-            shard.map.insert(*h, key, Stored { state, expires_at });
         }
+        for (k, state) in new {
+            let (key, h) = (&keys[k], hashes[k]);
+            let shard = &mut *guards[guard_of(h)];
+            make_room(shard, now, inner.max_per_shard, |p| {
+                keys.iter().any(|k| k == p)
+            });
+            let expires_at = expiry(k, &state, 0);
+            shard.map.insert(h, key, Stored { state, expires_at });
+        }
+        drop(guards);
+        let _ = KEYS.try_with(|k| k.set(buffers));
         summary
     }
 }
+
+/// The per-key figures of a general check, inline for up to eight keys.
+type Inline<T> = SmallVec<[T; 8]>;
 
 impl MemoryStore {
     fn now(&self) -> u64 {
