@@ -77,10 +77,20 @@ impl HeaderCache {
     ) -> Option<(HeaderValue, HeaderValue)> {
         let mut picks: [Option<&LimitStatus>; MAX_ITEMS] = [None; MAX_ITEMS];
         let mut count = 0;
-        for l in limit_indexes(decision) {
-            if let Some(s) = pick(decision, l) {
+        let statuses = decision.statuses();
+        if statuses.iter().enumerate().all(|(k, s)| s.limit_index == k) {
+            // A status per limit, in the order of the limits (a check of one identifier, the
+            // usual case): each is the one its limit's item describes, as `pick` would find.
+            for s in statuses {
                 *picks.get_mut(count)? = Some(s);
                 count += 1;
+            }
+        } else {
+            for l in limit_indexes(decision) {
+                if let Some(s) = pick(decision, l) {
+                    *picks.get_mut(count)? = Some(s);
+                    count += 1;
+                }
             }
         }
         let picks = &picks[..count];
