@@ -287,9 +287,10 @@ struct Present {
 }
 
 impl Present {
-    /// The most names of a response compared one by one with the three; a response with
-    /// more is looked up.
-    const SCAN: usize = 8;
+    /// The most names of a response compared one by one with the three (a comparison with a
+    /// name of another length, or with a standard name, ends at once); a response with more
+    /// is looked up.
+    const SCAN: usize = 16;
 
     /// Most responses have a handful of fields: comparing their names with these three is
     /// cheaper than three hashed lookups (`ratelimit` and `ratelimit-policy` are not standard
