@@ -447,3 +447,21 @@ async fn fields_already_there_are_found_among_few_fields_or_many() {
         );
     }
 }
+
+/// Values cut from the per-thread chunks keep their bytes when the chunk they were cut from
+/// is replaced, and while later values are cut; a value that is not one is refused.
+#[test]
+fn values_cut_from_the_chunks_keep_their_bytes() {
+    let texts: Vec<String> = (0..2_000u64)
+        .map(|n| format!(r#""{n}/s";r={};t={}"#, n * 7919 % 1000, n % 60 + 1))
+        .collect();
+    let values: Vec<HeaderValue> = texts
+        .iter()
+        .map(|t| super::fresh::cut(t.as_bytes()).unwrap())
+        .collect();
+    for (text, value) in texts.iter().zip(&values) {
+        assert_eq!(value.as_bytes(), text.as_bytes());
+    }
+    assert!(super::fresh::cut(b"no\nline breaks").is_none());
+    assert_eq!(super::fresh::cut(b"after").unwrap(), "after");
+}
