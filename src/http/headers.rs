@@ -5,7 +5,7 @@
 use std::cmp::Reverse;
 use std::time::Duration;
 
-use http::header::{Entry, HeaderName, HeaderValue, RETRY_AFTER};
+use http::header::{HeaderName, HeaderValue, RETRY_AFTER};
 use http::HeaderMap;
 use sfv::{key_ref, BareItem, FieldType, Item, KeyRef, List, ListEntry, Parameters, Parser};
 
@@ -244,23 +244,30 @@ pub(crate) fn add_headers(
     pks: Option<&[Vec<u8>]>,
     cache: &HeaderCache,
 ) {
+    let present = Present::of(headers);
+    let mut retry_after = None;
     if let Some(wait) = decision.retry_after() {
-        if !headers.contains_key(RETRY_AFTER) {
-            headers.insert(RETRY_AFTER, HeaderValue::from(ceil_secs(wait).max(1)));
+        if !present.retry_after {
+            let secs = ceil_secs(wait).max(1);
+            headers.insert(RETRY_AFTER, HeaderValue::from(secs));
+            retry_after = Some(secs);
         }
     }
-    let retry_after = headers
-        .get(RETRY_AFTER)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.trim().parse::<u64>().ok());
-    if style == HeaderStyle::Ietf && !headers.contains_key(RATELIMIT) {
+    if style == HeaderStyle::None {
+        return;
+    }
+    if present.retry_after {
+        retry_after = headers
+            .get(RETRY_AFTER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse::<u64>().ok());
+    }
+    if style == HeaderStyle::Ietf && !present.ratelimit && !present.policy {
+        // Neither field there yet: written whole (else merged below).
         if let Some((policy, state)) = cache.fields(decision, pks, retry_after) {
-            // Neither field there yet: written whole (else merged below).
-            if let Entry::Vacant(slot) = headers.entry(RATELIMIT_POLICY) {
-                slot.insert(policy);
-                headers.insert(RATELIMIT, state);
-                return;
-            }
+            headers.append(RATELIMIT_POLICY, policy);
+            headers.append(RATELIMIT, state);
+            return;
         }
     }
     let ours = adverts(decision, pks);
@@ -269,6 +276,44 @@ pub(crate) fn add_headers(
     }
     if style.legacy() {
         merge_legacy(headers, &ours);
+    }
+}
+
+/// Which of the fields [`add_headers`] reads a response has.
+struct Present {
+    retry_after: bool,
+    ratelimit: bool,
+    policy: bool,
+}
+
+impl Present {
+    /// The most names of a response compared one by one with the three (a comparison with a
+    /// name of another length, or with a standard name, ends at once); a response with more
+    /// is looked up.
+    const SCAN: usize = 16;
+
+    /// Most responses have a handful of fields: comparing their names with these three is
+    /// cheaper than three hashed lookups (`ratelimit` and `ratelimit-policy` are not standard
+    /// names, each hashed byte by byte).
+    fn of(headers: &HeaderMap) -> Present {
+        if headers.keys_len() > Present::SCAN {
+            return Present {
+                retry_after: headers.contains_key(RETRY_AFTER),
+                ratelimit: headers.contains_key(RATELIMIT),
+                policy: headers.contains_key(RATELIMIT_POLICY),
+            };
+        }
+        let mut present = Present {
+            retry_after: false,
+            ratelimit: false,
+            policy: false,
+        };
+        for name in headers.keys() {
+            present.retry_after |= *name == RETRY_AFTER;
+            present.ratelimit |= *name == RATELIMIT;
+            present.policy |= *name == RATELIMIT_POLICY;
+        }
+        present
     }
 }
 

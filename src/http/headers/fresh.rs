@@ -1,13 +1,16 @@
 //! The IETF fields of a response that has none yet — the usual case, once per response —
 //! without building adverts: the `RateLimit-Policy` value depends only on the list of limits,
 //! so it is built once per list and cloned; the `RateLimit` value is written into a buffer on
-//! the stack from parts built once (each item's `"NAME";r=`) and the decision's numbers. The
-//! bytes are those `fresh_ietf` writes (and the structured-field serializer would).
+//! the stack from parts built once (each item's `"NAME";r=`) and the decision's numbers, then
+//! copied into a per-thread chunk it is cut from ([`cut`]), without an allocation of its own.
+//! The bytes are those `fresh_ietf` writes (and the structured-field serializer would).
 
+use std::cell::RefCell;
 use std::fmt::Write;
 use std::sync::{Arc, OnceLock};
 
 use arc_swap::ArcSwap;
+use bytes::BytesMut;
 use http::header::HeaderValue;
 
 use super::{
@@ -77,10 +80,20 @@ impl HeaderCache {
     ) -> Option<(HeaderValue, HeaderValue)> {
         let mut picks: [Option<&LimitStatus>; MAX_ITEMS] = [None; MAX_ITEMS];
         let mut count = 0;
-        for l in limit_indexes(decision) {
-            if let Some(s) = pick(decision, l) {
+        let statuses = decision.statuses();
+        if statuses.iter().enumerate().all(|(k, s)| s.limit_index == k) {
+            // A status per limit, in the order of the limits (a check of one identifier, the
+            // usual case): each is the one its limit's item describes, as `pick` would find.
+            for s in statuses {
                 *picks.get_mut(count)? = Some(s);
                 count += 1;
+            }
+        } else {
+            for l in limit_indexes(decision) {
+                if let Some(s) = pick(decision, l) {
+                    *picks.get_mut(count)? = Some(s);
+                    count += 1;
+                }
             }
         }
         let picks = &picks[..count];
@@ -169,7 +182,7 @@ impl Fields {
                 state.write_str(":").ok()?;
             }
         }
-        let state = HeaderValue::from_bytes(state.as_bytes()).ok()?;
+        let state = cut(state.as_bytes())?;
         Some((self.policy.clone(), state))
     }
 
@@ -210,5 +223,33 @@ impl Fields {
             policy: HeaderValue::from_str(&policy).ok()?,
             items,
         })
+    }
+}
+
+/// The size of the per-thread chunks `RateLimit` values are copied into.
+const CHUNK_BYTES: usize = 4096;
+
+thread_local! {
+    static CHUNK: RefCell<BytesMut> = RefCell::new(BytesMut::new());
+}
+
+/// `value` as a header value, copied into the thread's chunk and cut from it
+/// (`BytesMut::split`, which counts a reference to the chunk): a response's value takes no
+/// allocation of its own. A chunk with less than [`STATE_BYTES`] left is replaced — once
+/// every hundred-odd responses — and freed when the last value cut from it is dropped
+/// (servers drop a response's fields once they are sent). On a thread being torn down, a
+/// copy of its own.
+pub(super) fn cut(value: &[u8]) -> Option<HeaderValue> {
+    let shared = CHUNK.try_with(|chunk| {
+        let mut chunk = chunk.try_borrow_mut().ok()?;
+        if chunk.capacity() < STATE_BYTES {
+            *chunk = BytesMut::with_capacity(CHUNK_BYTES);
+        }
+        chunk.extend_from_slice(value);
+        Some(chunk.split().freeze())
+    });
+    match shared {
+        Ok(Some(bytes)) => HeaderValue::from_maybe_shared(bytes).ok(),
+        _ => HeaderValue::from_bytes(value).ok(),
     }
 }

@@ -405,3 +405,63 @@ async fn fields_from_the_cache_are_those_from_the_adverts() {
     super::add_headers(&mut headers, &both, HeaderStyle::Ietf, None, &cache);
     assert_eq!(headers["ratelimit-policy"], r#""10/s";q=10;w=1"#);
 }
+
+/// The fields already there are found whether the response has few fields (compared by
+/// name) or many (looked up): a `Retry-After`, a `RateLimit` or a `RateLimit-Policy` among
+/// them is merged with, not written over.
+#[tokio::test]
+async fn fields_already_there_are_found_among_few_fields_or_many() {
+    let (l, _) = limiter("1000/d fixed");
+    let decision = check(&l).await;
+    for others in [0, 3, 20] {
+        let mut headers = HeaderMap::new();
+        for k in 0..others {
+            let name = http::HeaderName::try_from(format!("x-other-{k}")).unwrap();
+            headers.insert(name, HeaderValue::from_static("1"));
+        }
+        headers.insert(RETRY_AFTER, HeaderValue::from_static("7"));
+        add_headers(&mut headers, &decision, HeaderStyle::Ietf, None);
+        assert_eq!(
+            headers[RATELIMIT], r#""1000/d fixed";r=999;t=7"#,
+            "{others}"
+        );
+        assert_eq!(headers[RETRY_AFTER], "7", "{others}");
+
+        let mut headers = HeaderMap::new();
+        for k in 0..others {
+            let name = http::HeaderName::try_from(format!("x-other-{k}")).unwrap();
+            headers.insert(name, HeaderValue::from_static("1"));
+        }
+        headers.insert(
+            "ratelimit-policy",
+            HeaderValue::from_static(r#""1/min";q=1;w=60"#),
+        );
+        add_headers(&mut headers, &decision, HeaderStyle::Ietf, None);
+        assert_eq!(
+            headers["ratelimit-policy"], r#""1/min";q=1;w=60, "1000/d fixed";q=1000;w=86400"#,
+            "{others}"
+        );
+        assert_eq!(
+            headers[RATELIMIT], r#""1000/d fixed";r=999;t=86400"#,
+            "{others}"
+        );
+    }
+}
+
+/// Values cut from the per-thread chunks keep their bytes when the chunk they were cut from
+/// is replaced, and while later values are cut; a value that is not one is refused.
+#[test]
+fn values_cut_from_the_chunks_keep_their_bytes() {
+    let texts: Vec<String> = (0..2_000u64)
+        .map(|n| format!(r#""{n}/s";r={};t={}"#, n * 7919 % 1000, n % 60 + 1))
+        .collect();
+    let values: Vec<HeaderValue> = texts
+        .iter()
+        .map(|t| super::fresh::cut(t.as_bytes()).unwrap())
+        .collect();
+    for (text, value) in texts.iter().zip(&values) {
+        assert_eq!(value.as_bytes(), text.as_bytes());
+    }
+    assert!(super::fresh::cut(b"no\nline breaks").is_none());
+    assert_eq!(super::fresh::cut(b"after").unwrap(), "after");
+}

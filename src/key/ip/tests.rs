@@ -609,6 +609,10 @@ fn ip_keys_are_the_display_of_the_address() {
             addresses.push(IpAddr::from([a, b, 255 - a, b.wrapping_mul(3)]));
         }
     }
+    // every octet, in every place
+    for o in 0..=255u8 {
+        addresses.push(IpAddr::from([o, 255 - o, o / 2, o.wrapping_mul(7)]));
+    }
     for text in [
         "::",
         "::1",
