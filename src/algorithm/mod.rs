@@ -49,7 +49,7 @@
 use crate::policy::{Algorithm, Limit};
 use smallvec::SmallVec;
 
-pub(crate) use reserve::{charge_within, decide_within_into};
+pub(crate) use reserve::decide_within_into;
 
 pub(crate) mod concurrency;
 mod fixed_window;
@@ -473,22 +473,6 @@ pub(crate) fn decide_at_into(
     lease: &str,
     sink: &mut impl Sink,
 ) -> Summary {
-    let (verdicts, at_or_now) = charge_at(states, layout, limits, now, at, cost, lease);
-    report_all(states, layout, limits, now, at_or_now, &verdicts, sink)
-}
-
-/// Phases 1 and 2 of [`decide_at`], without the report: every pair's verdict at `at` (or
-/// `now`, when later), and when all admit, the charge. Returns the verdicts and the time
-/// decided at, for [`report_all`].
-pub(crate) fn charge_at(
-    states: &mut [Option<State>],
-    layout: &Layout,
-    limits: &[Limit],
-    now: u64,
-    at: u64,
-    cost: u64,
-    lease: &str,
-) -> (Verdicts, u64) {
     let (real, now) = (now, at.max(now));
     let per_id = layout.keys_per_id();
     let verdicts = evaluate_all(states, layout, limits, now, cost);
@@ -502,7 +486,7 @@ pub(crate) fn charge_at(
             }
         }
     }
-    (verdicts, now)
+    report_all(states, layout, limits, real, now, &verdicts, sink)
 }
 
 /// Phase 1 of [`decide`] alone, the twin of the peek script: what a check of `cost` would
@@ -535,9 +519,8 @@ pub(crate) fn peek_into(
 
 /// The outcome of `verdicts`, reported on `states` as they are now, entry by entry to `sink`:
 /// decided at `at` (`real`, the clock's time, or later for a waiting check), with reset and
-/// retry times counted from `real`. It only reads the states: a copy of them reports the
-/// same.
-pub(crate) fn report_all(
+/// retry times counted from `real`.
+fn report_all(
     states: &mut [Option<State>],
     layout: &Layout,
     limits: &[Limit],

@@ -17,9 +17,7 @@
 //! Two passes therefore decide (at now, then at the latest retry time); a third is a
 //! safeguard, and past it, or past the longest wait, the check is denied.
 
-use super::{
-    charge_at, decide_at_into, evaluate_all, Layout, Limit, Sink, State, Summary, Verdicts,
-};
+use super::{decide_at_into, evaluate_all, Layout, Limit, Sink, State, Summary};
 
 /// How many times a check is evaluated at most.
 const PASSES: usize = 3;
@@ -39,21 +37,6 @@ pub(crate) fn decide_within_into(
 ) -> Summary {
     let at = admission_time(states, layout, limits, now, cost, max_wait_us);
     decide_at_into(states, layout, limits, now, at, cost, lease, sink)
-}
-
-/// [`decide_within_into`] without the report (see [`charge_at`]): the verdicts and the time
-/// decided at.
-pub(crate) fn charge_within(
-    states: &mut [Option<State>],
-    layout: &Layout,
-    limits: &[Limit],
-    now: u64,
-    cost: u64,
-    lease: &str,
-    max_wait_us: u64,
-) -> (Verdicts, u64) {
-    let at = admission_time(states, layout, limits, now, cost, max_wait_us);
-    charge_at(states, layout, limits, now, at, cost, lease)
 }
 
 /// The time the check is decided at: `now`, or the time every pair admits when the passes

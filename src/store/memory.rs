@@ -59,7 +59,7 @@ pub struct MemoryStore {
 
 #[derive(Debug)]
 struct Inner {
-    shards: Box<[Mutex<Shard>]>,
+    shards: Box<[Locked]>,
     hasher: RandomState,
     clock: Clock,
     /// What the real clock reads (see [`CounterClock`]).
@@ -67,15 +67,19 @@ struct Inner {
     max_per_shard: usize,
 }
 
-/// Aligned to 128 bytes (two cache lines, which some processors fetch together), so that
-/// each shard's lock and table header have their lines to themselves: checks on different
-/// shards from different threads do not contend for a line they merely share.
 #[derive(Debug, Default)]
-#[repr(align(128))]
 struct Shard {
     map: Table,
     next_sweep: usize,
 }
+
+/// A shard behind its lock, aligned to 128 bytes (two cache lines, which some processors
+/// fetch together): each shard's lock and table header share one line and have it to
+/// themselves, so checks on different shards from different threads do not contend for a
+/// line they merely share.
+#[derive(Debug, Default)]
+#[repr(align(128))]
+struct Locked(Mutex<Shard>);
 
 #[derive(Debug)]
 struct Stored {
@@ -111,7 +115,7 @@ impl MemoryStoreBuilder {
         let max_keys = self.max_keys.unwrap_or(DEFAULT_MAX_KEYS).max(1);
         MemoryStore {
             inner: Arc::new(Inner {
-                shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
+                shards: (0..SHARDS).map(|_| Locked::default()).collect(),
                 hasher: RandomState::new(),
                 clock: self.clock,
                 counter: CounterClock::new(),
@@ -245,6 +249,9 @@ impl MemoryStore {
     /// involved locked in index order. For keys that exist, nothing is allocated: the keys
     /// are built in per-thread buffers, the per-key figures are inline, and each state is
     /// decided where it lies.
+    // Kept out of line: the one-key check that calls it when a key has no short way stays
+    // small enough to be inlined into the limiter's check.
+    #[inline(never)]
     fn decide_general(
         &self,
         plan: &Plan<'_>,
@@ -503,7 +510,7 @@ impl Inner {
         self.hasher.hash_one(key)
     }
 
-    fn shard(&self, hash: u64) -> &Mutex<Shard> {
+    fn shard(&self, hash: u64) -> &Locked {
         &self.shards[shard_of(hash)]
     }
 }
@@ -515,10 +522,10 @@ fn shard_of(hash: u64) -> usize {
     ((hash >> 32) as usize) % SHARDS
 }
 
-fn lock(shard: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
+fn lock(shard: &Locked) -> MutexGuard<'_, Shard> {
     // A panic while holding the lock cannot leave a state half-written in a way that matters
     // more than losing it would, so a poisoned shard is used as is.
-    shard.lock().unwrap_or_else(PoisonError::into_inner)
+    shard.0.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// Before inserting into `shard`: sweep expired states when the shard has grown enough since

@@ -160,7 +160,7 @@ fn decide(
     let live = stored.expires_at > now;
     let taken = std::mem::replace(&mut stored.state, State::Counters(Counters::new()));
     let mut slot = [live.then_some(taken)];
-    let (verdicts, at) = algorithm::charge_within(
+    let summary = algorithm::decide_within_into(
         &mut slot,
         layout,
         limits,
@@ -168,38 +168,21 @@ fn decide(
         ask.cost,
         ask.lease,
         ask.max_wait_us,
+        sink,
     );
-    let allowed = verdicts.iter().all(|v| v.allowed);
-    let [state] = slot;
-    let Some(state) = state else {
-        shard.map.remove(hash, key);
-        drop(guard);
-        return algorithm::report_all(&mut [None], layout, limits, now, at, &verdicts, sink);
-    };
-    // A denial changes nothing (all or nothing), so a live state keeps its expiry.
-    if allowed || !live {
-        stored.expires_at = algorithm::expires_at(&state, layout, limits, 0);
-    }
-    // The report only reads the state: from a copy, after the shard is unlocked, when the
-    // copy costs no allocation (counters held inline), so that other checks of the shard wait
-    // less; otherwise from the state itself, before.
-    match &state {
-        State::Counters(c) if !c.spilled() => {
-            let copy = State::Counters(Counters::from_slice(c));
-            stored.state = state;
-            drop(guard);
-            algorithm::report_all(&mut [Some(copy)], layout, limits, now, at, &verdicts, sink)
-        }
-        _ => {
-            let mut slot = [Some(state)];
-            let summary =
-                algorithm::report_all(&mut slot, layout, limits, now, at, &verdicts, sink);
-            if let [Some(state)] = slot {
-                stored.state = state;
+    match slot {
+        [Some(state)] => {
+            // A denial changes nothing (all or nothing), so a live state keeps its expiry.
+            if summary.allowed || !live {
+                stored.expires_at = algorithm::expires_at(&state, layout, limits, 0);
             }
-            summary
+            stored.state = state;
+        }
+        [None] => {
+            shard.map.remove(hash, key);
         }
     }
+    summary
 }
 
 /// The shape of the last policy and namespace checked on this thread (for checks that come
