@@ -136,10 +136,9 @@ fn decide(
     let mut guard = lock(inner.shard(hash));
     let shard = &mut *guard;
     let limits = ask.limits;
-    let Some(stored) = shard.map.get_mut(hash, key) else {
-        let mut slot = [None];
-        let summary = algorithm::decide_within_into(
-            &mut slot,
+    let mut decide = |slot: &mut [Option<State>; 1]| {
+        algorithm::decide_within_into(
+            slot,
             layout,
             limits,
             now,
@@ -147,7 +146,11 @@ fn decide(
             ask.lease,
             ask.max_wait_us,
             sink,
-        );
+        )
+    };
+    let Some(stored) = shard.map.get_mut(hash, key) else {
+        let mut slot = [None];
+        let summary = decide(&mut slot);
         if let [Some(state)] = slot {
             make_room(shard, now, inner.max_per_shard, |k| k == key);
             let expires_at = algorithm::expires_at(&state, layout, limits, 0);
@@ -160,16 +163,7 @@ fn decide(
     let live = stored.expires_at > now;
     let taken = std::mem::replace(&mut stored.state, State::Counters(Counters::new()));
     let mut slot = [live.then_some(taken)];
-    let summary = algorithm::decide_within_into(
-        &mut slot,
-        layout,
-        limits,
-        now,
-        ask.cost,
-        ask.lease,
-        ask.max_wait_us,
-        sink,
-    );
+    let summary = decide(&mut slot);
     match slot {
         [Some(state)] => {
             // A denial changes nothing (all or nothing), so a live state keeps its expiry.
