@@ -105,7 +105,11 @@ fn main() {
         if a == "--iters" {
             iters = args.next().and_then(|v| v.parse().ok()).unwrap_or(iters);
         } else if a == "--rounds" {
-            rounds = args.next().and_then(|v| v.parse().ok()).unwrap_or(rounds).max(1);
+            rounds = args
+                .next()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(rounds)
+                .max(1);
         } else if a == "--only" {
             only = args.next().unwrap_or_default();
         }
