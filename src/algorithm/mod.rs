@@ -492,6 +492,7 @@ pub(crate) fn decide_at_into(
 /// Phase 1 of [`decide`] alone, the twin of the peek script: what a check of `cost` would
 /// decide now, with every state left as it is. Each entry reports the quota available now
 /// (nothing was charged) and, when denied, when the cost would fit.
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
 pub(crate) fn peek(
     states: &mut [Option<State>],
     layout: &Layout,
