@@ -1,8 +1,9 @@
 //! Allocations of a steady-state check on the memory store, counted by a global allocator.
 //!
 //! Once a key exists (and the thread has checked once), a `Limiter::check` of it allocates
-//! nothing, allowed or denied, for one limit and for a three-limit policy; with the `metrics`
-//! feature, at most `MAX_PER_CHECK` times (the decision counter's label list).
+//! nothing, allowed or denied, for one limit, for a three-limit policy and for a policy of
+//! several keys per identifier, of one identifier or two; with the `metrics` feature, at most
+//! `MAX_PER_CHECK` times (the decision counter's label list).
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
