@@ -7,7 +7,10 @@
 //!
 //! Each row runs the same keys through `governor` (`DefaultKeyedRateLimiter<String>`; for the
 //! three-limit policy, three limiters checked in sequence, stopping at the first refusal) and
-//! through `Limiter::check` on a `MemoryStore`, awaited on a current-thread runtime. With 2
+//! through `Limiter::check` on a `MemoryStore`, awaited on a current-thread runtime. The
+//! "ip + user" rows check two identifiers a request (tollgate: both in one all-or-nothing
+//! check; governor: each limiter for the IP, then for the user, stopping at the first
+//! refusal). With 2
 //! threads, each thread runs its own loop on the shared limiter; "ns" is then the wall time
 //! divided by the checks of one thread (the latency each thread sees). Allocations are counted
 //! by a global allocator over the whole timed loop (every thread), divided by all checks.
@@ -117,6 +120,7 @@ fn main() {
     let keys: Vec<String> = (0..KEYS)
         .map(|i| format!("ip:10.{}.{}.{}", i >> 16, (i >> 8) & 255, i & 255))
         .collect();
+    let users: Vec<String> = (0..KEYS).map(|i| format!("user:{i}")).collect();
 
     println!(
         "{iters} checks per thread per round, best of {rounds} rounds; ns = per check per \
@@ -126,14 +130,17 @@ fn main() {
         "{:<40} {:>9} {:>9} {:>7} {:>10} {:>10}",
         "scenario", "governor", "tollgate", "ratio", "gov alloc", "tg alloc"
     );
+    // (the IP and the user of each request: over 100k keys only)
+    let shapes = [(false, false), (true, false), (true, true)];
     for (reference, policy) in [(false, "100/s"), (true, "10/s, 120/min, 240/h")] {
-        for spread in [false, true] {
+        for (spread, pair) in shapes {
             for threads in [1, 2] {
                 let name = format!(
-                    "{} limit{}, {}, {} thread{}",
+                    "{} limit{}, {}{}, {} thread{}",
                     if reference { 3 } else { 1 },
                     if reference { "s" } else { "" },
                     if spread { "100k keys" } else { "hot key" },
+                    if pair { ", ip + user" } else { "" },
                     threads,
                     if threads > 1 { "s" } else { "" },
                 );
@@ -141,11 +148,18 @@ fn main() {
                     continue;
                 }
                 let limiters = governor_limiters(reference);
-                let keys = &keys;
+                let ids = Ids {
+                    keys: &keys,
+                    users: pair.then_some(&users[..]),
+                    spread,
+                };
+                // governor: each limiter for the IP, then for the user, stopping at the first
+                // refusal (it has no all-or-nothing check of two keys)
                 let governor_check = |t: usize, i: usize| {
-                    let key = &keys[key_index(spread, t, i)];
+                    let (ip, user) = ids.of(t, i);
                     for l in &limiters {
-                        if l.check_key(key).is_err() {
+                        if l.check_key(ip).is_err() || user.is_some_and(|u| l.check_key(u).is_err())
+                        {
                             break;
                         }
                     }
@@ -156,11 +170,11 @@ fn main() {
                     governor_check(1, i);
                 }
                 let limiter = Limiter::new(MemoryStore::new(), policy.parse().expect("policy"));
-                warm_up(&limiter, keys, spread, iters);
+                warm_up(&limiter, &ids, iters);
                 let (mut g, mut t) = (Figures::WORST, Figures::WORST);
                 for _ in 0..rounds {
                     g = g.best(run(threads, iters, governor_check));
-                    t = t.best(run_tollgate(&limiter, keys, spread, threads, iters));
+                    t = t.best(run_tollgate(&limiter, &ids, threads, iters));
                 }
 
                 println!(
@@ -177,15 +191,41 @@ fn main() {
     }
 }
 
+/// The identifiers of a row's checks: an IP, and with `users` a user too.
+#[derive(Clone, Copy)]
+struct Ids<'a> {
+    keys: &'a [String],
+    users: Option<&'a [String]>,
+    spread: bool,
+}
+
+impl<'a> Ids<'a> {
+    /// The IP and the user thread `t` checks at step `i`.
+    fn of(&self, t: usize, i: usize) -> (&'a String, Option<&'a String>) {
+        let k = key_index(self.spread, t, i);
+        // each IP with a user of its own, not in the same order
+        let user = self.users.map(|u| &u[(k * 31 + 7) % KEYS]);
+        (&self.keys[k], user)
+    }
+
+    /// `Limiter::check` of the identifiers of thread `t`'s step `i`.
+    async fn check(&self, limiter: &Limiter, t: usize, i: usize) {
+        let _ = match self.of(t, i) {
+            (ip, Some(user)) => limiter.check(&[ip, user]).await,
+            (ip, None) => limiter.check(&[ip]).await,
+        };
+    }
+}
+
 /// Every key of a row checked once by each thread's sequence, before the timed loops.
-fn warm_up(limiter: &Limiter, keys: &[String], spread: bool, iters: usize) {
+fn warm_up(limiter: &Limiter, ids: &Ids<'_>, iters: usize) {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .build()
         .expect("runtime");
     runtime.block_on(async {
         for t in 0..2 {
             for i in 0..KEYS.min(iters) {
-                let _ = limiter.check(&[&keys[key_index(spread, t, i)]]).await;
+                ids.check(limiter, t, i).await;
             }
         }
     });
@@ -193,13 +233,7 @@ fn warm_up(limiter: &Limiter, keys: &[String], spread: bool, iters: usize) {
 
 /// Tollgate's side of a row: each thread drives its checks from one current-thread runtime,
 /// awaiting `Limiter::check` in a loop.
-fn run_tollgate(
-    limiter: &Limiter,
-    keys: &[String],
-    spread: bool,
-    threads: usize,
-    iters: usize,
-) -> Figures {
+fn run_tollgate(limiter: &Limiter, ids: &Ids<'_>, threads: usize, iters: usize) -> Figures {
     let runtime = || {
         tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -215,7 +249,7 @@ fn run_tollgate(
                 rt.block_on(async {
                     barrier.wait();
                     for i in 0..iters {
-                        let _ = limiter.check(&[&keys[key_index(spread, t, i)]]).await;
+                        ids.check(limiter, t, i).await;
                     }
                 })
             });
