@@ -32,6 +32,9 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+#[path = "support/slowlog.rs"]
+mod slowlog;
+
 use tollgate::{Limiter, OnStoreError, RedisStore};
 
 /// Seed 003 (Part 1's `over_limit_multi_lua`): for each limit and identifier, INCR a counter
@@ -338,19 +341,8 @@ impl Row {
             &["CONFIG", "SET", "slowlog-log-slower-than", "10000"],
         );
         cmd(&mut conn, &["FLUSHALL"]);
-        let args: Vec<String> = log
-            .iter()
-            .filter_map(|entry| match entry.get(3) {
-                Some(redis::Value::Array(a)) => Some(a),
-                _ => None,
-            })
-            .map(|a| {
-                a.iter()
-                    .map(|v| redis::from_redis_value_ref::<String>(v).unwrap_or_default())
-                    .collect::<Vec<String>>()
-            })
-            .find(|a| a.first().is_some_and(|c| c.eq_ignore_ascii_case("evalsha")))
-            .expect("the check's EVALSHA in SLOWLOG");
+        let args: Vec<String> =
+            slowlog::newest_evalsha(&log).expect("the check's EVALSHA in SLOWLOG");
         // numkeys, the keys, then now, cost and the lease id
         let numkeys: usize = args[2].parse().unwrap();
         let lease = numkeys + 3;

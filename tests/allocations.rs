@@ -9,6 +9,8 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 
 mod common;
+#[path = "../benches/support/slowlog.rs"]
+mod slowlog;
 
 use common::{unique_prefix, RedisServer};
 use tollgate::{Limiter, MemoryStore, RedisStore};
@@ -200,19 +202,8 @@ fn a_redis_check_allocates_no_more_than_its_call() {
                 .arg(&["GET", "100"])
                 .query(&mut admin)
                 .unwrap();
-            let call: Vec<String> = log
-                .iter()
-                .filter_map(|entry| match entry.get(3) {
-                    Some(redis::Value::Array(a)) => Some(a),
-                    _ => None,
-                })
-                .map(|a| {
-                    a.iter()
-                        .map(|v| redis::from_redis_value_ref::<String>(v).unwrap_or_default())
-                        .collect::<Vec<String>>()
-                })
-                .find(|a| a.first().is_some_and(|c| c.eq_ignore_ascii_case("evalsha")))
-                .expect("the check's EVALSHA in SLOWLOG");
+            let call: Vec<String> =
+                slowlog::newest_evalsha(&log).expect("the check's EVALSHA in SLOWLOG");
             let _: () = redis::cmd("CONFIG")
                 .arg(&["SET", "slowlog-log-slower-than", "10000"])
                 .query(&mut admin)

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{manual_clock, RedisServer};
+use common::{manual_clock, snapshot, RedisServer};
 use http::{Request, Response, StatusCode};
 use http_body_util::Full;
 use tollgate::key::Header;
@@ -463,26 +463,13 @@ async fn responses_not_charged_leave_redis_as_it_was() {
     let res = svc.ready_oneshot_call(request("a", "/fail")).await;
     assert_eq!(res.status(), StatusCode::UNAUTHORIZED);
     let mut conn = server.conn();
-    let snapshot = |conn: &mut redis::Connection| {
-        let keys: Vec<String> = redis::cmd("KEYS")
-            .arg(format!("{prefix}:*"))
-            .query(conn)
-            .unwrap();
-        keys.into_iter()
-            .map(|k| {
-                let dump: Vec<u8> = redis::cmd("DUMP").arg(&k).query(conn).unwrap();
-                let at: i64 = redis::cmd("PEXPIRETIME").arg(&k).query(conn).unwrap();
-                (k, dump, at)
-            })
-            .collect::<Vec<_>>()
-    };
-    let before = snapshot(&mut conn);
+    let before = snapshot(&mut conn, &prefix);
     assert_eq!(before.len(), 2, "{before:?}");
     for user in ["a", "a", "b", "a"] {
         let res = svc.ready_oneshot_call(request(user, "/")).await;
         assert_eq!(res.status(), StatusCode::OK);
     }
-    assert_eq!(snapshot(&mut conn), before);
+    assert_eq!(snapshot(&mut conn, &prefix), before);
 }
 
 /// Requests in flight together all pass the peek: more than the quota may reach the
