@@ -132,6 +132,11 @@ impl Layout {
         usize::from(self.packed > 0) + self.slots.len() - self.packed
     }
 
+    /// Whether every limit is packed: an identifier's state is its packed key alone.
+    pub(crate) fn is_packed_only(&self) -> bool {
+        self.packed > 0 && self.packed == self.slots.len()
+    }
+
     /// Whether the identifier's first key is the packed one.
     pub(crate) fn has_packed(&self) -> bool {
         self.packed > 0
@@ -260,8 +265,29 @@ pub(crate) struct Entry {
     pub(crate) retry_after_us: u64,
 }
 
+impl Entry {
+    /// The entry of a pair whose verdict is `v` and whose state reports `r` as of `at`, the
+    /// time decided at (`real`, the clock's time, or later for a waiting check); reset and
+    /// retry times are counted from `real`.
+    fn of(v: Verdict, r: Report, real: u64, at: u64) -> Entry {
+        Entry {
+            allowed: v.allowed,
+            remaining: r.remaining,
+            reset_after_us: match r.reset_after {
+                0 => 0,
+                reset => reset + (at - real),
+            },
+            retry_after_us: if v.allowed {
+                0
+            } else {
+                v.retry_at.saturating_sub(real)
+            },
+        }
+    }
+}
+
 impl Counter {
-    fn fresh(limit: &Limit) -> Counter {
+    pub(crate) fn fresh(limit: &Limit) -> Counter {
         match limit.algorithm() {
             Algorithm::SlidingWindow => Counter::Window(Default::default()),
             Algorithm::RollingWindow => Counter::Ring(Default::default()),
@@ -290,6 +316,44 @@ impl Counter {
             Algorithm::RollingWindow => rolling_window::fields(limit),
             Algorithm::FixedWindow => fixed_window::FIELDS,
             _ => gcra::FIELDS,
+        }
+    }
+}
+
+impl Counter {
+    fn evaluate(&self, lim: &Limit, now: u64, cost: u64) -> Verdict {
+        match self {
+            Counter::Window(s) => sliding_window::evaluate(s, lim, now, cost),
+            Counter::Ring(s) => rolling_window::evaluate(s, lim, now, cost),
+            Counter::Fixed(s) => fixed_window::evaluate(s, lim, now, cost),
+            Counter::Gcra(s) => gcra::evaluate(s, lim, now, cost),
+        }
+    }
+
+    fn commit(&mut self, lim: &Limit, now: u64, cost: u64) {
+        match self {
+            Counter::Window(s) => sliding_window::commit(s, lim, now, cost),
+            Counter::Ring(s) => rolling_window::commit(s, lim, now, cost),
+            Counter::Fixed(s) => fixed_window::commit(s, lim, now, cost),
+            Counter::Gcra(s) => gcra::commit(s, lim, now, cost),
+        }
+    }
+
+    fn report(&self, lim: &Limit, now: u64) -> Report {
+        match self {
+            Counter::Window(s) => sliding_window::report(s, lim, now),
+            Counter::Ring(s) => rolling_window::report(s, lim, now),
+            Counter::Fixed(s) => fixed_window::report(s, lim, now),
+            Counter::Gcra(s) => gcra::report(s, lim, now),
+        }
+    }
+
+    fn expires_at(&self, lim: &Limit) -> u64 {
+        match self {
+            Counter::Window(s) => sliding_window::expires_at(s, lim),
+            Counter::Ring(s) => rolling_window::expires_at(s, lim),
+            Counter::Fixed(s) => fixed_window::expires_at(s, lim),
+            Counter::Gcra(s) => gcra::expires_at(s),
         }
     }
 }
@@ -329,10 +393,7 @@ fn part(st: &mut State, pos: usize) -> Part<'_> {
 
 fn evaluate(part: Part<'_>, lim: &Limit, now: u64, cost: u64) -> Verdict {
     match part {
-        Part::Counter(Counter::Window(s)) => sliding_window::evaluate(s, lim, now, cost),
-        Part::Counter(Counter::Ring(s)) => rolling_window::evaluate(s, lim, now, cost),
-        Part::Counter(Counter::Fixed(s)) => fixed_window::evaluate(s, lim, now, cost),
-        Part::Counter(Counter::Gcra(s)) => gcra::evaluate(s, lim, now, cost),
+        Part::Counter(c) => c.evaluate(lim, now, cost),
         Part::Log(s) => sliding_log::evaluate(s, lim, now, cost),
         Part::Leases(s) => concurrency::evaluate(s, lim, now, cost),
         Part::Settled(e) if e.allowed => Verdict::ADMIT,
@@ -343,10 +404,7 @@ fn evaluate(part: Part<'_>, lim: &Limit, now: u64, cost: u64) -> Verdict {
 /// Charges `cost` at `now`; `real` is the clock's time (earlier for a waiting check).
 fn commit(part: Part<'_>, lim: &Limit, real: u64, now: u64, cost: u64, lease: &str) {
     match part {
-        Part::Counter(Counter::Window(s)) => sliding_window::commit(s, lim, now, cost),
-        Part::Counter(Counter::Ring(s)) => rolling_window::commit(s, lim, now, cost),
-        Part::Counter(Counter::Fixed(s)) => fixed_window::commit(s, lim, now, cost),
-        Part::Counter(Counter::Gcra(s)) => gcra::commit(s, lim, now, cost),
+        Part::Counter(c) => c.commit(lim, now, cost),
         Part::Log(s) => sliding_log::commit(s, lim, real, now, cost),
         Part::Leases(s) => concurrency::commit(s, lim, now, lease),
         // the script charged it already
@@ -356,10 +414,7 @@ fn commit(part: Part<'_>, lim: &Limit, real: u64, now: u64, cost: u64, lease: &s
 
 fn report(part: Part<'_>, lim: &Limit, now: u64) -> Report {
     match part {
-        Part::Counter(Counter::Window(s)) => sliding_window::report(s, lim, now),
-        Part::Counter(Counter::Ring(s)) => rolling_window::report(s, lim, now),
-        Part::Counter(Counter::Fixed(s)) => fixed_window::report(s, lim, now),
-        Part::Counter(Counter::Gcra(s)) => gcra::report(s, lim, now),
+        Part::Counter(c) => c.report(lim, now),
         Part::Log(s) => sliding_log::report(s, lim, now),
         Part::Leases(s) => concurrency::report(s, lim, now),
         Part::Settled(e) => Report {
@@ -377,12 +432,7 @@ pub(crate) fn expires_at(st: &State, layout: &Layout, limits: &[Limit], k: usize
         State::Counters(counters) => layout
             .limits_of(k)
             .zip(counters)
-            .map(|(l, c)| match c {
-                Counter::Window(s) => sliding_window::expires_at(s, &limits[l]),
-                Counter::Ring(s) => rolling_window::expires_at(s, &limits[l]),
-                Counter::Fixed(s) => fixed_window::expires_at(s, &limits[l]),
-                Counter::Gcra(s) => gcra::expires_at(s),
-            })
+            .map(|(l, c)| c.expires_at(&limits[l]))
             .max()
             .unwrap_or(0),
         State::Log(s) => layout
@@ -489,6 +539,59 @@ pub(crate) fn decide_at_into(
     report_all(states, layout, limits, real, now, &verdicts, sink)
 }
 
+/// [`decide`] for one identifier whose state is its packed key alone (every limit of the
+/// policy is packed: `counters` are `limits`' own, in order), decided where the counters lie:
+/// the same phases and the same entries, without the general way's bookkeeping of keys and
+/// pairs. `missing`: the key was missing or expired, and `counters` are fresh ones, which a
+/// denied check leaves unreported as [`report_all`] leaves a missing state (the caller drops
+/// them: a denial creates nothing).
+pub(crate) fn decide_packed_into(
+    counters: &mut Counters,
+    limits: &[Limit],
+    now: u64,
+    cost: u64,
+    missing: bool,
+    sink: &mut impl Sink,
+) -> Summary {
+    // pushed one by one: collecting into a `SmallVec` costs several times more
+    let mut verdicts = Verdicts::new();
+    let mut allowed = true;
+    for (c, lim) in counters.iter().zip(limits) {
+        let v = c.evaluate(lim, now, cost);
+        allowed &= v.allowed;
+        verdicts.push(v);
+    }
+    if allowed {
+        for (c, lim) in counters.iter_mut().zip(limits) {
+            c.commit(lim, now, cost);
+        }
+    }
+    for (l, ((c, lim), &v)) in counters.iter().zip(limits).zip(&verdicts).enumerate() {
+        let r = if missing && !allowed {
+            Report::empty(lim)
+        } else {
+            c.report(lim, now)
+        };
+        sink.entry(0, l, Entry::of(v, r, now, now));
+    }
+    Summary {
+        allowed,
+        at_us: now,
+        wait_us: 0,
+    }
+}
+
+/// When a packed key whose counters are `limits`' own, in order, stops mattering
+/// ([`expires_at`] of such a key).
+pub(crate) fn packed_expires_at(counters: &Counters, limits: &[Limit]) -> u64 {
+    counters
+        .iter()
+        .zip(limits)
+        .map(|(c, lim)| c.expires_at(lim))
+        .max()
+        .unwrap_or(0)
+}
+
 /// Phase 1 of [`decide`] alone, the twin of the peek script: what a check of `cost` would
 /// decide now, with every state left as it is. Each entry reports the quota available now
 /// (nothing was charged) and, when denied, when the cost would fit.
@@ -539,21 +642,7 @@ fn report_all(
                 Some(st) => report(part(st, pos), lim, at),
                 None => Report::empty(lim),
             };
-            let entry = Entry {
-                allowed: v.allowed,
-                remaining: r.remaining,
-                // counted from `real`: the report is the state's at `at`, the time decided at
-                reset_after_us: match r.reset_after {
-                    0 => 0,
-                    reset => reset + (at - real),
-                },
-                retry_after_us: if v.allowed {
-                    0
-                } else {
-                    v.retry_at.saturating_sub(real)
-                },
-            };
-            sink.entry(j, l, entry);
+            sink.entry(j, l, Entry::of(v, r, real, at));
         }
     }
     let allowed = verdicts.iter().all(|v| v.allowed);

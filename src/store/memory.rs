@@ -19,7 +19,7 @@
 
 use std::cell::Cell;
 use std::collections::hash_map::RandomState;
-use std::hash::BuildHasher;
+use std::hash::{BuildHasher, Hasher};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use smallvec::SmallVec;
@@ -507,7 +507,11 @@ impl MemoryStore {
 impl Inner {
     /// The hash of `key`, which places it in its shard and in the shard's table.
     fn hash(&self, key: &str) -> u64 {
-        self.hasher.hash_one(key)
+        // The key's bytes in one write: `hash_one` would add a second, `str`'s end marker,
+        // which tells strings hashed together apart; a key is hashed alone.
+        let mut hasher = self.hasher.build_hasher();
+        hasher.write(key.as_bytes());
+        hasher.finish()
     }
 
     fn shard(&self, hash: u64) -> &Locked {

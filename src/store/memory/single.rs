@@ -12,13 +12,15 @@
 //!
 //! It decides exactly as `MemoryStore::decide_general`: the same key (the one
 //! `keyspace::keys_of` names, namespace included), so the same shard, the same decision
-//! (`algorithm::decide_within_into`), the same expiry, and the same eviction when the key is new.
+//! (`algorithm::decide_within_into`; for a packed key that exists and a check that does not
+//! wait, `algorithm::decide_packed_into`, the same phases on its counters where they lie), the
+//! same expiry, and the same eviction when the key is new.
 //! Peeks, resets and refunds take the general way.
 
 use std::cell::RefCell;
 
 use super::{lock, make_room, MemoryStore, Stored, PREFIX};
-use crate::algorithm::{self, Counters, Layout, Sink, State, Summary};
+use crate::algorithm::{self, Counter, Counters, Layout, Sink, State, Summary};
 use crate::policy::Limit;
 use crate::store::{keyspace, Plan};
 
@@ -148,7 +150,33 @@ fn decide(
             sink,
         )
     };
-    let Some(stored) = shard.map.get_mut(hash, key) else {
+    let mut found = shard.map.get_mut(hash, key);
+    // The usual check: a packed key that exists, decided where its counters lie.
+    if let (Some(stored), 0, true) = (
+        found.as_deref_mut(),
+        ask.max_wait_us,
+        layout.is_packed_only(),
+    ) {
+        if let State::Counters(counters) = &mut stored.state {
+            let live = stored.expires_at > now;
+            if !live {
+                // an expired state decides like none: fresh counters, kept only if charged
+                for (c, lim) in counters.iter_mut().zip(limits) {
+                    *c = Counter::fresh(lim);
+                }
+            }
+            let summary =
+                algorithm::decide_packed_into(counters, limits, now, ask.cost, !live, sink);
+            if summary.allowed || !live {
+                stored.expires_at = algorithm::packed_expires_at(counters, limits);
+            }
+            if !summary.allowed && !live {
+                shard.map.remove(hash, key);
+            }
+            return summary;
+        }
+    }
+    let Some(stored) = found else {
         let mut slot = [None];
         let summary = decide(&mut slot);
         if let [Some(state)] = slot {
