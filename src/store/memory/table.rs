@@ -14,8 +14,52 @@ use super::Stored;
 #[derive(Debug)]
 struct Slot {
     hash: u64,
-    key: String,
+    key: Key,
     stored: Stored,
+}
+
+/// The longest key kept in its slot: one of an IPv4 address and a policy of three limits
+/// (`m:{ip:255.255.255.255}:r1s,r1m,r1h`, 34 bytes) fits, and the key takes 40 bytes.
+const INLINE: usize = 38;
+
+/// A key, in its slot when it is short, as nearly every key is (an identifier and a few
+/// bytes): finding a state then reads nothing outside the table, where a key of its own
+/// allocation would cost one more cache miss on every lookup of a key that is not in cache,
+/// and an allocation for every new key.
+#[derive(Debug)]
+enum Key {
+    Inline { len: u8, bytes: [u8; INLINE] },
+    Heap(Box<str>),
+}
+
+impl Key {
+    fn new(key: &str) -> Key {
+        match u8::try_from(key.len()) {
+            Ok(len) if key.len() <= INLINE => {
+                let mut bytes = [0; INLINE];
+                bytes[..key.len()].copy_from_slice(key.as_bytes());
+                Key::Inline { len, bytes }
+            }
+            _ => Key::Heap(key.into()),
+        }
+    }
+
+    fn as_bytes(&self) -> &[u8] {
+        match self {
+            Key::Inline { len, bytes } => &bytes[..usize::from(*len)],
+            Key::Heap(key) => key.as_bytes(),
+        }
+    }
+
+    fn is(&self, key: &str) -> bool {
+        self.as_bytes() == key.as_bytes()
+    }
+
+    /// The key as text (it was made from a `str`, so it is one: checked again here, off the
+    /// checks' path, rather than trusted without a check).
+    fn to_text(&self) -> std::borrow::Cow<'_, str> {
+        String::from_utf8_lossy(self.as_bytes())
+    }
 }
 
 /// The states of one shard, by key.
@@ -30,12 +74,12 @@ impl Table {
     }
 
     pub(super) fn get(&self, hash: u64, key: &str) -> Option<&Stored> {
-        self.slots.find(hash, |s| s.key == key).map(|s| &s.stored)
+        self.slots.find(hash, |s| s.key.is(key)).map(|s| &s.stored)
     }
 
     pub(super) fn get_mut(&mut self, hash: u64, key: &str) -> Option<&mut Stored> {
         self.slots
-            .find_mut(hash, |s| s.key == key)
+            .find_mut(hash, |s| s.key.is(key))
             .map(|s| &mut s.stored)
     }
 
@@ -44,7 +88,7 @@ impl Table {
     }
 
     pub(super) fn remove(&mut self, hash: u64, key: &str) -> Option<Stored> {
-        match self.slots.find_entry(hash, |s| s.key == key) {
+        match self.slots.find_entry(hash, |s| s.key.is(key)) {
             Ok(entry) => Some(entry.remove().0.stored),
             Err(_) => None,
         }
@@ -52,12 +96,12 @@ impl Table {
 
     /// Sets the state of `key` (copied only when it is new).
     pub(super) fn insert(&mut self, hash: u64, key: &str, stored: Stored) {
-        match self.slots.entry(hash, |s| s.key == key, |s| s.hash) {
+        match self.slots.entry(hash, |s| s.key.is(key), |s| s.hash) {
             Entry::Occupied(mut slot) => slot.get_mut().stored = stored,
             Entry::Vacant(slot) => {
                 slot.insert(Slot {
                     hash,
-                    key: key.to_owned(),
+                    key: Key::new(key),
                     stored,
                 });
             }
@@ -71,8 +115,8 @@ impl Table {
 
     /// Every key and its state, in no particular order.
     #[cfg(test)]
-    pub(super) fn iter(&self) -> impl Iterator<Item = (&str, &Stored)> {
-        self.slots.iter().map(|s| (s.key.as_str(), &s.stored))
+    pub(super) fn iter(&self) -> impl Iterator<Item = (std::borrow::Cow<'_, str>, &Stored)> {
+        self.slots.iter().map(|s| (s.key.to_text(), &s.stored))
     }
 
     /// Among the first `sample` states that are not `protected`, the hash and key of the
@@ -84,9 +128,60 @@ impl Table {
     ) -> Option<(u64, String)> {
         self.slots
             .iter()
-            .filter(|s| !protected(&s.key))
+            .filter(|s| !protected(&s.key.to_text()))
             .take(sample)
             .min_by_key(|s| s.stored.expires_at)
-            .map(|s| (s.hash, s.key.clone()))
+            .map(|s| (s.hash, s.key.to_text().into_owned()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::algorithm::{Counters, State};
+
+    fn stored(expires_at: u64) -> Stored {
+        Stored {
+            state: State::Counters(Counters::new()),
+            expires_at,
+        }
+    }
+
+    #[test]
+    fn keys_in_their_slot_and_of_their_own_are_found_alike() {
+        // up to the inline length, one over it, far over it, and with non-ASCII text
+        let keys = [
+            String::new(),
+            "m:{ip:1.2.3.4}:r1s".to_string(),
+            "k".repeat(INLINE),
+            "k".repeat(INLINE + 1),
+            "k".repeat(300),
+            "m:{é€}:r1s".to_string(),
+        ];
+        assert!(matches!(Key::new(&keys[2]), Key::Inline { .. }));
+        assert!(matches!(Key::new(&keys[3]), Key::Heap(_)));
+        let mut table = Table::default();
+        // every key with the same hash: they are told apart by their bytes alone
+        for (i, key) in keys.iter().enumerate() {
+            table.insert(7, key, stored(i as u64 + 10));
+        }
+        assert_eq!(table.len(), keys.len());
+        for (i, key) in keys.iter().enumerate() {
+            assert_eq!(table.get(7, key).map(|s| s.expires_at), Some(i as u64 + 10));
+            // a prefix or an extension of a key is another key
+            assert!(!table.contains(7, &format!("{key}x")));
+        }
+        assert!(!table.contains(7, &"k".repeat(INLINE - 1)));
+        let mut listed: Vec<String> = table.iter().map(|(k, _)| k.into_owned()).collect();
+        listed.sort();
+        let mut expected = keys.to_vec();
+        expected.sort();
+        assert_eq!(listed, expected);
+        // the earliest expiry among the keys not protected, named as it was given
+        let closest = table.closest_to_expiry(16, |k| k.is_empty());
+        assert_eq!(closest, Some((7, keys[1].clone())));
+        assert_eq!(table.remove(7, &keys[3]).map(|s| s.expires_at), Some(13));
+        assert!(!table.contains(7, &keys[3]));
+        assert_eq!(table.len(), keys.len() - 1);
     }
 }

@@ -53,7 +53,7 @@ fn contents(store: &MemoryStore) -> Vec<(String, String, u64)> {
             lock(shard)
                 .map
                 .iter()
-                .map(|(k, s)| (k.to_owned(), format!("{:?}", s.state), s.expires_at))
+                .map(|(k, s)| (k.into_owned(), format!("{:?}", s.state), s.expires_at))
                 .collect::<Vec<_>>()
         })
         .collect();
