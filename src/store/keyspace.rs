@@ -58,7 +58,7 @@
 //! of two namespaces, or of a namespace and the shared space, never meet. A namespace is
 //! limiter-wide and outlives policy changes, so what carries over above carries over in it.
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::fmt::{self, Write};
 use std::str::FromStr;
 use std::sync::Arc;
@@ -231,6 +231,10 @@ pub(crate) fn keys_of(
 
 /// [`keys_of`], each key given to `f` in turn, built in a buffer reused from call to call on
 /// the thread: a script call copies its keys anyway, and need not own them first.
+///
+/// A key is the prefix, `:{`, the identifier, and a tail that depends on the namespace and
+/// the limits alone; the tails of the last few (namespace, limits) pairs seen on the thread
+/// are kept, so that a check of the same policy as one before it writes no limit's name again.
 pub(crate) fn each_key(
     prefix: &str,
     escaped: &str,
@@ -240,11 +244,87 @@ pub(crate) fn each_key(
 ) {
     thread_local! {
         static BUFFER: Cell<String> = const { Cell::new(String::new()) };
+        static TAILS: RefCell<Tails> = RefCell::default();
     }
     // `try_with`: on a thread being torn down, a buffer of its own.
     let mut out = BUFFER.try_with(Cell::take).unwrap_or_default();
+    let mut emit = |tails: &[String]| {
+        for tail in tails {
+            out.clear();
+            out.push_str(prefix);
+            out.push_str(":{");
+            out.push_str(escaped);
+            out.push_str(tail);
+            f(&out);
+        }
+    };
+    // The memo cannot be borrowed already (nothing here checks again), but if it were, or on
+    // a thread being torn down, the tails are worked out for this call alone.
+    let memo = TAILS.try_with(|memo| match memo.try_borrow_mut() {
+        Ok(mut memo) => emit(memo.of(namespace, limits)),
+        Err(_) => emit(&tails_of(namespace, limits)),
+    });
+    if memo.is_err() {
+        emit(&tails_of(namespace, limits));
+    }
+    let _ = BUFFER.try_with(|b| b.set(out));
+}
+
+/// The tails of the keys of the last few (namespace, limits) pairs seen on a thread.
+#[derive(Default)]
+struct Tails {
+    entries: Vec<(Option<String>, Vec<Limit>, Vec<String>)>,
+    /// The entry the next new pair replaces once every place is taken.
+    next: usize,
+}
+
+impl Tails {
+    /// How many pairs a thread keeps: a few policies in turn (one per route, say) each find
+    /// theirs.
+    const PLACES: usize = 4;
+
+    fn of(&mut self, namespace: Option<&str>, limits: &[Limit]) -> &[String] {
+        let found = self
+            .entries
+            .iter()
+            .position(|(ns, l, _)| l[..] == *limits && ns.as_deref() == namespace);
+        let i = match found {
+            Some(i) => i,
+            None => {
+                let entry = (
+                    namespace.map(str::to_owned),
+                    limits.to_vec(),
+                    tails_of(namespace, limits),
+                );
+                if self.entries.len() < Self::PLACES {
+                    self.entries.push(entry);
+                    self.entries.len() - 1
+                } else {
+                    let i = self.next;
+                    self.next = (i + 1) % Self::PLACES;
+                    self.entries[i] = entry;
+                    i
+                }
+            }
+        };
+        &self.entries[i].2
+    }
+}
+
+/// The tail of each key of an identifier, in [`keys_of`]'s order: what follows the
+/// identifier (`}:`, then `NAMESPACE:` when there is one, then the limit part).
+fn tails_of(namespace: Option<&str>, limits: &[Limit]) -> Vec<String> {
+    let head = |out: &mut String| {
+        out.push_str("}:");
+        if let Some(namespace) = namespace {
+            out.push_str(namespace);
+            out.push(':');
+        }
+    };
+    let mut tails = Vec::with_capacity(limits.len());
     if limits.iter().any(algorithm::is_packed) {
-        head_into(&mut out, prefix, escaped, namespace);
+        let mut out = String::new();
+        head(&mut out);
         let packed = limits.iter().filter(|l| algorithm::is_packed(l));
         for (i, limit) in packed.enumerate() {
             if i > 0 {
@@ -252,18 +332,19 @@ pub(crate) fn each_key(
             }
             limit_tag(&mut out, limit, false);
         }
-        f(&out);
+        tails.push(out);
     }
     for limit in limits.iter().filter(|l| !algorithm::is_packed(l)) {
         // another sorted set of the policy with the same name: both name their count
         let shared = limits.iter().any(|o| {
             o != limit && o.algorithm() == limit.algorithm() && o.window_us() == limit.window_us()
         });
-        head_into(&mut out, prefix, escaped, namespace);
+        let mut out = String::new();
+        head(&mut out);
         limit_tag(&mut out, limit, shared);
-        f(&out);
+        tails.push(out);
     }
-    let _ = BUFFER.try_with(|b| b.set(out));
+    tails
 }
 
 /// The space of a limiter's keys on its store, apart from other limiters' state: see
@@ -439,6 +520,40 @@ mod tests {
         // another policy, another key
         let other: crate::Policy = "10/s sliding, 120/min sliding".parse().unwrap();
         assert_ne!(packed_key("rl", &id, None, other.limits()), packed);
+    }
+
+    #[test]
+    fn keys_from_the_thread_memo_are_the_keys_built_afresh() {
+        // more (namespace, policy) pairs than the memo keeps, in turn, twice
+        let policies = [
+            "10/s",
+            "10/s, 120/min, 240/h",
+            "5/s log",
+            "10/s, 5/s log, 100/min fixed, 3 concurrent",
+            "3/s gcra burst=9, 2000/s",
+            "7/s sliding",
+        ];
+        for round in 0..2 {
+            for namespace in [None, Some("login"), Some("api")] {
+                for policy in policies {
+                    let policy: crate::Policy = policy.parse().unwrap();
+                    let limits = policy.limits();
+                    for id in ["ip:1.2.3.4", "", "%7B"] {
+                        let mut expected = Vec::new();
+                        let packed: Vec<&Limit> =
+                            limits.iter().filter(|l| algorithm::is_packed(l)).collect();
+                        if !packed.is_empty() {
+                            expected.push(packed_key("rl", id, namespace, packed));
+                        }
+                        for limit in limits.iter().filter(|l| !algorithm::is_packed(l)) {
+                            expected.push(key("rl", id, namespace, limit));
+                        }
+                        let got = keys_of("rl", id, namespace, limits);
+                        assert_eq!(got, expected, "{policy} in {namespace:?}, round {round}");
+                    }
+                }
+            }
+        }
     }
 
     #[test]
