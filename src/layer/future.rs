@@ -116,6 +116,7 @@ where
     /// The request was checked already (`outcome`): passes it to `inner`, the service that
     /// was polled ready, when admitted, else answers it. `pks` as for
     /// [`with_partition_keys`](Self::with_partition_keys).
+    #[inline]
     pub(crate) fn decided(
         inner: &mut S,
         req: Request<ReqBody>,

@@ -64,9 +64,6 @@ struct Item {
     w: Option<u64>,
 }
 
-/// The status each item describes, in the order of the items.
-type Picks<'a> = [Option<&'a LimitStatus>];
-
 impl HeaderCache {
     /// The `RateLimit-Policy` and `RateLimit` values of `decision` for a response that has
     /// neither, or `None` when they take the general path. `retry_after` is the response's
@@ -77,36 +74,47 @@ impl HeaderCache {
         pks: Option<&[Vec<u8>]>,
         retry_after: Option<u64>,
     ) -> Option<(HeaderValue, HeaderValue)> {
-        let mut picks: [Option<&LimitStatus>; MAX_ITEMS] = [None; MAX_ITEMS];
-        let mut count = 0;
         let statuses = decision.statuses();
         if statuses.iter().enumerate().all(|(k, s)| s.limit_index == k) {
             // A status per limit, in the order of the limits (a check of one identifier, the
             // usual case): each is the one its limit's item describes, as `pick` would find.
-            for s in statuses {
+            if statuses.len() > MAX_ITEMS {
+                return None;
+            }
+            return self.fields_of(statuses.iter(), statuses.len(), pks, retry_after);
+        }
+        let mut picks: [Option<&LimitStatus>; MAX_ITEMS] = [None; MAX_ITEMS];
+        let mut count = 0;
+        for l in limit_indexes(decision) {
+            if let Some(s) = pick(decision, l) {
                 *picks.get_mut(count)? = Some(s);
                 count += 1;
             }
-        } else {
-            for l in limit_indexes(decision) {
-                if let Some(s) = pick(decision, l) {
-                    *picks.get_mut(count)? = Some(s);
-                    count += 1;
-                }
-            }
         }
-        let picks = &picks[..count];
-        if picks.is_empty() {
+        let picks = picks[..count].iter().flatten().copied();
+        self.fields_of(picks, count, pks, retry_after)
+    }
+
+    /// [`fields`](Self::fields) of the `count` statuses `picks`, the one each item describes,
+    /// in the order of the items.
+    fn fields_of<'a>(
+        &self,
+        picks: impl Iterator<Item = &'a LimitStatus> + Clone,
+        count: usize,
+        pks: Option<&[Vec<u8>]>,
+        retry_after: Option<u64>,
+    ) -> Option<(HeaderValue, HeaderValue)> {
+        if count == 0 {
             return None;
         }
-        if let Some(first) = self.first.get().filter(|e| e.lists(picks)) {
+        if let Some(first) = self.first.get().filter(|e| e.lists(picks.clone(), count)) {
             return first.fields.as_ref()?.write(picks, pks, retry_after);
         }
         let entries = self.entries.load();
-        match entries.iter().find(|e| e.lists(picks)) {
+        match entries.iter().find(|e| e.lists(picks.clone(), count)) {
             Some(entry) => entry.fields.as_ref()?.write(picks, pks, retry_after),
             None => self
-                .add(picks)
+                .add(picks.clone())
                 .fields
                 .as_ref()?
                 .write(picks, pks, retry_after),
@@ -114,8 +122,8 @@ impl HeaderCache {
     }
 
     /// Builds the entry of the limits of `picks`, and keeps it.
-    fn add(&self, picks: &Picks<'_>) -> Arc<Entry> {
-        let limits: Vec<Limit> = picks.iter().flatten().map(|s| s.limit).collect();
+    fn add<'a>(&self, picks: impl Iterator<Item = &'a LimitStatus>) -> Arc<Entry> {
+        let limits: Vec<Limit> = picks.map(|s| s.limit).collect();
         let fields = Fields::of(&limits);
         let entry = Arc::new(Entry { limits, fields });
         if self.first.set(entry.clone()).is_ok() {
@@ -138,27 +146,22 @@ impl HeaderCache {
 }
 
 impl Entry {
-    /// Whether this is the entry of the limits of `picks`.
-    fn lists(&self, picks: &Picks<'_>) -> bool {
-        self.limits.len() == picks.len()
-            && self
-                .limits
-                .iter()
-                .zip(picks.iter().flatten())
-                .all(|(l, s)| *l == s.limit)
+    /// Whether this is the entry of the limits of the `count` statuses `picks`.
+    fn lists<'a>(&self, picks: impl Iterator<Item = &'a LimitStatus>, count: usize) -> bool {
+        self.limits.len() == count && self.limits.iter().zip(picks).all(|(l, s)| *l == s.limit)
     }
 }
 
 impl Fields {
     /// The values, for the statuses `picks` of this entry's limits.
-    fn write(
+    fn write<'a>(
         &self,
-        picks: &Picks<'_>,
+        picks: impl Iterator<Item = &'a LimitStatus>,
         pks: Option<&[Vec<u8>]>,
         retry_after: Option<u64>,
     ) -> Option<(HeaderValue, HeaderValue)> {
         let state = written(|state| {
-            for (i, (s, item)) in picks.iter().flatten().zip(&self.items).enumerate() {
+            for (i, (s, item)) in picks.zip(&self.items).enumerate() {
                 if i > 0 {
                     state.extend_from_slice(b", ");
                 }
