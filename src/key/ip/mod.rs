@@ -65,10 +65,16 @@ fn push_v4_key(key: &mut InlineText, v4: Ipv4Addr) -> fmt::Result {
     Ok(())
 }
 
-/// The key of `v4` (see [`ip_key`]).
+/// The key of `v4` (see [`ip_key`]), from the same slots, without the formatting machinery.
 fn write_v4_key(out: &mut impl fmt::Write, v4: Ipv4Addr) -> fmt::Result {
-    let [a, b, c, d] = v4.octets();
-    write!(out, "ip:{a}.{b}.{c}.{d}")
+    out.write_str("ip:")?;
+    for (i, octet) in v4.octets().into_iter().enumerate() {
+        let slot = usize::from(octet) * 4;
+        let [.., digits] = OCTETS[usize::from(octet)];
+        let end = slot + usize::from(digits) + usize::from(i < 3);
+        out.write_str(OCTET_TEXT.get(slot..end).ok_or(fmt::Error)?)?;
+    }
+    Ok(())
 }
 
 /// Each octet's digits and a dot, in a slot of 4 bytes (the rest NUL): `0.\0\0`, …,
