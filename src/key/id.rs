@@ -4,85 +4,46 @@
 
 use std::fmt;
 
+use arrayvec::ArrayString;
+
 /// The most bytes an identifier written in place holds: `ip:` and the longest IPv6 network
 /// (`ffff:…:ffff/128`, 43 bytes) with room to spare.
 const INLINE: usize = 62;
 
-/// Text of at most `N` bytes, in place (an identifier; a header value being written).
+/// Text of at most `N` bytes, in place (an identifier). Kept as a `str` (an `ArrayString`),
+/// only ever appended whole `str`s: reading it is free, where bytes kept as bytes would be
+/// checked to be UTF-8 again at each reading (a check of every identifier for each limiter,
+/// partition key and store key it goes into).
 #[derive(Clone)]
-pub(crate) struct InlineText<const N: usize = INLINE> {
-    len: usize,
-    bytes: [u8; N],
-}
+pub(crate) struct InlineText<const N: usize = INLINE>(ArrayString<N>);
 
 impl<const N: usize> InlineText<N> {
     pub(crate) const fn new() -> InlineText<N> {
-        InlineText {
-            len: 0,
-            bytes: [0; N],
-        }
+        InlineText(ArrayString::new_const())
     }
 
     pub(crate) fn as_str(&self) -> &str {
-        // Only whole `&str`s are ever appended, so the bytes are always UTF-8.
-        std::str::from_utf8(self.as_bytes()).unwrap_or_default()
+        self.0.as_str()
     }
 
-    pub(crate) fn as_bytes(&self) -> &[u8] {
-        &self.bytes[..self.len]
-    }
-
-    /// Appends the decimal digits of `n`.
-    pub(crate) fn write_u64(&mut self, mut n: u64) -> fmt::Result {
-        let mut digits = [b'0'; 20];
-        let mut start = digits.len();
-        while n >= 100 {
-            let pair = usize::try_from(n % 100).unwrap_or_default() * 2;
-            n /= 100;
-            start -= 2;
-            digits[start..start + 2].copy_from_slice(&PAIRS[pair..pair + 2]);
-        }
-        if n >= 10 {
-            let pair = usize::try_from(n).unwrap_or_default() * 2;
-            start -= 2;
-            digits[start..start + 2].copy_from_slice(&PAIRS[pair..pair + 2]);
-        } else {
-            start -= 1;
-            digits[start] = b'0' + n as u8;
-        }
-        self.push_ascii(&digits[start..])
-    }
-
-    /// Appends `bytes`, ASCII (so the text stays UTF-8).
-    pub(crate) fn push_ascii(&mut self, bytes: &[u8]) -> fmt::Result {
-        debug_assert!(bytes.is_ascii());
-        let end = self.len + bytes.len();
-        let Some(room) = self.bytes.get_mut(self.len..end) else {
-            return Err(fmt::Error);
-        };
-        room.copy_from_slice(bytes);
-        self.len = end;
+    /// Appends the first `keep` bytes of `text`, ASCII: the whole of `text` is copied (a copy
+    /// of a length known where this is inlined, cheaper than one of a length known only
+    /// when it runs), then the text is cut back.
+    #[inline]
+    pub(crate) fn push_cut(&mut self, text: &str, keep: usize) -> fmt::Result {
+        debug_assert!(text.is_ascii() && keep <= text.len());
+        let end = self.0.len() + keep.min(text.len());
+        self.0.try_push_str(text).map_err(|_| fmt::Error)?;
+        // ASCII: every length is a character boundary.
+        self.0.truncate(end);
         Ok(())
     }
 }
-
-/// "00" to "99", two digits at a time.
-const PAIRS: &[u8; 200] = b"0001020304050607080910111213141516171819\
-    2021222324252627282930313233343536373839\
-    4041424344454647484950515253545556575859\
-    6061626364656667686970717273747576777879\
-    8081828384858687888990919293949596979899";
 
 impl<const N: usize> fmt::Write for InlineText<N> {
     /// Appends `s`, or fails (leaving the text as it was) when it does not fit.
     fn write_str(&mut self, s: &str) -> fmt::Result {
-        let end = self.len + s.len();
-        let Some(room) = self.bytes.get_mut(self.len..end) else {
-            return Err(fmt::Error);
-        };
-        room.copy_from_slice(s.as_bytes());
-        self.len = end;
-        Ok(())
+        self.0.try_push_str(s).map_err(|_| fmt::Error)
     }
 }
 
@@ -171,23 +132,6 @@ mod tests {
         full.write_str(&long).unwrap();
         assert_eq!(full.as_str(), long);
         assert!(full.write_str("y").is_err());
-    }
-
-    #[test]
-    fn numbers_are_their_display() {
-        let mut numbers = vec![u64::MAX, 999_999_999_999_999, 1 << 53];
-        numbers.extend(0..=1_000);
-        numbers.extend((1..20).map(|k| 10u64.pow(k)));
-        numbers.extend((1..20).map(|k| 10u64.pow(k) - 1));
-        numbers.extend((1..20).map(|k| 10u64.pow(k) + 7));
-        for n in numbers {
-            let mut text = InlineText::<20>::new();
-            text.write_u64(n).unwrap();
-            assert_eq!(text.as_str(), n.to_string());
-        }
-        let mut short = InlineText::<2>::new();
-        assert!(short.write_u64(100).is_err());
-        assert_eq!(short.as_str(), "");
     }
 
     #[test]

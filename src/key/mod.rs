@@ -25,7 +25,7 @@ mod id;
 mod ip;
 mod simple;
 
-pub(crate) use id::{Identifier, Identifiers, InlineText};
+pub(crate) use id::{Identifier, Identifiers};
 pub use ip::{ClientIp, IpCidr, IpCidrError, IpCidrErrorKind, PeerIp};
 pub use simple::{Extension, Global, GrpcMethod, Header, Route};
 

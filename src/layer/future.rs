@@ -37,7 +37,8 @@ pin_project! {
         config: Arc<Config>,
         grpc: bool,
         // When the layer charges by response: the charge to make if the response is selected.
-        pending: Option<Pending>,
+        // Boxed: most layers charge by request, and the future is moved whole, several times.
+        pending: Option<Box<Pending>>,
         // The partition key of each identifier of the check, for the `pk` parameters.
         pks: Option<Arc<[Vec<u8>]>>,
     }
@@ -107,7 +108,7 @@ where
             state: State::Checking { check, inner },
             config,
             grpc,
-            pending,
+            pending: pending.map(Box::new),
             pks: None,
         }
     }
@@ -115,6 +116,7 @@ where
     /// The request was checked already (`outcome`): passes it to `inner`, the service that
     /// was polled ready, when admitted, else answers it. `pks` as for
     /// [`with_partition_keys`](Self::with_partition_keys).
+    #[inline]
     pub(crate) fn decided(
         inner: &mut S,
         req: Request<ReqBody>,
@@ -123,24 +125,31 @@ where
         pending: Option<Pending>,
         pks: Option<Arc<[Vec<u8>]>>,
     ) -> Self {
-        let state = match outcome {
-            Ok(decision) if decision.is_allowed() => State::Calling {
-                fut: inner.call(req),
-                decision: Some(decision),
+        let pending = pending.map(Box::new);
+        // Each arm builds the future whole, where it is returned: a state built first and
+        // moved in after would be copied once more.
+        match outcome {
+            Ok(decision) if decision.is_allowed() => ResponseFuture {
+                state: State::Calling {
+                    fut: inner.call(req),
+                    decision: Some(decision),
+                },
+                config,
+                grpc: false,
+                pending,
+                pks,
             },
             refused => {
                 let grpc = RequestView::of(&req).is_grpc();
-                State::Answered {
-                    res: refusal(&config, &req, refused, grpc, pks.as_deref()),
+                let res = refusal(&config, &req, refused, grpc, pks.as_deref());
+                ResponseFuture {
+                    state: State::Answered { res },
+                    config,
+                    grpc: false,
+                    pending,
+                    pks,
                 }
             }
-        };
-        ResponseFuture {
-            state,
-            config,
-            grpc: false,
-            pending,
-            pks,
         }
     }
 
@@ -210,7 +219,7 @@ where
                         let selected = selects(&parts);
                         let res = Response::from_parts(parts, body);
                         let peeked = decision.take();
-                        let shown = match selected.then(|| pending.charge()) {
+                        let shown = match selected.then(|| (*pending).charge()) {
                             Some(Charge::Running(charge)) => {
                                 let res = Some(res);
                                 this.state.set(State::Charging {

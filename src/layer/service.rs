@@ -118,13 +118,19 @@ where
         };
         let done = match check_both_now(limiter, also, ids.as_slice(), cost, mode) {
             AtOnce::Decided(outcome) => {
-                let pending = by_response.then(|| Pending {
-                    first: limiter.clone(),
-                    then: also.cloned(),
-                    ids,
-                    cost,
-                    shadow,
-                });
+                // Not `by_response.then(|| …)`: a closure taking `ids` would copy them in
+                // even when it is not called.
+                let pending = if by_response {
+                    Some(Pending {
+                        first: limiter.clone(),
+                        then: also.cloned(),
+                        ids,
+                        cost,
+                        shadow,
+                    })
+                } else {
+                    None
+                };
                 let config = config.clone();
                 return ResponseFuture::decided(
                     &mut self.inner,

@@ -1,8 +1,8 @@
 //! The IETF fields of a response that has none yet — the usual case, once per response —
 //! without building adverts: the `RateLimit-Policy` value depends only on the list of limits,
-//! so it is built once per list and cloned; the `RateLimit` value is written into a buffer on
-//! the stack from parts built once (each item's `"NAME";r=`) and the decision's numbers, then
-//! copied into a per-thread chunk it is cut from ([`cut`]), without an allocation of its own.
+//! so it is built once per list and cloned; the `RateLimit` value is written from parts built
+//! once (each item's `"NAME";r=`) and the decision's numbers straight into a per-thread chunk
+//! it is cut from ([`written`]), without an allocation of its own.
 //! The bytes are those `fresh_ietf` writes (and the structured-field serializer would).
 
 use std::cell::RefCell;
@@ -17,7 +17,6 @@ use super::{
     effective_window, is_plain, limit_indexes, pick, push_base64, quota_and_window,
     CONCURRENT_REQUESTS, MAX_INTEGER,
 };
-use crate::key::InlineText;
 use crate::{Decision, Limit, LimitStatus};
 
 /// The most items written this way; a decision naming more limits takes the general path.
@@ -26,7 +25,7 @@ const MAX_ITEMS: usize = 16;
 /// a route that adds its own), and one more per version of a changed policy. When the cache
 /// is full, a new list takes the place of all the others.
 const MAX_ENTRIES: usize = 16;
-/// The longest `RateLimit` value written on the stack (three limits with partition keys take
+/// The longest `RateLimit` value written this way (three limits with partition keys take
 /// about 160 bytes); a longer one takes the general path.
 const STATE_BYTES: usize = 320;
 
@@ -65,9 +64,6 @@ struct Item {
     w: Option<u64>,
 }
 
-/// The status each item describes, in the order of the items.
-type Picks<'a> = [Option<&'a LimitStatus>];
-
 impl HeaderCache {
     /// The `RateLimit-Policy` and `RateLimit` values of `decision` for a response that has
     /// neither, or `None` when they take the general path. `retry_after` is the response's
@@ -78,36 +74,47 @@ impl HeaderCache {
         pks: Option<&[Vec<u8>]>,
         retry_after: Option<u64>,
     ) -> Option<(HeaderValue, HeaderValue)> {
-        let mut picks: [Option<&LimitStatus>; MAX_ITEMS] = [None; MAX_ITEMS];
-        let mut count = 0;
         let statuses = decision.statuses();
         if statuses.iter().enumerate().all(|(k, s)| s.limit_index == k) {
             // A status per limit, in the order of the limits (a check of one identifier, the
             // usual case): each is the one its limit's item describes, as `pick` would find.
-            for s in statuses {
+            if statuses.len() > MAX_ITEMS {
+                return None;
+            }
+            return self.fields_of(statuses.iter(), statuses.len(), pks, retry_after);
+        }
+        let mut picks: [Option<&LimitStatus>; MAX_ITEMS] = [None; MAX_ITEMS];
+        let mut count = 0;
+        for l in limit_indexes(decision) {
+            if let Some(s) = pick(decision, l) {
                 *picks.get_mut(count)? = Some(s);
                 count += 1;
             }
-        } else {
-            for l in limit_indexes(decision) {
-                if let Some(s) = pick(decision, l) {
-                    *picks.get_mut(count)? = Some(s);
-                    count += 1;
-                }
-            }
         }
-        let picks = &picks[..count];
-        if picks.is_empty() {
+        let picks = picks[..count].iter().flatten().copied();
+        self.fields_of(picks, count, pks, retry_after)
+    }
+
+    /// [`fields`](Self::fields) of the `count` statuses `picks`, the one each item describes,
+    /// in the order of the items.
+    fn fields_of<'a>(
+        &self,
+        picks: impl Iterator<Item = &'a LimitStatus> + Clone,
+        count: usize,
+        pks: Option<&[Vec<u8>]>,
+        retry_after: Option<u64>,
+    ) -> Option<(HeaderValue, HeaderValue)> {
+        if count == 0 {
             return None;
         }
-        if let Some(first) = self.first.get().filter(|e| e.lists(picks)) {
+        if let Some(first) = self.first.get().filter(|e| e.lists(picks.clone(), count)) {
             return first.fields.as_ref()?.write(picks, pks, retry_after);
         }
         let entries = self.entries.load();
-        match entries.iter().find(|e| e.lists(picks)) {
+        match entries.iter().find(|e| e.lists(picks.clone(), count)) {
             Some(entry) => entry.fields.as_ref()?.write(picks, pks, retry_after),
             None => self
-                .add(picks)
+                .add(picks.clone())
                 .fields
                 .as_ref()?
                 .write(picks, pks, retry_after),
@@ -115,8 +122,8 @@ impl HeaderCache {
     }
 
     /// Builds the entry of the limits of `picks`, and keeps it.
-    fn add(&self, picks: &Picks<'_>) -> Arc<Entry> {
-        let limits: Vec<Limit> = picks.iter().flatten().map(|s| s.limit).collect();
+    fn add<'a>(&self, picks: impl Iterator<Item = &'a LimitStatus>) -> Arc<Entry> {
+        let limits: Vec<Limit> = picks.map(|s| s.limit).collect();
         let fields = Fields::of(&limits);
         let entry = Arc::new(Entry { limits, fields });
         if self.first.set(entry.clone()).is_ok() {
@@ -139,50 +146,44 @@ impl HeaderCache {
 }
 
 impl Entry {
-    /// Whether this is the entry of the limits of `picks`.
-    fn lists(&self, picks: &Picks<'_>) -> bool {
-        self.limits.len() == picks.len()
-            && self
-                .limits
-                .iter()
-                .zip(picks.iter().flatten())
-                .all(|(l, s)| *l == s.limit)
+    /// Whether this is the entry of the limits of the `count` statuses `picks`.
+    fn lists<'a>(&self, picks: impl Iterator<Item = &'a LimitStatus>, count: usize) -> bool {
+        self.limits.len() == count && self.limits.iter().zip(picks).all(|(l, s)| *l == s.limit)
     }
 }
 
 impl Fields {
     /// The values, for the statuses `picks` of this entry's limits.
-    fn write(
+    fn write<'a>(
         &self,
-        picks: &Picks<'_>,
+        picks: impl Iterator<Item = &'a LimitStatus>,
         pks: Option<&[Vec<u8>]>,
         retry_after: Option<u64>,
     ) -> Option<(HeaderValue, HeaderValue)> {
-        let mut state = InlineText::<STATE_BYTES>::new();
-        for (i, (s, item)) in picks.iter().flatten().zip(&self.items).enumerate() {
-            if i > 0 {
-                state.write_str(", ").ok()?;
-            }
-            state.write_str(&item.prefix).ok()?;
-            state.write_u64(s.remaining.min(item.q)).ok()?;
-            if let Some(w) = item.w {
-                let t = effective_window(s, w);
-                if t > MAX_INTEGER {
-                    return None;
+        let state = written(|state| {
+            for (i, (s, item)) in picks.zip(&self.items).enumerate() {
+                if i > 0 {
+                    state.extend_from_slice(b", ");
                 }
-                // Every effective window ends by the time Retry-After says to come back.
-                state.write_str(";t=").ok()?;
-                state
-                    .write_u64(retry_after.map_or(t, |cap| t.min(cap)))
-                    .ok()?;
+                state.extend_from_slice(item.prefix.as_bytes());
+                push_u64(state, s.remaining.min(item.q));
+                if let Some(w) = item.w {
+                    let t = effective_window(s, w);
+                    if t > MAX_INTEGER {
+                        return None;
+                    }
+                    // Every effective window ends by the time Retry-After says to come back.
+                    state.extend_from_slice(b";t=");
+                    push_u64(state, retry_after.map_or(t, |cap| t.min(cap)));
+                }
+                if let Some(pk) = pks.and_then(|pks| pks.get(s.identifier)) {
+                    state.extend_from_slice(b";pk=:");
+                    push_base64(state, pk).ok()?;
+                    state.extend_from_slice(b":");
+                }
             }
-            if let Some(pk) = pks.and_then(|pks| pks.get(s.identifier)) {
-                state.write_str(";pk=:").ok()?;
-                push_base64(&mut state, pk).ok()?;
-                state.write_str(":").ok()?;
-            }
-        }
-        let state = cut(state.as_bytes())?;
+            Some(())
+        })?;
         Some((self.policy.clone(), state))
     }
 
@@ -233,23 +234,80 @@ thread_local! {
     static CHUNK: RefCell<BytesMut> = RefCell::new(BytesMut::new());
 }
 
-/// `value` as a header value, copied into the thread's chunk and cut from it
-/// (`BytesMut::split`, which counts a reference to the chunk): a response's value takes no
-/// allocation of its own. A chunk with less than [`STATE_BYTES`] left is replaced — once
-/// every hundred-odd responses — and freed when the last value cut from it is dropped
-/// (servers drop a response's fields once they are sent). On a thread being torn down, a
-/// copy of its own.
+/// `value` as a header value, copied into the thread's chunk and cut from it (see
+/// [`written`]).
+#[cfg(test)]
 pub(super) fn cut(value: &[u8]) -> Option<HeaderValue> {
+    written(|chunk| {
+        chunk.extend_from_slice(value);
+        Some(())
+    })
+}
+
+/// The header value `write` writes (at most [`STATE_BYTES`]; `None` when it gives up or
+/// writes more), written straight into the thread's chunk and cut from it
+/// (`BytesMut::split`, which counts a reference to the chunk): a response's value takes no
+/// allocation of its own, and is copied nowhere before it is sent. A chunk with less than
+/// [`STATE_BYTES`] left is replaced — once every hundred-odd responses — and freed when the
+/// last value cut from it is dropped (servers drop a response's fields once they are sent).
+/// On a thread being torn down, a buffer of its own.
+pub(super) fn written(write: impl FnOnce(&mut BytesMut) -> Option<()>) -> Option<HeaderValue> {
+    let mut write = Some(write);
     let shared = CHUNK.try_with(|chunk| {
         let mut chunk = chunk.try_borrow_mut().ok()?;
         if chunk.capacity() < STATE_BYTES {
             *chunk = BytesMut::with_capacity(CHUNK_BYTES);
         }
-        chunk.extend_from_slice(value);
-        Some(chunk.split().freeze())
+        let done = write.take().and_then(|write| write(&mut chunk));
+        if done.is_none() || chunk.len() > STATE_BYTES {
+            chunk.clear();
+            return Some(None);
+        }
+        Some(Some(chunk.split().freeze()))
     });
-    match shared {
-        Ok(Some(bytes)) => HeaderValue::from_maybe_shared(bytes).ok(),
-        _ => HeaderValue::from_bytes(value).ok(),
-    }
+    let bytes = match shared {
+        Ok(Some(bytes)) => bytes?,
+        // No chunk to write in (a thread torn down, or a value being written already).
+        _ => {
+            let mut own = BytesMut::new();
+            write.take()?(&mut own)?;
+            if own.len() > STATE_BYTES {
+                return None;
+            }
+            own.freeze()
+        }
+    };
+    HeaderValue::from_maybe_shared(bytes).ok()
 }
+
+/// Appends the decimal digits of `n`, two at a time from a table.
+pub(super) fn push_u64(out: &mut BytesMut, mut n: u64) {
+    if n < 10 {
+        out.extend_from_slice(&[b'0' + n as u8]);
+        return;
+    }
+    let mut digits = [b'0'; 20];
+    let mut start = digits.len();
+    while n >= 100 {
+        let pair = (n % 100) as usize * 2;
+        n /= 100;
+        start -= 2;
+        digits[start..start + 2].copy_from_slice(&PAIRS[pair..pair + 2]);
+    }
+    if n >= 10 {
+        let pair = n as usize * 2;
+        start -= 2;
+        digits[start..start + 2].copy_from_slice(&PAIRS[pair..pair + 2]);
+    } else {
+        start -= 1;
+        digits[start] = b'0' + n as u8;
+    }
+    out.extend_from_slice(&digits[start..]);
+}
+
+/// "00" to "99", two digits at a time.
+const PAIRS: &[u8; 200] = b"0001020304050607080910111213141516171819\
+    2021222324252627282930313233343536373839\
+    4041424344454647484950515253545556575859\
+    6061626364656667686970717273747576777879\
+    8081828384858687888990919293949596979899";

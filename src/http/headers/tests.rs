@@ -465,3 +465,35 @@ fn values_cut_from_the_chunks_keep_their_bytes() {
     assert!(super::fresh::cut(b"no\nline breaks").is_none());
     assert_eq!(super::fresh::cut(b"after").unwrap(), "after");
 }
+
+/// The digits written into a `RateLimit` value are those `Display` gives; a value longer than
+/// a value written in place may be is refused, and leaves nothing behind it.
+#[test]
+fn numbers_are_their_display() {
+    use super::fresh::{push_u64, written};
+    let mut numbers = vec![u64::MAX, 999_999_999_999_999, 1 << 53];
+    numbers.extend(0..=1_000);
+    numbers.extend((1..20).map(|k| 10u64.pow(k)));
+    numbers.extend((1..20).map(|k| 10u64.pow(k) - 1));
+    numbers.extend((1..20).map(|k| 10u64.pow(k) + 7));
+    for n in numbers {
+        let mut text = bytes::BytesMut::new();
+        push_u64(&mut text, n);
+        assert_eq!(text, n.to_string().as_bytes());
+    }
+    let too_long = written(|chunk| {
+        (0..100).for_each(|_| push_u64(chunk, 1_000_000));
+        Some(())
+    });
+    assert!(too_long.is_none());
+    let given_up = written(|chunk| {
+        push_u64(chunk, 100);
+        None
+    });
+    assert!(given_up.is_none());
+    let next = written(|chunk| {
+        push_u64(chunk, 42);
+        Some(())
+    });
+    assert_eq!(next.unwrap(), "42");
+}

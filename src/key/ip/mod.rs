@@ -43,11 +43,7 @@ fn ip_key(ip: IpAddr, ipv6_prefix: u8) -> String {
 fn ip_identifier(ip: IpAddr, ipv6_prefix: u8) -> Identifier {
     let mut key = InlineText::new();
     let written = match ip {
-        IpAddr::V4(v4) => {
-            let (text, len) = dotted(v4);
-            key.push_ascii(b"ip:")
-                .and_then(|()| key.push_ascii(&text[..len]))
-        }
+        IpAddr::V4(v4) => push_v4_key(&mut key, v4),
         IpAddr::V6(_) => write_ip_key(&mut key, ip, ipv6_prefix),
     };
     match written {
@@ -56,39 +52,66 @@ fn ip_identifier(ip: IpAddr, ipv6_prefix: u8) -> Identifier {
     }
 }
 
+/// The key of `v4`, the key of most requests, in place: each octet's slot of [`OCTET_TEXT`]
+/// copied whole, then cut to its digits and dot. The text is never checked again.
+fn push_v4_key(key: &mut InlineText, v4: Ipv4Addr) -> fmt::Result {
+    key.push_cut("ip:", 3)?;
+    for (i, octet) in v4.octets().into_iter().enumerate() {
+        let slot = usize::from(octet) * 4;
+        let [.., digits] = OCTETS[usize::from(octet)];
+        let text = OCTET_TEXT.get(slot..slot + 4).ok_or(fmt::Error)?;
+        key.push_cut(text, usize::from(digits) + usize::from(i < 3))?;
+    }
+    Ok(())
+}
+
+/// The key of `v4` (see [`ip_key`]), from the same slots, without the formatting machinery.
+fn write_v4_key(out: &mut impl fmt::Write, v4: Ipv4Addr) -> fmt::Result {
+    out.write_str("ip:")?;
+    for (i, octet) in v4.octets().into_iter().enumerate() {
+        let slot = usize::from(octet) * 4;
+        let [.., digits] = OCTETS[usize::from(octet)];
+        let end = slot + usize::from(digits) + usize::from(i < 3);
+        out.write_str(OCTET_TEXT.get(slot..end).ok_or(fmt::Error)?)?;
+    }
+    Ok(())
+}
+
+/// Each octet's digits and a dot, in a slot of 4 bytes (the rest NUL): `0.\0\0`, …,
+/// `255.`.
+const OCTET_SLOTS: [u8; 1024] = {
+    let mut slots = [0u8; 1024];
+    let mut n = 0;
+    while n < 256 {
+        let [a, b, c, len] = OCTETS[n];
+        let digits = [a, b, c];
+        let mut k = 0;
+        while k < len as usize {
+            slots[n * 4 + k] = digits[k];
+            k += 1;
+        }
+        slots[n * 4 + k] = b'.';
+        n += 1;
+    }
+    slots
+};
+
+/// [`OCTET_SLOTS`] as text, checked once, when the crate is compiled.
+const OCTET_TEXT: &str = match std::str::from_utf8(&OCTET_SLOTS) {
+    Ok(text) => text,
+    Err(_) => "",
+};
+
 /// Writes the key of `ip` (see [`ip_key`]).
 fn write_ip_key(out: &mut impl fmt::Write, ip: IpAddr, ipv6_prefix: u8) -> fmt::Result {
     match ip {
-        IpAddr::V4(v4) => {
-            let (text, len) = dotted(v4);
-            out.write_str("ip:")?;
-            out.write_str(std::str::from_utf8(&text[..len]).map_err(|_| fmt::Error)?)
-        }
+        IpAddr::V4(v4) => write_v4_key(out, v4),
         IpAddr::V6(v6) if ipv6_prefix < 128 => match Ipv6Net::new(v6, ipv6_prefix) {
             Ok(net) => write!(out, "ip:{}", net.trunc()),
             Err(_) => write!(out, "ip:{v6}"),
         },
         IpAddr::V6(v6) => write!(out, "ip:{v6}"),
     }
-}
-
-/// The dotted-quad text of `v4` (its first `len` bytes), the bytes `Display` gives, written
-/// without the formatting machinery: it is the key of most requests. Each octet's digits come
-/// from a table, three bytes at a time (those past its digits are written over next, or left
-/// past `len`), so that no branch depends on the address.
-fn dotted(v4: Ipv4Addr) -> ([u8; 15], usize) {
-    let mut text = [0u8; 15];
-    let mut len = 0;
-    for (i, octet) in v4.octets().into_iter().enumerate() {
-        let [a, b, c, n] = OCTETS[usize::from(octet)];
-        text[len..len + 3].copy_from_slice(&[a, b, c]);
-        len += usize::from(n);
-        if i < 3 {
-            text[len] = b'.';
-            len += 1;
-        }
-    }
-    (text, len)
 }
 
 /// The decimal digits of each octet, then their count: `[b'7', 0, 0, 1]`, `[b'2', b'5',
