@@ -177,6 +177,12 @@ fn head_into(out: &mut String, prefix: &str, escaped: &str, namespace: Option<&s
     out.push_str(prefix);
     out.push_str(":{");
     out.push_str(escaped);
+    close_tag_into(out, namespace);
+}
+
+/// Appends what follows the identifier before the limit part: `}:`, then `NAMESPACE:` when
+/// the limiter has one.
+fn close_tag_into(out: &mut String, namespace: Option<&str>) {
     out.push_str("}:");
     if let Some(namespace) = namespace {
         out.push_str(namespace);
@@ -313,14 +319,8 @@ impl Tails {
 
 /// The tail of each key of an identifier, in [`keys_of`]'s order: what follows the
 /// identifier (`}:`, then `NAMESPACE:` when there is one, then the limit part).
-fn tails_of(namespace: Option<&str>, limits: &[Limit]) -> Vec<String> {
-    let head = |out: &mut String| {
-        out.push_str("}:");
-        if let Some(namespace) = namespace {
-            out.push_str(namespace);
-            out.push(':');
-        }
-    };
+pub(crate) fn tails_of(namespace: Option<&str>, limits: &[Limit]) -> Vec<String> {
+    let head = |out: &mut String| close_tag_into(out, namespace);
     let mut tails = Vec::with_capacity(limits.len());
     if limits.iter().any(algorithm::is_packed) {
         let mut out = String::new();

@@ -48,16 +48,8 @@ impl OneKey {
         if layout.keys_per_id() != 1 {
             return None;
         }
-        // the key of an empty identifier is the prefix, `:{`, then the suffix
-        let keys = keyspace::keys_of(PREFIX, "", namespace, limits);
-        let suffix = match keys.as_slice() {
-            [key] => key.strip_prefix(PREFIX)?.strip_prefix(":{")?,
-            _ => return None,
-        };
-        Some(OneKey {
-            layout,
-            suffix: suffix.to_owned(),
-        })
+        let [suffix] = <[String; 1]>::try_from(keyspace::tails_of(namespace, limits)).ok()?;
+        Some(OneKey { layout, suffix })
     }
 }
 
