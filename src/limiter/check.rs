@@ -102,14 +102,21 @@ impl Limiter {
         let version = self.inner.version.load_full();
         // Boxed: the remote check's state machine runs to kilobytes, and a future that held
         // it inline would be copied whole wherever it is moved.
-        let answer =
+        let mut answer =
             Box::pin(self.answer(&version, identifiers, cost, mode.charge, max_wait)).await;
-        self.settle(&version, answer, cost, mode, shadow)
+        self.settle(&version, &mut answer, cost, mode, shadow);
+        answer
     }
 
     /// [`run_within`](Limiter::run_within) when the store decides at once (the memory store:
     /// it never waits), made here and now, without a future, on the version read without
     /// touching its count; `None` for a store that must be waited on.
+    ///
+    /// Inlined, with `decide_now`'s short way and `settle`, into the caller: the decision is
+    /// then built once, where the caller keeps it. Handed up by value through functions of
+    /// their own, its fields were copied at each step, wider than they had been written,
+    /// which stalls the processor on every copy (each load waits for the stores it spans).
+    #[inline(always)]
     pub(crate) fn run_at_once<I: AsRef<str>>(
         &self,
         identifiers: &[I],
@@ -121,8 +128,9 @@ impl Limiter {
         let shadow = mode.shadow || self.inner.shadow.load(Ordering::Relaxed);
         let version = self.inner.version.load();
         let target = self.target(&version, None);
-        let answer = decide_now(store, &target, identifiers, cost, mode.charge, max_wait);
-        Some(self.settle(&version, answer, cost, mode, shadow))
+        let mut answer = decide_now(store, &target, identifiers, cost, mode.charge, max_wait);
+        self.settle(&version, &mut answer, cost, mode, shadow);
+        Some(answer)
     }
 
     /// Where a check on `version` looks first (`fallback`: the fallback store and policy
@@ -154,33 +162,34 @@ impl Limiter {
         }
     }
 
-    /// Shadow mode and the record of a check's answer.
+    /// Shadow mode and the record of a check's answer, made on the answer where it lies (see
+    /// `run_at_once`).
+    #[inline(always)]
     fn settle(
         &self,
         version: &Version,
-        answer: Result<(Decision, Duration), Error>,
+        answer: &mut Result<(Decision, Duration), Error>,
         cost: u64,
         mode: Mode,
         shadow: bool,
-    ) -> Result<(Decision, Duration), Error> {
-        let mut wait = Duration::ZERO;
-        let answer = match answer {
-            Ok((mut decision, waits)) => {
+    ) {
+        match answer {
+            Ok((decision, wait)) => {
                 decision.shadow = shadow;
-                if !shadow {
-                    wait = waits;
+                // in shadow mode the request goes at once, charged as when enforcing
+                if shadow {
+                    *wait = Duration::ZERO;
                 }
-                decision
             }
             // Shadow mode never refuses: a check the enforcing limiter would refuse as
             // impossible, or for want of a store, lets the request through as a would-be
             // denial.
             Err(Error::Cost { .. } | Error::Store(_)) if shadow => {
-                Decision::refused_unchecked(cost)
+                *answer = Ok((Decision::refused_unchecked(cost), Duration::ZERO));
             }
-            Err(e) => return Err(e),
-        };
-        if mode.record {
+            Err(_) => return,
+        }
+        if let (true, Ok((answer, _))) = (mode.record, &*answer) {
             observe::decision(&version.name, &version.limit_labels, &answer);
             if answer.shadow && answer.would_deny() {
                 self.inner
@@ -188,7 +197,6 @@ impl Limiter {
                     .would_deny(&version.name, answer.would_deny_by().map(|s| &s.limit));
             }
         }
-        Ok((answer, wait))
     }
 
     /// The check with the failure policy, without shadow mode.
@@ -285,6 +293,7 @@ thread_local! {
 }
 
 /// Whether `policy` could ever admit `cost`.
+#[inline(always)]
 fn admissible(cost: u64, policy: &Policy) -> Result<(), Error> {
     let max = policy.max_cost();
     if cost == 0 || cost > max {
@@ -295,6 +304,7 @@ fn admissible(cost: u64, policy: &Policy) -> Result<(), Error> {
 
 /// The check on the memory store, made at once (it never fails, so no failure policy
 /// answers; it holds no deny cache: the store itself answers as fast).
+#[inline(always)]
 fn decide_now<I: AsRef<str>>(
     store: &MemoryStore,
     target: &Target<'_>,
@@ -318,6 +328,20 @@ fn decide_now<I: AsRef<str>>(
         let summary = store.check_one(shape, id.as_ref(), limits, cost, wait, &mut sink);
         return Ok(decided(summary, cost, statuses, None));
     }
+    decide_now_general(store, target, identifiers, cost, charge, max_wait)
+}
+
+/// [`decide_now`] of several identifiers, of a policy with several keys per identifier, or
+/// of a peek.
+#[inline(never)]
+fn decide_now_general<I: AsRef<str>>(
+    store: &MemoryStore,
+    target: &Target<'_>,
+    identifiers: &[I],
+    cost: u64,
+    charge: bool,
+    max_wait: Duration,
+) -> Result<(Decision, Duration), Error> {
     let escaped = Escaped::of(identifiers, cost, target.policy)?;
     let limits = target.policy.limits();
     let namespace = target.namespace.map(Namespace::as_str);
@@ -358,6 +382,7 @@ fn decide_now<I: AsRef<str>>(
 }
 
 /// The decision a store made at once: `summary`, with the `statuses` of its entries.
+#[inline(always)]
 fn decided(
     summary: Summary,
     cost: u64,

@@ -555,6 +555,7 @@ impl Limiter {
 
     /// [`run`](Limiter::run), made at once (`run_at_once`); `None` for a store that must be
     /// waited on.
+    #[inline(always)]
     pub(crate) fn run_now<I: AsRef<str>>(
         &self,
         identifiers: &[I],
