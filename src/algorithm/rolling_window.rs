@@ -108,12 +108,11 @@ pub(crate) fn load(lim: &Limit, at: u64, fields: &[u64]) -> Ring {
 /// back): the index it is seen from, and the counts, newest first.
 fn view(st: &Ring, i: u64) -> (u64, [u64; SLOTS]) {
     let e = i.max(st.idx);
-    let shift = e - st.idx;
+    // the counters moved `shift` places older; those past the oldest are gone
+    let shift = usize::try_from(e - st.idx).map_or(SLOTS, |s| s.min(SLOTS));
     let mut out = [0; SLOTS];
-    for (m, slot) in out.iter_mut().enumerate() {
-        if let Some(from) = (m as u64).checked_sub(shift) {
-            *slot = u64::from(st.slots[from as usize]);
-        }
+    for (slot, &count) in out[shift..].iter_mut().zip(&st.slots) {
+        *slot = u64::from(count);
     }
     (e, out)
 }
@@ -122,7 +121,8 @@ pub(crate) fn evaluate(st: &Ring, lim: &Limit, now: u64, cost: u64) -> Verdict {
     let (n, g) = (lim.count(), sub_window_us(lim));
     let i = now / g;
     let (e, ring) = view(st, i);
-    if ring.iter().sum::<u64>() + cost <= n {
+    let used = ring.iter().sum::<u64>();
+    if used + cost <= n {
         if e > i {
             // charged as of a later sub-window (a waiting check's reservation, or a clock
             // that went back): full until that sub-window begins, then as its counts say
@@ -132,7 +132,7 @@ pub(crate) fn evaluate(st: &Ring, lim: &Limit, now: u64, cost: u64) -> Verdict {
     }
     // At the start of sub-window e + d, the d oldest counters have left the ring; with all of
     // them gone the cost fits (cost <= n), so some d in 1..=SLOTS does.
-    let mut kept = ring.iter().sum::<u64>();
+    let mut kept = used;
     for d in 1..=SLOTS {
         kept -= ring[SLOTS - d];
         if kept + cost <= n {
