@@ -339,6 +339,17 @@ impl Counter {
         }
     }
 
+    /// [`commit`](Counter::commit), then [`report`](Counter::report).
+    fn charge(&mut self, lim: &Limit, now: u64, cost: u64) -> Report {
+        match self {
+            Counter::Ring(s) => rolling_window::charge(s, lim, now, cost),
+            _ => {
+                self.commit(lim, now, cost);
+                self.report(lim, now)
+            }
+        }
+    }
+
     fn report(&self, lim: &Limit, now: u64) -> Report {
         match self {
             Counter::Window(s) => sliding_window::report(s, lim, now),
@@ -541,8 +552,8 @@ pub(crate) fn decide_at_into(
 
 /// [`decide`] for one identifier whose state is its packed key alone (every limit of the
 /// policy is packed: `counters` are `limits`' own, in order), decided where the counters lie:
-/// the same phases and the same entries, without the general way's bookkeeping of keys and
-/// pairs. `missing`: the key was missing or expired, and `counters` are fresh ones, which a
+/// the same phases (a counter's commit and report made in one step) and the same entries,
+/// without the general way's bookkeeping of keys and pairs. `missing`: the key was missing or expired, and `counters` are fresh ones, which a
 /// denied check leaves unreported as [`report_all`] leaves a missing state (the caller drops
 /// them: a denial creates nothing).
 pub(crate) fn decide_packed_into(
@@ -561,16 +572,13 @@ pub(crate) fn decide_packed_into(
         allowed &= v.allowed;
         verdicts.push(v);
     }
-    if allowed {
-        for (c, lim) in counters.iter_mut().zip(limits) {
-            c.commit(lim, now, cost);
-        }
-    }
-    for (l, ((c, lim), &v)) in counters.iter().zip(limits).zip(&verdicts).enumerate() {
-        let r = if missing && !allowed {
-            Report::empty(lim)
-        } else {
-            c.report(lim, now)
+    // Each counter is committed (when all admit) and reported in one step: a commit changes
+    // its own counter only, so this is the same as committing all, then reporting each.
+    for (l, ((c, lim), &v)) in counters.iter_mut().zip(limits).zip(&verdicts).enumerate() {
+        let r = match (allowed, missing) {
+            (true, _) => c.charge(lim, now, cost),
+            (false, true) => Report::empty(lim),
+            (false, false) => c.report(lim, now),
         };
         sink.entry(0, l, Entry::of(v, r, now, now));
     }

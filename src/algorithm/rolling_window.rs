@@ -155,9 +155,27 @@ pub(crate) fn commit(st: &mut Ring, lim: &Limit, now: u64, cost: u64) {
     st.slots[0] = st.slots[0].saturating_add(u32::try_from(cost).unwrap_or(u32::MAX));
 }
 
+/// [`commit`], then [`report`] without seeing the ring from now again: the commit left it
+/// seen from its own sub-window, the later of now's and the one it had.
+pub(crate) fn charge(st: &mut Ring, lim: &Limit, now: u64, cost: u64) -> Report {
+    commit(st, lim, now, cost);
+    report_of(
+        st.idx,
+        &st.slots.map(u64::from),
+        lim,
+        sub_window_us(lim),
+        now,
+    )
+}
+
 pub(crate) fn report(st: &Ring, lim: &Limit, now: u64) -> Report {
     let g = sub_window_us(lim);
     let (e, ring) = view(st, now / g);
+    report_of(e, &ring, lim, g, now)
+}
+
+/// The report of a ring whose counts seen from sub-window `e` are `ring`.
+fn report_of(e: u64, ring: &[u64; SLOTS], lim: &Limit, g: u64, now: u64) -> Report {
     let used: u64 = ring.iter().sum();
     // the quota is whole again when the newest counted sub-window leaves the ring
     let reset_after = match ring.iter().position(|&c| c > 0) {
@@ -209,6 +227,47 @@ mod tests {
     }
 
     const S: u64 = 1_000_000;
+
+    #[test]
+    fn a_charge_is_a_commit_then_a_report() {
+        // rings of every age against clocks behind, at, and past their sub-window, with
+        // costs that fill them and one that overflows a counter
+        let l = limit("20/s rolling");
+        let g = sub_window_us(&l);
+        let mut seen = 0;
+        for idx in [0, 3, 400, 401, 405, 406, 1_000] {
+            for slots in [
+                [0; SLOTS],
+                [1, 0, 0, 0, 2],
+                [5, 4, 3, 2, 1],
+                [0, 0, 7, 0, 0],
+            ] {
+                for now in [
+                    399 * g,
+                    400 * g,
+                    400 * g + 1,
+                    402 * g + 17,
+                    410 * g,
+                    10_000 * g,
+                ] {
+                    for cost in [1, 3, 20, u64::MAX] {
+                        let st = Ring { idx, slots };
+                        let (mut charged, mut committed) = (st, st);
+                        let report = charge(&mut charged, &l, now, cost);
+                        commit(&mut committed, &l, now, cost);
+                        let then = super::report(&committed, &l, now);
+                        assert_eq!(
+                            (charged.idx, charged.slots),
+                            (committed.idx, committed.slots)
+                        );
+                        assert_eq!(report, then);
+                        seen += 1;
+                    }
+                }
+            }
+        }
+        assert_eq!(seen, 7 * 4 * 6 * 4);
+    }
 
     #[test]
     fn the_oldest_sub_window_counts_until_it_has_left_the_ring() {
