@@ -190,7 +190,7 @@ impl Limiter {
             Err(_) => return,
         }
         if let (true, Ok((answer, _))) = (mode.record, &*answer) {
-            observe::decision(&version.name, &version.limit_labels, &answer);
+            observe::decision(&version.name, &version.limit_labels, answer);
             if answer.shadow && answer.would_deny() {
                 self.inner
                     .shadow_log
