@@ -553,9 +553,9 @@ pub(crate) fn decide_at_into(
 /// [`decide`] for one identifier whose state is its packed key alone (every limit of the
 /// policy is packed: `counters` are `limits`' own, in order), decided where the counters lie:
 /// the same phases (a counter's commit and report made in one step) and the same entries,
-/// without the general way's bookkeeping of keys and pairs. `missing`: the key was missing or expired, and `counters` are fresh ones, which a
-/// denied check leaves unreported as [`report_all`] leaves a missing state (the caller drops
-/// them: a denial creates nothing).
+/// without the general way's bookkeeping of keys and pairs. `missing`: the key was missing or
+/// expired, and `counters` are fresh ones, which a denied check leaves unreported as
+/// [`report_all`] leaves a missing state (the caller drops them: a denial creates nothing).
 pub(crate) fn decide_packed_into(
     counters: &mut Counters,
     limits: &[Limit],
