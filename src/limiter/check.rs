@@ -331,8 +331,8 @@ fn decide_now<I: AsRef<str>>(
     decide_now_general(store, target, identifiers, cost, charge, max_wait)
 }
 
-/// [`decide_now`] of several identifiers, of a policy with several keys per identifier, or
-/// of a peek.
+/// [`decide_now`] the general way: several identifiers (or none), a policy with several keys
+/// per identifier or a concurrency limit, or a peek.
 #[inline(never)]
 fn decide_now_general<I: AsRef<str>>(
     store: &MemoryStore,

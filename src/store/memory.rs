@@ -18,11 +18,9 @@
 //! unit, so its size is bounded by the limit's count.
 
 use std::cell::Cell;
+use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, Hasher};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
-
-use foldhash::fast::SeedableRandomState;
-use foldhash::SharedSeed;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use smallvec::SmallVec;
 
@@ -62,7 +60,7 @@ pub struct MemoryStore {
 #[derive(Debug)]
 struct Inner {
     shards: Box<[Locked]>,
-    hasher: SeedableRandomState,
+    hasher: RandomState,
     clock: Clock,
     /// What the real clock reads (see [`CounterClock`]).
     counter: CounterClock,
@@ -118,7 +116,7 @@ impl MemoryStoreBuilder {
         MemoryStore {
             inner: Arc::new(Inner {
                 shards: (0..SHARDS).map(|_| Locked::default()).collect(),
-                hasher: key_hasher(),
+                hasher: RandomState::new(),
                 clock: self.clock,
                 counter: CounterClock::new(),
                 max_per_shard: max_keys.div_ceil(SHARDS),
@@ -519,25 +517,6 @@ impl Inner {
     fn shard(&self, hash: u64) -> &Locked {
         &self.shards[shard_of(hash)]
     }
-}
-
-/// The hasher of a new store's keys: `foldhash`, with seeds drawn from the operating system's
-/// randomness (through the standard library's `RandomState`), one shared by the process's
-/// stores and one of the store's own.
-///
-/// Keys hold what clients send (addresses, API keys, user names), so a hash an attacker could
-/// predict would let one flood a shard with colliding keys. SipHash, the standard library's
-/// answer, took about 190 of a one-limit check's 1,500 instructions; `foldhash` hashes the
-/// same key in about 40. It does not claim SipHash's resistance against someone who
-/// can watch the program's hashes, but here nobody sees a hash: they decide which of 64 shards
-/// and which bucket a key falls in, and leave the process only as timing. With seeds an
-/// attacker cannot know (`foldhash`'s own global seed comes from addresses and the time, hence
-/// the seeds from `RandomState`), colliding keys must be found blind.
-fn key_hasher() -> SeedableRandomState {
-    static SHARED: OnceLock<SharedSeed> = OnceLock::new();
-    let random = || std::collections::hash_map::RandomState::new().hash_one(0u64);
-    let shared = SHARED.get_or_init(|| SharedSeed::from_u64(random()));
-    SeedableRandomState::with_seed(random(), shared)
 }
 
 /// The shard of a key's hash: bits 32 to 37, which the shard's table uses neither for its
