@@ -3,7 +3,10 @@
 //! `cargo bench --bench memory [-- --iters N] [--rounds R] [--only TEXT]` (`--only`: the rows
 //! whose name holds TEXT, e.g. `--only "hot key, 1 thread"`; `--rounds`: each row runs governor
 //! and tollgate in turns R times, default 3, and keeps each side's best time, so that a burst
-//! of load from elsewhere on a shared machine weighs on one round rather than on the ratio)
+//! of load from elsewhere on a shared machine weighs on one round rather than on the ratio).
+//! With the `metrics` feature, `--recorder` installs a recorder first (`metrics-util`'s
+//! registry, which exporters keep their metrics in): tollgate's checks then count their
+//! decisions, as they do in a service that exports its metrics.
 //!
 //! Each row runs the same keys through `governor` (`DefaultKeyedRateLimiter<String>`; for the
 //! three-limit policy, three limiters checked in sequence, stopping at the first refusal) and
@@ -24,6 +27,9 @@ use tollgate::{Limiter, MemoryStore};
 
 #[path = "support/counting.rs"]
 mod counting;
+#[cfg(feature = "metrics")]
+#[path = "support/registry.rs"]
+mod registry;
 
 const KEYS: usize = 100_000;
 
@@ -103,6 +109,10 @@ fn main() {
     let mut iters = 1_000_000usize;
     let mut rounds = 3usize;
     let mut only = String::new();
+    let recorder = std::env::args().any(|a| a == "--recorder");
+    if recorder {
+        install_recorder();
+    }
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         if a == "--iters" {
@@ -124,7 +134,12 @@ fn main() {
 
     println!(
         "{iters} checks per thread per round, best of {rounds} rounds; ns = per check per \
-         thread; ratio = tollgate / governor\n"
+         thread; ratio = tollgate / governor{}\n",
+        if recorder {
+            "; tollgate counts its decisions in a metrics recorder"
+        } else {
+            ""
+        }
     );
     println!(
         "{:<40} {:>9} {:>9} {:>7} {:>10} {:>10}",
@@ -189,6 +204,18 @@ fn main() {
             }
         }
     }
+}
+
+/// Installs a recorder of the `metrics` feature's counts (`--recorder`).
+#[cfg(feature = "metrics")]
+fn install_recorder() {
+    registry::install();
+}
+
+#[cfg(not(feature = "metrics"))]
+fn install_recorder() {
+    eprintln!("--recorder needs the `metrics` feature (cargo bench --features metrics)");
+    std::process::exit(2);
 }
 
 /// The identifiers of a row's checks: an IP, and with `users` a user too.

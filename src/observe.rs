@@ -39,18 +39,47 @@ fn chain(e: &dyn std::error::Error) -> String {
     text
 }
 
-/// One check of a store: its latency (none when the breaker answered without calling it),
-/// and its failure if it failed.
+/// The key of a store's call latencies in the metrics, built once with the store (see
+/// [`LimiterKeys`]).
+#[derive(Debug)]
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
+pub(crate) struct StoreKeys {
+    #[cfg(feature = "metrics")]
+    call_seconds: metrics::Key,
+}
+
+impl StoreKeys {
+    /// The keys of the store named `store`.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub(crate) fn new(store: &Arc<str>) -> StoreKeys {
+        #[cfg(feature = "metrics")]
+        {
+            let store = metrics::Label::new("store", store.clone());
+            StoreKeys {
+                call_seconds: metrics::Key::from_parts("tollgate_store_call_seconds", vec![store]),
+            }
+        }
+        #[cfg(not(feature = "metrics"))]
+        {
+            let _ = store;
+            StoreKeys {}
+        }
+    }
+}
+
+/// One check of the store `store` (whose keys are `keys`): its latency (none when the breaker
+/// answered without calling it), and its failure if it failed.
 #[cfg_attr(not(feature = "redis"), allow(dead_code))]
 pub(crate) fn store_call(
     store: &Arc<str>,
+    keys: &StoreKeys,
     took: Option<Duration>,
     result: Result<(), &StoreError>,
 ) {
     #[cfg(feature = "metrics")]
     {
         if let Some(took) = took {
-            metrics::histogram!("tollgate_store_call_seconds", "store" => store.clone())
+            metrics::with_recorder(|r| r.register_histogram(&keys.call_seconds, &METADATA))
                 .record(took.as_secs_f64());
         }
         if let Err(e) = result {
@@ -66,7 +95,7 @@ pub(crate) fn store_call(
     if let (Err(e), Some(_)) = (result, took) {
         tracing::debug!(target: "tollgate", store = &**store, kind = e.kind_label(), error = %chain(e), "rate-limit store call failed");
     }
-    let _ = (store, took, result);
+    let _ = (store, keys, took, result);
 }
 
 /// A charge could not be given back (a check split across Redis Cluster slots was denied by
@@ -128,6 +157,16 @@ pub(crate) enum Action {
 }
 
 impl Action {
+    /// Its place in `LimiterKeys::failure_policy`.
+    #[cfg(feature = "metrics")]
+    fn index(self) -> usize {
+        match self {
+            Action::Open => 0,
+            Action::Closed => 1,
+            Action::Fallback => 2,
+        }
+    }
+
     #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
     fn label(self) -> &'static str {
         match self {
@@ -138,55 +177,128 @@ impl Action {
     }
 }
 
-/// A check the store could not decide, answered by the failure policy.
-pub(crate) fn failure_answered(limiter: &str, action: Action, e: &StoreError) {
+/// A check of the limiter `limiter` (whose keys are `keys`) the store could not decide,
+/// answered by the failure policy.
+pub(crate) fn failure_answered(limiter: &str, keys: &LimiterKeys, action: Action, e: &StoreError) {
     #[cfg(feature = "metrics")]
-    metrics::counter!(
-        "tollgate_failure_policy_total",
-        "limiter" => limiter.to_string(),
-        "action" => action.label()
-    )
-    .increment(1);
+    count(&keys.failure_policy[action.index()]);
     #[cfg(feature = "tracing")]
     tracing::trace!(target: "tollgate", limiter, action = ?action, kind = e.kind_label(), "check answered by the failure policy");
-    let _ = (limiter, action, e);
+    let _ = (limiter, keys, action, e);
 }
 
-/// A denial answered by the deny cache, without the store.
-pub(crate) fn deny_cache_hit(limiter: &str) {
+/// A denial answered by the deny cache, without the store, for the limiter whose keys are
+/// `keys`.
+pub(crate) fn deny_cache_hit(keys: &LimiterKeys) {
     #[cfg(feature = "metrics")]
-    metrics::counter!("tollgate_deny_cache_hits_total", "limiter" => limiter.to_string())
-        .increment(1);
-    let _ = limiter;
+    count(&keys.deny_cache_hits);
+    let _ = keys;
 }
 
-/// A decision (from the store or the fallback, enforced or in shadow mode).
-pub(crate) fn decision(limiter: &Arc<str>, limits: &[Arc<str>], decision: &Decision) {
+/// The keys of the metrics a limiter (one version of its policy) counts check by check, built
+/// with the version.
+///
+/// `counter!` with labels that are not literals builds its key at every call: the list of
+/// labels (an allocation) and the key's hash over the name and every label. Built here once,
+/// a count costs the recorder's lookup alone. Each count still asks the recorder in effect for
+/// its counter, as `counter!` does (no handle is kept from one count to the next): a recorder
+/// installed later, a thread's local recorder, or one that drops idle metrics sees every count,
+/// as it would from the macro.
+#[derive(Debug)]
+pub(crate) struct LimiterKeys {
+    #[cfg(feature = "metrics")]
+    allowed: metrics::Key,
+    /// `denied` by each limit, in the policy's order, then with an empty `limit`.
+    #[cfg(feature = "metrics")]
+    denied: Box<[metrics::Key]>,
+    /// `shadow_denied`, laid out as `denied`.
+    #[cfg(feature = "metrics")]
+    shadow_denied: Box<[metrics::Key]>,
+    #[cfg(feature = "metrics")]
+    deny_cache_hits: metrics::Key,
+    /// `tollgate_failure_policy_total` by action: open, closed, fallback.
+    #[cfg(feature = "metrics")]
+    failure_policy: [metrics::Key; 3],
+}
+
+impl LimiterKeys {
+    /// The keys of the limiter `name` with the limits `limits`.
+    pub(crate) fn new(name: &Arc<str>, limits: &[Limit]) -> LimiterKeys {
+        #[cfg(feature = "metrics")]
+        {
+            use metrics::{Key, Label};
+            let limiter = || Label::new("limiter", name.clone());
+            let decisions = |outcome: &'static str, limit: Option<&Limit>| {
+                let limit: metrics::SharedString = limit.map_or_else(
+                    || metrics::SharedString::const_str(""),
+                    |l| l.to_string().into(),
+                );
+                Key::from_parts(
+                    "tollgate_decisions_total",
+                    vec![
+                        limiter(),
+                        Label::new("outcome", outcome),
+                        Label::new("limit", limit),
+                    ],
+                )
+            };
+            let by_limit = |outcome: &'static str| -> Box<[Key]> {
+                let by_limit = limits.iter().map(|l| decisions(outcome, Some(l)));
+                by_limit.chain([decisions(outcome, None)]).collect()
+            };
+            let failure = |action: Action| {
+                Key::from_parts(
+                    "tollgate_failure_policy_total",
+                    vec![limiter(), Label::new("action", action.label())],
+                )
+            };
+            LimiterKeys {
+                allowed: decisions("allowed", None),
+                denied: by_limit("denied"),
+                shadow_denied: by_limit("shadow_denied"),
+                deny_cache_hits: Key::from_parts("tollgate_deny_cache_hits_total", vec![limiter()]),
+                failure_policy: [Action::Open, Action::Closed, Action::Fallback].map(failure),
+            }
+        }
+        #[cfg(not(feature = "metrics"))]
+        {
+            let _ = (name, limits);
+            LimiterKeys {}
+        }
+    }
+}
+
+/// What `counter!` and `histogram!` pass the recorder with a metric of this module.
+#[cfg(feature = "metrics")]
+static METADATA: metrics::Metadata<'static> =
+    metrics::Metadata::new(module_path!(), metrics::Level::INFO, Some(module_path!()));
+
+/// Adds one to the counter `key` of the recorder in effect.
+#[cfg(feature = "metrics")]
+fn count(key: &metrics::Key) {
+    metrics::with_recorder(|recorder| recorder.register_counter(key, &METADATA)).increment(1);
+}
+
+/// A decision (from the store or the fallback, enforced or in shadow mode) of the limiter whose
+/// keys are `keys`.
+pub(crate) fn decision(keys: &LimiterKeys, decision: &Decision) {
     #[cfg(feature = "metrics")]
     {
-        // The labels are shared, not copied: the limiter's name and its limits' texts are
-        // made once per policy version.
-        let limit: metrics::SharedString = decision
-            .would_deny_by()
-            .and_then(|s| limits.get(s.limit_index))
-            .map_or_else(
-                || metrics::SharedString::const_str(""),
-                |l| l.clone().into(),
-            );
-        let outcome = match (decision.would_deny(), decision.is_shadow()) {
-            (false, _) => "allowed",
-            (true, false) => "denied",
-            (true, true) => "shadow_denied",
+        let by_limit = match (decision.would_deny(), decision.is_shadow()) {
+            (false, _) => return count(&keys.allowed),
+            (true, false) => &keys.denied,
+            (true, true) => &keys.shadow_denied,
         };
-        metrics::counter!(
-            "tollgate_decisions_total",
-            "limiter" => limiter.clone(),
-            "outcome" => outcome,
-            "limit" => limit
-        )
-        .increment(1);
+        // the denying limit's key, or the last (an empty `limit`) when no limit denied
+        let last = by_limit.len().saturating_sub(1);
+        let k = decision
+            .would_deny_by()
+            .map_or(last, |s| s.limit_index.min(last));
+        if let Some(key) = by_limit.get(k) {
+            count(key);
+        }
     }
-    let _ = (limiter, limits, decision);
+    let _ = (keys, decision);
 }
 
 /// A limiter's policy changed.

@@ -85,6 +85,22 @@ async fn would_be_denials_are_counted_exactly_apart_from_denials() {
 }
 
 #[tokio::test]
+async fn each_denial_is_counted_under_the_limit_that_denied_it() {
+    observed();
+    // the second limit denies: its text labels the denials; an admission has no limit
+    let limiter = memory_limiter("10/h, 2/min", "by-limit", false);
+    for _ in 0..5 {
+        let _ = limiter.check(&["user:1"]).await.unwrap();
+    }
+    let (allowed, by_limit) = decisions("by-limit", "allowed");
+    assert_eq!(allowed, 2.0);
+    assert_eq!(by_limit.get(""), Some(&2.0), "{by_limit:?}");
+    let (denied, by_limit) = decisions("by-limit", "denied");
+    assert_eq!(denied, 3.0);
+    assert_eq!(by_limit.get("2/min"), Some(&3.0), "{by_limit:?}");
+}
+
+#[tokio::test]
 async fn would_be_denials_are_logged_once_per_limiter_per_period() {
     observed();
     let a = memory_limiter("1/min", "shadow-log-a", true);

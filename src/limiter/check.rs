@@ -12,7 +12,7 @@ use super::{Error, Limiter, OnStoreError, Version, MAX_IDENTIFIERS};
 use crate::algorithm::{Entry, Sink, Summary};
 use crate::decision::{Decision, LimitStatus, Origin};
 use crate::guard::ConcurrencyGuard;
-use crate::observe::{self, Action};
+use crate::observe::{self, Action, LimiterKeys};
 use crate::policy::{Limit, Policy};
 use crate::store::keyspace;
 use crate::store::lease::{lease_id, Lease};
@@ -58,7 +58,8 @@ struct Target<'a> {
     store: &'a Store,
     policy: &'a Policy,
     deny_cache: Option<(&'a DenyCache, u64)>,
-    name: &'a str,
+    /// The keys of what the check counts in the metrics.
+    keys: &'a LimiterKeys,
     /// The limiter's namespace on both its stores.
     namespace: Option<&'a Namespace>,
     /// The shape of an identifier's one key on the memory store, if it has one.
@@ -156,7 +157,7 @@ impl Limiter {
             store,
             policy,
             deny_cache,
-            name: &version.name,
+            keys: &version.keys,
             namespace: self.inner.namespace.as_ref(),
             one_key,
         }
@@ -190,7 +191,7 @@ impl Limiter {
             Err(_) => return,
         }
         if let (true, Ok((answer, _))) = (mode.record, &*answer) {
-            observe::decision(&version.name, &version.limit_labels, answer);
+            observe::decision(&version.keys, answer);
             if answer.shadow && answer.would_deny() {
                 self.inner
                     .shadow_log
@@ -220,7 +221,7 @@ impl Limiter {
             &version.fallback,
         ) {
             (OnStoreError::Fallback(_), Some(store), Some(policy)) => {
-                observe::failure_answered(name, Action::Fallback, &error);
+                observe::failure_answered(name, &version.keys, Action::Fallback, &error);
                 let fallback = self.target(version, Some((store, policy)));
                 match decide(&fallback, identifiers, cost, charge, max_wait).await {
                     Ok((mut decision, wait)) => {
@@ -232,11 +233,11 @@ impl Limiter {
                 }
             }
             (OnStoreError::Closed, ..) => {
-                observe::failure_answered(name, Action::Closed, &error);
+                observe::failure_answered(name, &version.keys, Action::Closed, &error);
                 Err(Error::Store(error))
             }
             _ => {
-                observe::failure_answered(name, Action::Open, &error);
+                observe::failure_answered(name, &version.keys, Action::Open, &error);
                 Ok((Decision::unchecked(cost), Duration::ZERO))
             }
         }
@@ -418,7 +419,7 @@ async fn decide<I: AsRef<str>>(
             .lookup(ids, firsts, cost)
             .filter(|d| d.retry_after().is_some_and(|r| r > max_wait))
         {
-            observe::deny_cache_hit(target.name);
+            observe::deny_cache_hit(target.keys);
             return Ok((decision, Duration::ZERO));
         }
     }

@@ -10,7 +10,7 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 
 use crate::decision::Decision;
-use crate::observe::{self, ShadowLog};
+use crate::observe::{self, LimiterKeys, ShadowLog};
 use crate::policy::Policy;
 use crate::store::{MemoryStore, Namespace, OneKey, Store};
 
@@ -79,8 +79,8 @@ struct Version {
     policy: Policy,
     /// The limiter's name in logs and metrics.
     name: Arc<str>,
-    /// Each limit's text, the label of the decisions it denies in the metrics.
-    limit_labels: Vec<Arc<str>>,
+    /// The keys of what its checks count in the metrics.
+    keys: LimiterKeys,
     /// The fallback's policy: this one scaled to the process's share.
     fallback: Option<Policy>,
     /// Counts the versions, so that the deny cache keeps no denial of an older one.
@@ -111,15 +111,11 @@ impl Version {
             OnStoreError::Fallback(f) => Some(policy.scaled(f.share_of_fleet())),
             _ => None,
         };
-        let limit_labels = policy
-            .limits()
-            .iter()
-            .map(|l| l.to_string().into())
-            .collect();
+        let keys = LimiterKeys::new(&name, policy.limits());
         Version {
             policy,
             name,
-            limit_labels,
+            keys,
             fallback,
             generation,
             one_key,

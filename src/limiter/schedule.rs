@@ -7,7 +7,7 @@ use std::time::Duration;
 use super::{Error, OnStoreError};
 use crate::algorithm::schedule::{Placement, Rate};
 use crate::decision::{Decision, LimitStatus, Origin};
-use crate::observe::{self, Action};
+use crate::observe::{self, Action, LimiterKeys};
 use crate::policy::{Algorithm, Limit};
 use crate::store::{keyspace, MemoryStore, Store, StoreError};
 
@@ -78,6 +78,8 @@ struct Inner {
     /// The in-process queue and its rate, under [`OnStoreError::Fallback`].
     fallback: Option<(Store, Limit, Rate)>,
     name: Arc<str>,
+    /// The keys of what its requests count in the metrics.
+    keys: LimiterKeys,
 }
 
 impl fmt::Debug for Scheduler {
@@ -122,9 +124,11 @@ impl SchedulerBuilder {
             }
             _ => None,
         };
+        let name: Arc<str> = self.name.unwrap_or_else(|| self.rate.to_string()).into();
         Scheduler {
             inner: Arc::new(Inner {
-                name: self.name.unwrap_or_else(|| self.rate.to_string()).into(),
+                keys: LimiterKeys::new(&name, &[]),
+                name,
                 rate: rate_of(&self.rate),
                 limit: self.rate,
                 store: self.store,
@@ -245,7 +249,7 @@ impl Scheduler {
         let name = &*inner.name;
         match (inner.on_error, &inner.fallback) {
             (OnStoreError::Fallback(_), Some((store, limit, rate))) if cost <= rate.burst => {
-                observe::failure_answered(name, Action::Fallback, &error);
+                observe::failure_answered(name, &inner.keys, Action::Fallback, &error);
                 let (mut decision, pending) = place_in(store, limit, rate, &id, cost, longest)
                     .await
                     .map_err(Error::Store)?;
@@ -253,11 +257,11 @@ impl Scheduler {
                 Ok((decision, pending))
             }
             (OnStoreError::Closed, _) | (OnStoreError::Fallback(_), _) => {
-                observe::failure_answered(name, Action::Closed, &error);
+                observe::failure_answered(name, &inner.keys, Action::Closed, &error);
                 Err(Error::Store(error))
             }
             _ => {
-                observe::failure_answered(name, Action::Open, &error);
+                observe::failure_answered(name, &inner.keys, Action::Open, &error);
                 Ok((Decision::unchecked(cost), None))
             }
         }

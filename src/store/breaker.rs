@@ -17,7 +17,7 @@ use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use super::StoreError;
-use crate::observe;
+use crate::observe::{self, StoreKeys};
 
 /// Failures in a row that open the breaker.
 pub(crate) const THRESHOLD: u32 = 3;
@@ -29,6 +29,7 @@ pub(crate) const PROBE_EVERY: Duration = Duration::from_millis(200);
 pub(crate) struct Breaker {
     /// The store's name in logs and metrics (its key prefix).
     store: Arc<str>,
+    keys: StoreKeys,
     failures: AtomicU32,
     open: AtomicBool,
 }
@@ -45,6 +46,7 @@ pub(crate) enum Tripped {
 impl Breaker {
     pub(crate) fn new(store: Arc<str>) -> Breaker {
         Breaker {
+            keys: StoreKeys::new(&store),
             store,
             failures: AtomicU32::new(0),
             open: AtomicBool::new(false),
@@ -65,13 +67,13 @@ impl Breaker {
         F: Future<Output = Result<(), StoreError>> + Send + 'static,
     {
         if !self.is_closed() {
-            observe::store_call(&self.store, None, Err(&StoreError::Unavailable));
+            observe::store_call(&self.store, &self.keys, None, Err(&StoreError::Unavailable));
             return Err(StoreError::Unavailable);
         }
         let started = Instant::now();
         let result = call.await;
         let outcome = result.as_ref().map(|_| ());
-        observe::store_call(&self.store, Some(started.elapsed()), outcome);
+        observe::store_call(&self.store, &self.keys, Some(started.elapsed()), outcome);
         if self.record(outcome) == Tripped::Opened {
             if let Ok(runtime) = tokio::runtime::Handle::try_current() {
                 runtime.spawn(probing(Arc::downgrade(self), probe()));
