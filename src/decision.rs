@@ -72,21 +72,25 @@ pub(crate) fn status_buffer() -> Vec<LimitStatus> {
         .unwrap_or_default()
 }
 
+/// Gives a status buffer back for reuse by the next decisions on the thread (or frees it).
+pub(crate) fn give_back(mut statuses: Vec<LimitStatus>) {
+    if statuses.capacity() == 0 || statuses.capacity() > SPARE_CAPACITY {
+        return;
+    }
+    statuses.clear();
+    // On a thread being torn down, or with every place taken, the buffer is freed.
+    let _ = SPARE.try_with(|spare| {
+        if let Ok(mut spare) = spare.try_borrow_mut() {
+            if spare.len() < SPARE_BUFFERS {
+                spare.push(statuses);
+            }
+        }
+    });
+}
+
 impl Drop for Decision {
     fn drop(&mut self) {
-        let mut statuses = std::mem::take(&mut self.statuses);
-        if statuses.capacity() == 0 || statuses.capacity() > SPARE_CAPACITY {
-            return;
-        }
-        statuses.clear();
-        // On a thread being torn down, or with every place taken, the buffer is freed.
-        let _ = SPARE.try_with(|spare| {
-            if let Ok(mut spare) = spare.try_borrow_mut() {
-                if spare.len() < SPARE_BUFFERS {
-                    spare.push(statuses);
-                }
-            }
-        });
+        give_back(std::mem::take(&mut self.statuses));
     }
 }
 

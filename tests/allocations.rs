@@ -13,7 +13,7 @@ mod common;
 mod slowlog;
 
 use common::{unique_prefix, RedisServer};
-use tollgate::{Limiter, MemoryStore, RedisStore};
+use tollgate::{Limiter, MemoryStore, Origin, RedisStore};
 
 /// Counts the allocations (and reallocations) of the thread that asked to be counted.
 struct Counting;
@@ -53,13 +53,18 @@ unsafe impl GlobalAlloc for Counting {
 #[global_allocator]
 static GLOBAL: Counting = Counting;
 
+/// The runtime the checks run on: one thread, the one that counts.
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
 /// Allocations per check of `rounds` checks of `ids` by a limiter in `namespace` (none: the
 /// store's shared space), after a warm-up, and how many of them were allowed.
 fn per_check(policy: &str, namespace: Option<&str>, ids: &[&str], rounds: u64) -> (f64, u64) {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = runtime();
     let mut limiter = Limiter::builder(MemoryStore::new(), policy.parse().unwrap());
     if let Some(namespace) = namespace {
         limiter = limiter.namespace(namespace.parse().unwrap());
@@ -117,9 +122,7 @@ fn a_steady_check_of_an_existing_key_allocates_nothing() {
 fn the_count_sees_allocations() {
     // the counter itself works: a check of a new key too long to be kept in its slot of the
     // store's table allocates the key
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .build()
-        .unwrap();
+    let rt = runtime();
     let limiter = Limiter::new(MemoryStore::new(), "10/s".parse().unwrap());
     let ids: Vec<String> = (0..100).map(|i| format!("new:{i:0>60}")).collect();
     let count = rt.block_on(async {
@@ -163,10 +166,7 @@ where
 #[test]
 fn a_redis_check_allocates_no_more_than_its_call() {
     let server = RedisServer::start();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = runtime();
     rt.block_on(async {
         for (policy, ids) in [
             ("1000000/s", &["ip:203.0.113.9"][..]),
@@ -231,6 +231,36 @@ fn a_redis_check_allocates_no_more_than_its_call() {
                 tollgate <= raw + 0.05,
                 "{policy} x {}: {tollgate} allocations per check, the call alone {raw}",
                 ids.len()
+            );
+        }
+    });
+}
+
+/// A denial the deny cache answers (a client flooding a limit on Redis) allocates nothing: no
+/// call is made, and the decision's buffer is one reused from the thread's earlier decisions.
+#[test]
+fn a_denial_from_the_deny_cache_allocates_nothing() {
+    let server = RedisServer::start();
+    let rt = runtime();
+    rt.block_on(async {
+        let store = RedisStore::builder(server.url())
+            .prefix(unique_prefix())
+            .build()
+            .await
+            .unwrap();
+        let limiter = Limiter::new(store, "1/h, 10/d".parse().unwrap());
+        for ids in [&["ip:203.0.113.9"][..], &["ip:203.0.113.10", "user:42"]] {
+            // admitted, then denied by the store, which the cache remembers
+            assert!(limiter.check(ids).await.unwrap().is_allowed());
+            assert!(!limiter.check(ids).await.unwrap().is_allowed());
+            let cached = count_per_call(200, || async {
+                let decision = limiter.check(ids).await.unwrap();
+                assert_eq!(decision.origin(), Origin::DenyCache);
+            })
+            .await;
+            assert!(
+                cached <= 0.05,
+                "{ids:?}: {cached} allocations per denial from the deny cache"
             );
         }
     });

@@ -101,6 +101,13 @@ impl Limiter {
         }
         let shadow = mode.shadow || self.inner.shadow.load(Ordering::Relaxed);
         let version = self.inner.version.load_full();
+        // A denial the deny cache answers is made here, without the remote check's future.
+        let target = self.target(&version, None);
+        if let Some(decision) = cached_denial(&target, identifiers, cost, max_wait) {
+            let mut answer = Ok((decision, Duration::ZERO));
+            self.settle(&version, &mut answer, cost, mode, shadow);
+            return answer;
+        }
         // Boxed: the remote check's state machine runs to kilobytes, and a future that held
         // it inline would be copied whole wherever it is moved.
         let mut answer =
@@ -401,6 +408,25 @@ fn decided(
     (decision, Duration::from_micros(summary.wait_us))
 }
 
+/// The deny cache's answer to a check (see `deny_cache`), if `target` has one: a denial
+/// until later than the caller would wait, which the store could not better. A check the
+/// cache cannot answer (none of its identifiers cached, a cost the policy never admits,
+/// identifiers it refuses) goes to the store, whose answer the cache then learns from.
+fn cached_denial<I: AsRef<str>>(
+    target: &Target<'_>,
+    identifiers: &[I],
+    cost: u64,
+    max_wait: Duration,
+) -> Option<Decision> {
+    let (cache, _) = target.deny_cache?;
+    let escaped = Escaped::of(identifiers, cost, target.policy).ok()?;
+    let decision = cache
+        .lookup(&escaped.ids, escaped.firsts(), cost)
+        .filter(|d| d.retry_after().is_some_and(|r| r > max_wait))?;
+    observe::deny_cache_hit(target.keys);
+    Some(decision)
+}
+
 /// The check itself, on one store with one policy; a check that may wait up to `max_wait`
 /// (not with a concurrency limit) also says how long it waits.
 async fn decide<I: AsRef<str>>(
@@ -413,16 +439,6 @@ async fn decide<I: AsRef<str>>(
     let escaped = Escaped::of(identifiers, cost, target.policy)?;
     let (ids, firsts) = (&escaped.ids, escaped.firsts());
     let limits = target.policy.limits();
-    if let Some((cache, _)) = target.deny_cache {
-        // a denial until later than the caller would wait: the store could not do better
-        if let Some(decision) = cache
-            .lookup(ids, firsts, cost)
-            .filter(|d| d.retry_after().is_some_and(|r| r > max_wait))
-        {
-            observe::deny_cache_hit(target.keys);
-            return Ok((decision, Duration::ZERO));
-        }
-    }
     let sent = Instant::now();
     let store = target.store;
     let namespace = target.namespace.map(Namespace::as_str);

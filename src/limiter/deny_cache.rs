@@ -72,7 +72,7 @@ impl DenyCache {
         let now = Instant::now();
         let mut entries = self.entries.lock().unwrap_or_else(PoisonError::into_inner);
         let entries = &mut entries.map;
-        let mut statuses = Vec::new();
+        let mut statuses = crate::decision::status_buffer();
         for (k, id) in ids.iter().enumerate() {
             let Some(e) = entries.get(id).copied() else {
                 continue;
@@ -93,7 +93,11 @@ impl DenyCache {
                 });
             }
         }
-        (!statuses.is_empty()).then(|| Decision {
+        if statuses.is_empty() {
+            crate::decision::give_back(statuses);
+            return None;
+        }
+        Some(Decision {
             allowed: false,
             shadow: false,
             cost,
