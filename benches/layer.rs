@@ -5,8 +5,10 @@
 //! measures the rows whose name contains `tollgate`, for a profiler; the ratios then read 0).
 //! The rows take turns for R rounds (default 3), and each shows its best.
 //!
-//! Every request carries the same peer address in `ConnectInfo` (both layers key on it), the
-//! limits are never reached, and both layers add their rate-limit headers. Each router is
+//! Every request carries the same peer address in `ConnectInfo` (both layers key on it), and
+//! both layers add their rate-limit headers. In the first rows the limits are never reached;
+//! in the "refused" rows (a client flooding a limit) every timed request is refused with a
+//! 429, which a layer writes itself, and the ratio is to tower_governor's refusals. Each router is
 //! prepared as `axum::serve` prepares it (`with_state(())`: its layers applied once); each
 //! request is built, sent with `ServiceExt::oneshot` on a clone of the router and its response
 //! dropped, on a current-thread runtime. "x bare" and "x tower_governor" are throughputs relative to
@@ -20,6 +22,7 @@ use std::time::Instant;
 
 use axum::body::Body;
 use axum::extract::ConnectInfo;
+use axum::http::StatusCode;
 use axum::routing::get;
 use axum::Router;
 use tollgate::{Limiter, MemoryStore, RateLimitLayer};
@@ -34,8 +37,8 @@ fn hello() -> Router {
     Router::new().route("/", get(|| async { "Hello, World!" }))
 }
 
-/// ns and allocations per request through `router`.
-async fn measure(router: Router, iters: usize) -> (f64, f64) {
+/// ns and allocations per request through `router`, every timed request answered `expect`.
+async fn measure(router: Router, iters: usize, expect: StatusCode) -> (f64, f64) {
     let peer: SocketAddr = ([203, 0, 113, 9], 40000).into();
     let request = || {
         let mut req = axum::http::Request::get("/")
@@ -55,11 +58,11 @@ async fn measure(router: Router, iters: usize) -> (f64, f64) {
             Ok(res) => res,
             Err(never) => match never {},
         };
-        ok += usize::from(res.status().is_success());
+        ok += usize::from(res.status() == expect);
     }
     let ns = started.elapsed().as_nanos() as f64 / iters as f64;
     let allocs = (counting::allocations() - before) as f64 / iters as f64;
-    assert_eq!(ok, iters, "every request must be answered 200");
+    assert_eq!(ok, iters, "every request must be answered {expect}");
     (ns, allocs)
 }
 
@@ -80,6 +83,14 @@ async fn measure_check(limiter: &Limiter, iters: usize) -> (f64, f64) {
     let allocs = (counting::allocations() - before) as f64 / iters as f64;
     assert_eq!(ok, iters, "every check must be allowed");
     (ns, allocs)
+}
+
+/// The row the refused rows are compared with.
+const REFUSED_BASELINE: &str = "tower_governor, refused";
+
+/// Whether the row `name` is one of refusals.
+fn refused(name: &str) -> bool {
+    name.ends_with("refused")
 }
 
 fn main() {
@@ -127,6 +138,28 @@ fn main() {
                 hello().layer(RateLimitLayer::new(limiter)),
             ));
         }
+        // A client over its limit: one request an hour, the rest refused.
+        let refusing = GovernorConfigBuilder::default()
+            .per_second(3600)
+            .burst_size(1)
+            .use_headers()
+            .finish()
+            .expect("governor config");
+        routers.push((
+            REFUSED_BASELINE.to_string(),
+            hello().layer(GovernorLayer::new(refusing)),
+        ));
+        for policy in ["1/h", "1/h, 2/d, 3/7d"] {
+            let limiter = Limiter::new(MemoryStore::new(), policy.parse().expect("policy"));
+            let n = policy.split(',').count();
+            routers.push((
+                format!(
+                    "tollgate, {n} limit{}, refused",
+                    if n > 1 { "s" } else { "" }
+                ),
+                hello().layer(RateLimitLayer::new(limiter)),
+            ));
+        }
         // As `axum::serve` does (through `into_make_service*`): every endpoint is turned into
         // a service once, not layered anew for each request.
         let mut routers: Vec<(String, Router)> = routers
@@ -154,8 +187,12 @@ fn main() {
         let mut checks: Vec<(String, Option<(f64, f64)>)> =
             limiters.iter().map(|(n, _)| (n.clone(), None)).collect();
         for _ in 0..rounds.max(1) {
-            for (k, (_, router)) in routers.iter().enumerate() {
-                best(&mut rows[k].1, measure(router.clone(), iters).await);
+            for (k, (name, router)) in routers.iter().enumerate() {
+                let expect = match refused(name) {
+                    true => StatusCode::TOO_MANY_REQUESTS,
+                    false => StatusCode::OK,
+                };
+                best(&mut rows[k].1, measure(router.clone(), iters, expect).await);
             }
             for (k, (_, limiter)) in limiters.iter().enumerate() {
                 best(&mut checks[k].1, measure_check(limiter, iters).await);
@@ -169,28 +206,41 @@ fn main() {
             .into_iter()
             .filter_map(|(n, f)| Some((n, f?)))
             .collect();
-        let ns_of = |k: usize| {
-            rows.get(k)
+        // (with `--only`, the baselines may not have run: the ratios then read 0)
+        let ns_of = |name: &str| {
+            rows.iter()
+                .find(|r| r.0.starts_with(name))
                 .filter(|_| only.is_empty())
-                .map_or(0.0, |r| r.1 .0)
+                .map_or(f64::INFINITY, |r| r.1 .0)
         };
-        let (bare, governed) = (ns_of(0), ns_of(2));
+        let (bare, governed) = (ns_of("bare axum"), ns_of("tower_governor, headers"));
+        let governed_refusing = ns_of(REFUSED_BASELINE);
 
         println!(
             "{iters} requests per row and round, best of {rounds} rounds taken in turns, one peer \
-             address, limits never reached, headers on\n"
+             address, headers on; limits never reached but in the refused rows, where every \
+             timed request is refused (their ratios are to tower_governor's refusals)\n"
         );
         println!(
             "{:<34} {:>9} {:>8} {:>18} {:>10}",
             "router", "ns/req", "x bare", "x tower_governor", "allocs/req"
         );
         for (name, (ns, allocs)) in &rows {
+            let (x_bare, x_governor) = match refused(name) {
+                true => (String::from("-"), governed_refusing / ns),
+                false => (format!("{:.2}", bare / ns), governed / ns),
+            };
+            let x_governor = if x_governor.is_finite() {
+                x_governor
+            } else {
+                0.0
+            };
             println!(
-                "{:<34} {:>9.0} {:>8.2} {:>18.2} {:>10.1}",
+                "{:<34} {:>9.0} {:>8} {:>18.2} {:>10.1}",
                 name,
                 ns,
-                bare / ns,
-                governed / ns,
+                if bare.is_finite() { x_bare } else { "0".into() },
+                x_governor,
                 allocs
             );
         }

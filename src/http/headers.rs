@@ -249,7 +249,7 @@ pub(crate) fn add_headers(
     if let Some(wait) = decision.retry_after() {
         if !present.retry_after {
             let secs = ceil_secs(wait).max(1);
-            headers.insert(RETRY_AFTER, HeaderValue::from(secs));
+            headers.insert(RETRY_AFTER, fresh::number(secs));
             retry_after = Some(secs);
         }
     }

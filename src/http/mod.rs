@@ -3,6 +3,7 @@
 //! return.
 
 mod body;
+pub(crate) mod chunk;
 pub(crate) mod headers;
 pub(crate) mod response;
 

@@ -1,12 +1,13 @@
 //! The responses the middlewares produce themselves: plain text (or RFC 9457 problem details)
 //! for HTTP, trailers-only responses for gRPC.
 
-use std::fmt::Write;
+use std::fmt::{self, Write};
 
 use bytes::Bytes;
 use http::header::{HeaderValue, CONTENT_TYPE};
 use http::{Response, StatusCode};
 
+use super::chunk;
 use super::headers::{ceil_secs, header_value, GRPC_MESSAGE, GRPC_STATUS};
 use crate::Decision;
 
@@ -35,34 +36,35 @@ impl GrpcCode {
     }
 }
 
-/// Marks responses a middleware produced itself (in their extensions).
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct OwnResponse;
-
 /// A response of the middleware's own: plain text for HTTP; for gRPC a trailers-only response
 /// (HTTP 200, `grpc-status` and `grpc-message` in the headers), which is what gRPC clients
 /// read — a bare HTTP 429 would reach them as an opaque transport error.
-pub(crate) fn own_response(status: StatusCode, message: &str, grpc: bool) -> Response<Bytes> {
-    let mut res = if grpc {
+pub(crate) fn own_response(
+    status: StatusCode,
+    message: impl fmt::Display,
+    grpc: bool,
+) -> Response<Bytes> {
+    if grpc {
         let mut res = Response::new(Bytes::new());
         let code = GrpcCode::for_status(status) as u16;
         let h = res.headers_mut();
         h.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
         h.insert(GRPC_STATUS, HeaderValue::from(code));
-        if let Some(v) = header_value(grpc_percent_encode(message)) {
+        if let Some(v) = header_value(grpc_percent_encode(&message.to_string())) {
             h.insert(GRPC_MESSAGE, v);
         }
-        res
-    } else {
-        let mut res = Response::new(Bytes::from(format!("{message}\n")));
-        *res.status_mut() = status;
-        res.headers_mut().insert(
-            CONTENT_TYPE,
-            HeaderValue::from_static("text/plain; charset=utf-8"),
-        );
-        res
-    };
-    res.extensions_mut().insert(OwnResponse);
+        return res;
+    }
+    // The text and a line end, cut from the thread's chunk (a longer one is a string of its
+    // own).
+    let text = chunk::cut(chunk::MAX_BYTES, |out| writeln!(out, "{message}").ok())
+        .unwrap_or_else(|| Bytes::from(format!("{message}\n")));
+    let mut res = Response::new(text);
+    *res.status_mut() = status;
+    res.headers_mut().insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
     res
 }
 
@@ -79,20 +81,20 @@ fn grpc_percent_encode(message: &str) -> String {
     out
 }
 
-/// The message of a limited request.
-pub(crate) fn limited_message(decision: &Decision) -> String {
-    match decision.denied_by() {
-        Some(s) if s.limit.is_concurrency() => format!(
-            "too many concurrent requests: {} (retry in {} s)",
-            s.limit,
-            ceil_secs(s.retry_after.unwrap_or_default()).max(1)
-        ),
-        Some(s) => format!(
-            "rate limit exceeded: {} (retry in {} s)",
-            s.limit,
-            ceil_secs(s.retry_after.unwrap_or_default()).max(1)
-        ),
-        None => "rate limit exceeded".into(),
+/// The message of a limited request, written where it goes.
+pub(crate) struct LimitedMessage<'a>(pub(crate) &'a Decision);
+
+impl fmt::Display for LimitedMessage<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let Some(s) = self.0.denied_by() else {
+            return f.write_str("rate limit exceeded");
+        };
+        let what = match s.limit.is_concurrency() {
+            true => "too many concurrent requests",
+            false => "rate limit exceeded",
+        };
+        let secs = ceil_secs(s.retry_after.unwrap_or_default()).max(1);
+        write!(f, "{what}: {} (retry in {secs} s)", s.limit)
     }
 }
 
@@ -116,7 +118,11 @@ pub(crate) fn problem_response(status: StatusCode, decision: &Decision) -> Respo
             violated.push(name);
         }
     }
-    problem(status, &limited_message(decision), Some(&violated))
+    problem(
+        status,
+        &LimitedMessage(decision).to_string(),
+        Some(&violated),
+    )
 }
 
 /// The RFC 9457 `application/problem+json` answer of a load shedder: status 503, the draft's
@@ -160,7 +166,6 @@ fn problem(status: StatusCode, detail: &str, violated: Option<&[String]>) -> Res
         CONTENT_TYPE,
         HeaderValue::from_static("application/problem+json"),
     );
-    res.extensions_mut().insert(OwnResponse);
     res
 }
 
@@ -184,11 +189,72 @@ fn json_string(text: &str) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::json_string;
+    use std::time::Duration;
+
+    use super::*;
+    use crate::decision::{LimitStatus, Origin};
 
     #[test]
     fn json_strings_are_escaped() {
         assert_eq!(json_string("10/s"), r#""10/s""#);
         assert_eq!(json_string("a\"b\\c\n"), r#""a\"b\\c\u000a""#);
+    }
+
+    fn denied_by(limit: &str, retry_after: Option<Duration>) -> Decision {
+        let status = LimitStatus {
+            identifier: 0,
+            limit_index: 0,
+            limit: limit.parse().unwrap(),
+            allowed: retry_after.is_none(),
+            remaining: 0,
+            reset_after: Duration::from_secs(1),
+            retry_after,
+        };
+        Decision {
+            allowed: false,
+            shadow: false,
+            cost: 1,
+            statuses: vec![status],
+            guard: None,
+            origin: Origin::Store,
+        }
+    }
+
+    fn body(res: Response<Bytes>) -> String {
+        String::from_utf8(res.into_body().to_vec()).unwrap()
+    }
+
+    #[test]
+    fn a_refusal_says_what_refused_it_and_when_to_come_back() {
+        let retry = Some(Duration::from_millis(2_500));
+        let cases = [
+            (
+                denied_by("10/s", retry),
+                "rate limit exceeded: 10/s (retry in 3 s)\n",
+            ),
+            (
+                denied_by("5 concurrent", retry),
+                "too many concurrent requests: 5 concurrent (retry in 3 s)\n",
+            ),
+            // under a second is still a second; no limit named, nothing to say about it
+            (
+                denied_by("10/s", Some(Duration::from_millis(1))),
+                "rate limit exceeded: 10/s (retry in 1 s)\n",
+            ),
+            (denied_by("10/s", None), "rate limit exceeded\n"),
+        ];
+        for (decision, text) in cases {
+            let res = own_response(
+                StatusCode::TOO_MANY_REQUESTS,
+                LimitedMessage(&decision),
+                false,
+            );
+            assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+            assert_eq!(body(res), text);
+        }
+        // a text longer than a chunk's strings is one of its own
+        let long = "x".repeat(chunk::MAX_BYTES * 2);
+        let res = own_response(StatusCode::SERVICE_UNAVAILABLE, &long, false);
+        assert_eq!(body(res), format!("{long}\n"));
     }
 }

@@ -15,7 +15,7 @@ use tower_service::Service;
 use super::check::{Charge, ChargeFuture, Pending};
 use super::config::Config;
 use crate::http::headers::add_headers;
-use crate::http::response::{limited_message, own_response};
+use crate::http::response::{own_response, LimitedMessage};
 use crate::http::ResponseBody;
 use crate::key::RequestView;
 use crate::limiter::CheckFuture;
@@ -317,8 +317,8 @@ fn refusal<B>(
                 .insert(RETRY_AFTER, HeaderValue::from_static("1"));
             res
         }
-        Err(e @ Error::Cost { .. }) => own_response(StatusCode::BAD_REQUEST, &e.to_string(), grpc),
-        Err(e) => own_response(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string(), grpc),
+        Err(e @ Error::Cost { .. }) => own_response(StatusCode::BAD_REQUEST, e, grpc),
+        Err(e) => own_response(StatusCode::INTERNAL_SERVER_ERROR, e, grpc),
     }
 }
 
@@ -332,7 +332,7 @@ fn limited<B>(
 ) -> Response<Bytes> {
     let mut res = match (&config.on_limited, grpc) {
         (Some(handler), false) => handler(&RequestView::of(req), decision),
-        _ => own_response(config.limited_status, &limited_message(decision), grpc),
+        _ => own_response(config.limited_status, LimitedMessage(decision), grpc),
     };
     add_headers(
         res.headers_mut(),

@@ -5,7 +5,6 @@
 //! it is cut from ([`written`]), without an allocation of its own.
 //! The bytes are those `fresh_ietf` writes (and the structured-field serializer would).
 
-use std::cell::RefCell;
 use std::fmt::Write;
 use std::sync::{Arc, OnceLock};
 
@@ -17,6 +16,7 @@ use super::{
     effective_window, is_plain, limit_indexes, pick, push_base64, quota_and_window,
     CONCURRENT_REQUESTS, MAX_INTEGER,
 };
+use crate::http::chunk::{self, push_u64};
 use crate::{Decision, Limit, LimitStatus};
 
 /// The most items written this way; a decision naming more limits takes the general path.
@@ -27,7 +27,7 @@ const MAX_ITEMS: usize = 16;
 const MAX_ENTRIES: usize = 16;
 /// The longest `RateLimit` value written this way (three limits with partition keys take
 /// about 160 bytes); a longer one takes the general path.
-const STATE_BYTES: usize = 320;
+const STATE_BYTES: usize = chunk::MAX_BYTES;
 
 /// What the IETF fields of a list of limits share from one response to the next, for the
 /// lists a layer has seen.
@@ -227,13 +227,6 @@ impl Fields {
     }
 }
 
-/// The size of the per-thread chunks `RateLimit` values are copied into.
-const CHUNK_BYTES: usize = 4096;
-
-thread_local! {
-    static CHUNK: RefCell<BytesMut> = RefCell::new(BytesMut::new());
-}
-
 /// `value` as a header value, copied into the thread's chunk and cut from it (see
 /// [`written`]).
 #[cfg(test)]
@@ -245,69 +238,17 @@ pub(super) fn cut(value: &[u8]) -> Option<HeaderValue> {
 }
 
 /// The header value `write` writes (at most [`STATE_BYTES`]; `None` when it gives up or
-/// writes more), written straight into the thread's chunk and cut from it
-/// (`BytesMut::split`, which counts a reference to the chunk): a response's value takes no
-/// allocation of its own, and is copied nowhere before it is sent. A chunk with less than
-/// [`STATE_BYTES`] left is replaced — once every hundred-odd responses — and freed when the
-/// last value cut from it is dropped (servers drop a response's fields once they are sent).
-/// On a thread being torn down, a buffer of its own.
+/// writes more), cut from the thread's chunk ([`chunk::cut`]): a response's value takes no
+/// allocation of its own, and is copied nowhere before it is sent.
 pub(super) fn written(write: impl FnOnce(&mut BytesMut) -> Option<()>) -> Option<HeaderValue> {
-    let mut write = Some(write);
-    let shared = CHUNK.try_with(|chunk| {
-        let mut chunk = chunk.try_borrow_mut().ok()?;
-        if chunk.capacity() < STATE_BYTES {
-            *chunk = BytesMut::with_capacity(CHUNK_BYTES);
-        }
-        let done = write.take().and_then(|write| write(&mut chunk));
-        if done.is_none() || chunk.len() > STATE_BYTES {
-            chunk.clear();
-            return Some(None);
-        }
-        Some(Some(chunk.split().freeze()))
-    });
-    let bytes = match shared {
-        Ok(Some(bytes)) => bytes?,
-        // No chunk to write in (a thread torn down, or a value being written already).
-        _ => {
-            let mut own = BytesMut::new();
-            write.take()?(&mut own)?;
-            if own.len() > STATE_BYTES {
-                return None;
-            }
-            own.freeze()
-        }
-    };
-    HeaderValue::from_maybe_shared(bytes).ok()
+    HeaderValue::from_maybe_shared(chunk::cut(STATE_BYTES, write)?).ok()
 }
 
-/// Appends the decimal digits of `n`, two at a time from a table.
-pub(super) fn push_u64(out: &mut BytesMut, mut n: u64) {
-    if n < 10 {
-        out.extend_from_slice(&[b'0' + n as u8]);
-        return;
-    }
-    let mut digits = [b'0'; 20];
-    let mut start = digits.len();
-    while n >= 100 {
-        let pair = (n % 100) as usize * 2;
-        n /= 100;
-        start -= 2;
-        digits[start..start + 2].copy_from_slice(&PAIRS[pair..pair + 2]);
-    }
-    if n >= 10 {
-        let pair = n as usize * 2;
-        start -= 2;
-        digits[start..start + 2].copy_from_slice(&PAIRS[pair..pair + 2]);
-    } else {
-        start -= 1;
-        digits[start] = b'0' + n as u8;
-    }
-    out.extend_from_slice(&digits[start..]);
+/// `n` as a header value, cut from the thread's chunk like the `RateLimit` values.
+pub(super) fn number(n: u64) -> HeaderValue {
+    written(|chunk| {
+        push_u64(chunk, n);
+        Some(())
+    })
+    .unwrap_or_else(|| HeaderValue::from(n))
 }
-
-/// "00" to "99", two digits at a time.
-const PAIRS: &[u8; 200] = b"0001020304050607080910111213141516171819\
-    2021222324252627282930313233343536373839\
-    4041424344454647484950515253545556575859\
-    6061626364656667686970717273747576777879\
-    8081828384858687888990919293949596979899";

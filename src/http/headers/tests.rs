@@ -470,7 +470,8 @@ fn values_cut_from_the_chunks_keep_their_bytes() {
 /// a value written in place may be is refused, and leaves nothing behind it.
 #[test]
 fn numbers_are_their_display() {
-    use super::fresh::{push_u64, written};
+    use super::fresh::written;
+    use crate::http::chunk::push_u64;
     let mut numbers = vec![u64::MAX, 999_999_999_999_999, 1 << 53];
     numbers.extend(0..=1_000);
     numbers.extend((1..20).map(|k| 10u64.pow(k)));
