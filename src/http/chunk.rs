@@ -49,6 +49,16 @@ pub(crate) fn cut(max: usize, write: impl FnOnce(&mut BytesMut) -> Option<()>) -
     }
 }
 
+/// A response's text, as `write` writes it: cut from the thread's chunk when it fits in
+/// [`MAX_BYTES`], else in a buffer of its own; `None` when `write` gives up.
+pub(crate) fn text(write: impl Fn(&mut BytesMut) -> Option<()>) -> Option<Bytes> {
+    cut(MAX_BYTES, &write).or_else(|| {
+        let mut own = BytesMut::new();
+        write(&mut own)?;
+        Some(own.freeze())
+    })
+}
+
 /// Appends the decimal digits of `n`, two at a time from a table.
 pub(crate) fn push_u64(out: &mut BytesMut, mut n: u64) {
     if n < 10 {

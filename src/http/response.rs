@@ -3,12 +3,12 @@
 
 use std::fmt::{self, Write};
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use http::header::{HeaderValue, CONTENT_TYPE};
 use http::{Response, StatusCode};
 
 use super::chunk;
-use super::headers::{ceil_secs, header_value, GRPC_MESSAGE, GRPC_STATUS};
+use super::headers::{ceil_secs, GRPC_MESSAGE, GRPC_STATUS};
 use crate::Decision;
 
 /// gRPC status codes the middlewares answer with.
@@ -50,15 +50,13 @@ pub(crate) fn own_response(
         let h = res.headers_mut();
         h.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
         h.insert(GRPC_STATUS, HeaderValue::from(code));
-        if let Some(v) = header_value(grpc_percent_encode(&message.to_string())) {
+        let encoded = chunk::text(|out| write!(GrpcMessage(out), "{message}").ok());
+        if let Some(v) = encoded.and_then(|text| HeaderValue::from_maybe_shared(text).ok()) {
             h.insert(GRPC_MESSAGE, v);
         }
         return res;
     }
-    // The text and a line end, cut from the thread's chunk (a longer one is a string of its
-    // own).
-    let text = chunk::cut(chunk::MAX_BYTES, |out| writeln!(out, "{message}").ok())
-        .unwrap_or_else(|| Bytes::from(format!("{message}\n")));
+    let text = chunk::text(|out| writeln!(out, "{message}").ok()).unwrap_or_default();
     let mut res = Response::new(text);
     *res.status_mut() = status;
     res.headers_mut().insert(
@@ -68,17 +66,23 @@ pub(crate) fn own_response(
     res
 }
 
-/// gRPC's `grpc-message` encoding: bytes outside printable ASCII, and `%`, percent-encoded.
-fn grpc_percent_encode(message: &str) -> String {
-    let mut out = String::with_capacity(message.len());
-    for b in message.bytes() {
-        if (0x20..=0x7e).contains(&b) && b != b'%' {
-            out.push(b as char);
-        } else {
-            let _ = write!(out, "%{b:02X}");
+/// Text written in gRPC's `grpc-message` encoding: bytes outside printable ASCII, and `%`,
+/// percent-encoded.
+struct GrpcMessage<'a>(&'a mut BytesMut);
+
+impl Write for GrpcMessage<'_> {
+    fn write_str(&mut self, text: &str) -> fmt::Result {
+        const HEX: &[u8; 16] = b"0123456789ABCDEF";
+        for b in text.bytes() {
+            if (0x20..=0x7e).contains(&b) && b != b'%' {
+                self.0.extend_from_slice(&[b]);
+            } else {
+                let (high, low) = (HEX[usize::from(b >> 4)], HEX[usize::from(b & 0xf)]);
+                self.0.extend_from_slice(&[b'%', high, low]);
+            }
         }
+        Ok(())
     }
-    out
 }
 
 /// The message of a limited request, written where it goes.
@@ -256,5 +260,29 @@ mod tests {
         let long = "x".repeat(chunk::MAX_BYTES * 2);
         let res = own_response(StatusCode::SERVICE_UNAVAILABLE, &long, false);
         assert_eq!(body(res), format!("{long}\n"));
+    }
+
+    #[test]
+    fn a_grpc_refusal_says_it_in_grpc_message_percent_encoded() {
+        let decision = denied_by("10/s", Some(Duration::from_millis(2_500)));
+        let res = own_response(
+            StatusCode::TOO_MANY_REQUESTS,
+            LimitedMessage(&decision),
+            true,
+        );
+        assert_eq!(res.status(), StatusCode::OK);
+        assert_eq!(res.headers()["grpc-status"], "8");
+        assert_eq!(
+            res.headers()["grpc-message"],
+            "rate limit exceeded: 10/s (retry in 3 s)"
+        );
+        assert!(res.body().is_empty());
+        // `%`, and bytes outside printable ASCII (a line end, UTF-8), as `%XX`
+        let res = own_response(StatusCode::BAD_REQUEST, "50% off: \u{e9}\n", true);
+        assert_eq!(res.headers()["grpc-message"], "50%25 off: %C3%A9%0A");
+        assert_eq!(res.headers()["grpc-status"], "3");
+        // longer than a chunk's strings once encoded: a value of its own
+        let res = own_response(StatusCode::BAD_REQUEST, "\u{e9}".repeat(100), true);
+        assert_eq!(res.headers()["grpc-message"], "%C3%A9".repeat(100).as_str());
     }
 }
