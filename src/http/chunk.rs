@@ -21,7 +21,7 @@ thread_local! {
 /// up or writes more), written straight into the thread's chunk and cut from it
 /// (`BytesMut::split`, which counts a reference to the chunk): they take no allocation of
 /// their own, and are copied nowhere before they are sent. A chunk with less than
-/// [`MAX_BYTES`] left is replaced — once every dozens of responses — and freed when the last
+/// [`MAX_BYTES`] left is replaced — once every few dozen responses — and freed when the last
 /// string cut from it is dropped (servers drop a response once it is sent). On a thread being
 /// torn down, or while a string is being written already, a buffer of its own.
 pub(crate) fn cut(max: usize, write: impl FnOnce(&mut BytesMut) -> Option<()>) -> Option<Bytes> {
