@@ -2,7 +2,8 @@
 //! `tower_governor`, and behind `RateLimitLayer` on the memory store, measured in the same run.
 //!
 //! `cargo bench --bench layer [-- --iters N] [--rounds R] [--only ROW]` (`--only tollgate`
-//! measures the rows whose name contains `tollgate`, for a profiler; the ratios then read 0).
+//! measures the rows whose name contains `tollgate`, `--only "=tollgate, 1 limit"` that row
+//! alone, for a profiler; the ratios then read 0).
 //! The rows take turns for R rounds (default 3), and each shows its best.
 //!
 //! Every request carries the same peer address in `ConnectInfo` (both layers key on it), and
@@ -107,7 +108,11 @@ fn main() {
             rounds = args.next().and_then(|v| v.parse().ok()).unwrap_or(rounds);
         }
     }
-    let runs = |name: &str| name.contains(only.as_str());
+    // `--only =NAME` measures the row named NAME alone
+    let runs = |name: &str| match only.strip_prefix('=') {
+        Some(exact) => name == exact,
+        None => name.contains(only.as_str()),
+    };
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

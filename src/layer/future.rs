@@ -34,6 +34,11 @@ pin_project! {
     {
         #[pin]
         state: State<S, S::Future, S::Response, ReqBody>,
+        // The decision whose headers the response gets: the check's while the inner service
+        // answers, the peek's while the response is charged (by response). Kept here rather
+        // than in the state: a state that held it beside the inner future was built apart
+        // and copied into the future whole.
+        decision: Option<Decision>,
         config: Arc<Config>,
         grpc: bool,
         // When the layer charges by response: the charge to make if the response is selected.
@@ -57,14 +62,12 @@ pin_project! {
         Calling {
             #[pin]
             fut: F,
-            decision: Option<Decision>,
         },
         // The response is charged (by response); it gets the headers of the charge, or
-        // those of the peek before the handler when nothing was charged.
+        // those of the peek before the handler (the decision) when nothing was charged.
         Charging {
             charge: ChargeFuture,
             res: Option<Res>,
-            peeked: Option<Decision>,
         },
         // The layer answers by itself.
         Answered { res: Response<Bytes> },
@@ -102,55 +105,56 @@ where
         check: CheckFuture<Request<ReqBody>>,
         config: Arc<Config>,
         grpc: bool,
-        pending: Option<Pending>,
+        pending: Option<Box<Pending>>,
     ) -> Self {
         ResponseFuture {
             state: State::Checking { check, inner },
+            decision: None,
             config,
             grpc,
-            pending: pending.map(Box::new),
+            pending,
             pks: None,
         }
     }
 
-    /// The request was checked already (`outcome`): passes it to `inner`, the service that
-    /// was polled ready, when admitted, else answers it. `pks` as for
+    /// The request was checked already and admitted (`decision`): passes it to `inner`, the
+    /// service that was polled ready. `pks` as for
     /// [`with_partition_keys`](Self::with_partition_keys).
+    ///
+    /// Built whole where it is returned, from parts all made before: the request moves
+    /// straight into the inner service, and its future straight into this one (a state built
+    /// first, or a call that could unwind between the moves, would cost a copy of either).
     #[inline]
-    pub(crate) fn decided(
+    pub(crate) fn admitted(
         inner: &mut S,
         req: Request<ReqBody>,
-        outcome: Result<Decision, Error>,
+        decision: Decision,
         config: Arc<Config>,
-        pending: Option<Pending>,
+        pending: Option<Box<Pending>>,
         pks: Option<Arc<[Vec<u8>]>>,
     ) -> Self {
-        let pending = pending.map(Box::new);
-        // Each arm builds the future whole, where it is returned: a state built first and
-        // moved in after would be copied once more.
-        match outcome {
-            Ok(decision) if decision.is_allowed() => ResponseFuture {
-                state: State::Calling {
-                    fut: inner.call(req),
-                    decision: Some(decision),
-                },
-                config,
-                grpc: false,
-                pending,
-                pks,
+        ResponseFuture {
+            state: State::Calling {
+                fut: inner.call(req),
             },
-            refused => {
-                let grpc = RequestView::of(&req).is_grpc();
-                let res = refusal(&config, &req, refused, grpc, pks.as_deref());
-                ResponseFuture {
-                    state: State::Answered { res },
-                    config,
-                    grpc: false,
-                    pending,
-                    pks,
-                }
-            }
+            decision: Some(decision),
+            config,
+            grpc: false,
+            pending,
+            pks,
         }
+    }
+
+    /// The request was checked already and not admitted (`outcome`): the layer answers it.
+    pub(crate) fn refused(
+        req: &Request<ReqBody>,
+        outcome: Result<Decision, Error>,
+        config: Arc<Config>,
+        pks: Option<Arc<[Vec<u8>]>>,
+    ) -> Self {
+        let grpc = RequestView::of(req).is_grpc();
+        let res = refusal(&config, req, outcome, grpc, pks.as_deref());
+        ResponseFuture::answered(res, config)
     }
 
     /// Adds `pk` parameters to the `RateLimit` items, from these partition keys (one per
@@ -163,10 +167,8 @@ where
     /// The response of the inner service's future `fut`, unchecked.
     pub(crate) fn called(fut: S::Future, config: Arc<Config>) -> Self {
         ResponseFuture {
-            state: State::Calling {
-                fut,
-                decision: None,
-            },
+            state: State::Calling { fut },
+            decision: None,
             config,
             grpc: false,
             pending: None,
@@ -178,6 +180,7 @@ where
     pub(crate) fn answered(res: Response<Bytes>, config: Arc<Config>) -> Self {
         ResponseFuture {
             state: State::Answered { res },
+            decision: None,
             config,
             grpc: false,
             pending: None,
@@ -198,7 +201,7 @@ where
             match this.state.as_mut().project() {
                 StateProj::Checking { check, inner } => {
                     let (outcome, req) = ready!(check.as_mut().poll(cx));
-                    let decision = match outcome {
+                    *this.decision = match outcome {
                         Ok(decision) if decision.is_allowed() => Some(decision),
                         refused => {
                             let pks = this.pks.as_deref();
@@ -208,9 +211,9 @@ where
                         }
                     };
                     let fut = inner.call(req);
-                    this.state.set(State::Calling { fut, decision });
+                    this.state.set(State::Calling { fut });
                 }
-                StateProj::Calling { fut, decision } => {
+                StateProj::Calling { fut } => {
                     let res = ready!(fut.poll(cx))?;
                     if let (Some(selects), Some(pending)) =
                         (&this.config.charge_if, this.pending.take())
@@ -218,27 +221,22 @@ where
                         let (parts, body) = res.into_parts();
                         let selected = selects(&parts);
                         let res = Response::from_parts(parts, body);
-                        let peeked = decision.take();
                         let shown = match selected.then(|| (*pending).charge()) {
                             Some(Charge::Running(charge)) => {
                                 let res = Some(res);
-                                this.state.set(State::Charging {
-                                    charge,
-                                    res,
-                                    peeked,
-                                });
+                                this.state.set(State::Charging { charge, res });
                                 continue;
                             }
-                            Some(Charge::Made(charged)) => charged.or(peeked),
-                            None => peeked,
+                            Some(Charge::Made(charged)) => charged.or(this.decision.take()),
+                            None => this.decision.take(),
                         };
                         let res = finish(res, shown, this.config, this.pks.as_deref());
                         this.state.set(State::Done);
                         return Poll::Ready(Ok(res));
                     }
-                    let guard = decision.as_mut().and_then(Decision::take_guard);
+                    let guard = this.decision.as_mut().and_then(Decision::take_guard);
                     let mut res = res.map(|b| ResponseBody::inner(b).guarded(guard));
-                    if let Some(decision) = decision {
+                    if let Some(decision) = this.decision {
                         let pks = this.pks.as_deref();
                         let config = &**this.config;
                         let cache = &config.header_cache;
@@ -247,13 +245,9 @@ where
                     this.state.set(State::Done);
                     return Poll::Ready(Ok(res));
                 }
-                StateProj::Charging {
-                    charge,
-                    res,
-                    peeked,
-                } => {
+                StateProj::Charging { charge, res } => {
                     let charged = ready!(charge.as_mut().poll(cx));
-                    let shown = charged.or_else(|| peeked.take());
+                    let shown = charged.or_else(|| this.decision.take());
                     let pks = this.pks.as_deref();
                     let res = res.take().map(|res| finish(res, shown, this.config, pks));
                     this.state.set(State::Done);

@@ -117,39 +117,39 @@ where
             ..Mode::CHECK.shadowed(shadow)
         };
         let done = match check_both_now(limiter, also, ids.as_slice(), cost, mode) {
-            AtOnce::Decided(outcome) => {
+            AtOnce::Decided(Ok(decision)) if decision.is_allowed() => {
                 // Not `by_response.then(|| …)`: a closure taking `ids` would copy them in
                 // even when it is not called.
                 let pending = if by_response {
-                    Some(Pending {
+                    Some(Box::new(Pending {
                         first: limiter.clone(),
                         then: also.cloned(),
                         ids,
                         cost,
                         shadow,
-                    })
+                    }))
                 } else {
                     None
                 };
                 let config = config.clone();
-                return ResponseFuture::decided(
-                    &mut self.inner,
-                    req,
-                    outcome,
-                    config,
-                    pending,
-                    pks,
-                );
+                let inner = &mut self.inner;
+                return ResponseFuture::admitted(inner, req, decision, config, pending, pks);
+            }
+            AtOnce::Decided(refused) => {
+                let config = config.clone();
+                return ResponseFuture::refused(&req, refused, config, pks);
             }
             AtOnce::Later(done) => done,
         };
         let grpc = view.is_grpc();
-        let pending = by_response.then(|| Pending {
-            first: limiter.clone(),
-            then: also.cloned(),
-            ids: ids.clone(),
-            cost,
-            shadow,
+        let pending = by_response.then(|| {
+            Box::new(Pending {
+                first: limiter.clone(),
+                then: also.cloned(),
+                ids: ids.clone(),
+                cost,
+                shadow,
+            })
         });
         let (limiter, also) = (limiter.clone(), also.cloned());
         let check = Box::pin(async move {
