@@ -39,13 +39,17 @@ fn chain(e: &dyn std::error::Error) -> String {
     text
 }
 
-/// The key of a store's call latencies in the metrics, built once with the store (see
-/// [`LimiterKeys`]).
+/// The keys of a store's call latencies and failures in the metrics, built once with the
+/// store (see [`LimiterKeys`]): a store whose breaker is open fails every check at once, and
+/// counts each failure without building its key.
 #[derive(Debug)]
 #[cfg_attr(not(feature = "redis"), allow(dead_code))]
 pub(crate) struct StoreKeys {
     #[cfg(feature = "metrics")]
     call_seconds: metrics::Key,
+    /// `tollgate_store_errors_total` of each kind, in the order of `StoreError::kind_index`.
+    #[cfg(feature = "metrics")]
+    errors: [metrics::Key; crate::store::KIND_LABELS.len()],
 }
 
 impl StoreKeys {
@@ -55,8 +59,16 @@ impl StoreKeys {
         #[cfg(feature = "metrics")]
         {
             let store = metrics::Label::new("store", store.clone());
+            let errors = crate::store::KIND_LABELS.map(|kind| {
+                let labels = vec![
+                    store.clone(),
+                    metrics::Label::from_static_parts("kind", kind),
+                ];
+                metrics::Key::from_parts("tollgate_store_errors_total", labels)
+            });
             StoreKeys {
                 call_seconds: metrics::Key::from_parts("tollgate_store_call_seconds", vec![store]),
+                errors,
             }
         }
         #[cfg(not(feature = "metrics"))]
@@ -82,13 +94,8 @@ pub(crate) fn store_call(
             metrics::with_recorder(|r| r.register_histogram(&keys.call_seconds, &METADATA))
                 .record(took.as_secs_f64());
         }
-        if let Err(e) = result {
-            metrics::counter!(
-                "tollgate_store_errors_total",
-                "store" => store.clone(),
-                "kind" => e.kind_label()
-            )
-            .increment(1);
+        if let Some(key) = result.err().and_then(|e| keys.errors.get(e.kind_index())) {
+            metrics::with_recorder(|r| r.register_counter(key, &METADATA)).increment(1);
         }
     }
     #[cfg(feature = "tracing")]

@@ -265,3 +265,36 @@ fn a_denial_from_the_deny_cache_allocates_nothing() {
         }
     });
 }
+
+/// A check the failure policy answers while the store is down allocates no more than the
+/// remote check's boxed future: the store's failure is counted under a key built with the
+/// store, with the `metrics` feature or without.
+#[test]
+fn a_check_answered_while_the_store_is_down_allocates_only_its_future() {
+    let rt = runtime();
+    rt.block_on(async {
+        let dead = format!("redis://127.0.0.1:{}/", common::free_port());
+        let store = RedisStore::builder(dead)
+            .prefix(unique_prefix())
+            .timeout(std::time::Duration::from_millis(100))
+            .build_lazy()
+            .unwrap();
+        let limiter = Limiter::builder(store, "10/s".parse().unwrap())
+            .on_store_error(tollgate::OnStoreError::Open)
+            .build();
+        // the first failures open the store's breaker; from then on it answers at once
+        for _ in 0..50 {
+            let decision = limiter.check(&["ip:203.0.113.9"]).await.unwrap();
+            assert_eq!(decision.origin(), Origin::FailOpen);
+        }
+        let answered = count_per_call(1000, || async {
+            let decision = limiter.check(&["ip:203.0.113.9"]).await.unwrap();
+            assert_eq!(decision.origin(), Origin::FailOpen);
+        })
+        .await;
+        assert!(
+            answered <= 1.02,
+            "{answered} allocations per check answered by the failure policy"
+        );
+    });
+}

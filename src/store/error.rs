@@ -35,16 +35,31 @@ impl StoreError {
     /// A short, stable name of the kind of failure, for logs and metric labels: `timeout`,
     /// `backend`, `unexpected_reply`, `config`, `unavailable` or `misconfigured`.
     pub fn kind_label(&self) -> &'static str {
+        KIND_LABELS[self.kind_index()]
+    }
+
+    /// The place of this kind in [`KIND_LABELS`].
+    pub(crate) fn kind_index(&self) -> usize {
         match self {
-            StoreError::Timeout(_) => "timeout",
-            StoreError::Backend(_) => "backend",
-            StoreError::UnexpectedReply(_) => "unexpected_reply",
-            StoreError::Config(_) => "config",
-            StoreError::Unavailable => "unavailable",
-            StoreError::Misconfigured(_) => "misconfigured",
+            StoreError::Timeout(_) => 0,
+            StoreError::Backend(_) => 1,
+            StoreError::UnexpectedReply(_) => 2,
+            StoreError::Config(_) => 3,
+            StoreError::Unavailable => 4,
+            StoreError::Misconfigured(_) => 5,
         }
     }
 }
+
+/// Every [`StoreError::kind_label`], in the order of [`StoreError::kind_index`].
+pub(crate) const KIND_LABELS: [&str; 6] = [
+    "timeout",
+    "backend",
+    "unexpected_reply",
+    "config",
+    "unavailable",
+    "misconfigured",
+];
 
 impl fmt::Display for StoreError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

@@ -20,6 +20,8 @@ mod script;
 
 use crate::algorithm::schedule::{Placement, Rate};
 pub(crate) use crate::algorithm::Outcome;
+#[cfg(feature = "metrics")]
+pub(crate) use error::KIND_LABELS;
 pub use error::{ConfigError, ConfigErrorKind, Misconfiguration, MisconfigurationKind, StoreError};
 pub use keyspace::Namespace;
 use lease::{Backend, Keeper, Lease};
