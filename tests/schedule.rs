@@ -251,6 +251,51 @@ async fn the_memory_store_schedules_as_redis_does() {
     }
 }
 
+/// On Redis, schedulers in two namespaces keep their queues apart under one prefix, and the
+/// processes of one namespace share theirs; a waiter that gives up gives its namespaced slot
+/// back.
+#[tokio::test]
+async fn namespaces_keep_queues_apart_on_redis() {
+    let server = RedisServer::start();
+    let clock = manual_clock();
+    let redis = server.store(Clock::Manual(clock.clone())).await;
+    let in_space = |namespace: &str| {
+        Scheduler::builder(redis.clone(), "4/s".parse().unwrap())
+            .namespace(namespace.parse().unwrap())
+            .on_store_error(OnStoreError::Closed)
+            .build()
+    };
+    let (mail, sms, mail_too) = (in_space("mail"), in_space("sms"), in_space("mail"));
+    let wait_of = |d: Decision| d.retry_after();
+    // each namespace's first event goes at once
+    for s in [&mail, &sms] {
+        assert!(s
+            .schedule("tenant:42", Duration::ZERO)
+            .await
+            .unwrap()
+            .is_allowed());
+    }
+    // the mail queue is shared by the other process of its namespace: the next slot is 250 ms
+    // away; the sms queue's is too, and no further
+    for s in [&mail_too, &sms] {
+        let d = s.schedule("tenant:42", Duration::ZERO).await.unwrap();
+        assert_eq!(wait_of(d), Some(Duration::from_millis(250)));
+    }
+    // a waiter that gives up (the last one placed) gives its slot back
+    let waiting = mail.schedule("tenant:42", Duration::from_secs(1));
+    let gave_up = tokio::time::timeout(Duration::from_millis(20), waiting).await;
+    assert!(gave_up.is_err(), "the slot lies 250 ms ahead");
+    common::eventually(Duration::from_secs(2), || async {
+        let d = mail_too.schedule("tenant:42", Duration::ZERO).await;
+        let d = d.map_err(|e| e.to_string())?;
+        match wait_of(d) {
+            Some(w) if w == Duration::from_millis(250) => Ok(()),
+            other => Err(format!("next mail slot {other:?} away")),
+        }
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn a_client_waits_for_its_slot_through_the_layer() {
     let server = RedisServer::start();

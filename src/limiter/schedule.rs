@@ -9,7 +9,7 @@ use crate::algorithm::schedule::{Placement, Rate};
 use crate::decision::{Decision, LimitStatus, Origin};
 use crate::observe::{self, Action, LimiterKeys};
 use crate::policy::{Algorithm, Limit};
-use crate::store::{keyspace, MemoryStore, Store, StoreError};
+use crate::store::{keyspace, MemoryStore, Namespace, Store, StoreError};
 
 /// The longest wait a caller may ask for: about 142 years, far past any real one, and small
 /// enough for every store's arithmetic.
@@ -60,6 +60,13 @@ const LONGEST_WAIT_US: u64 = 1 << 52;
 /// stays used and passes unused — the events placed after it keep their own slots, so nobody
 /// waits longer than they were told, but the queue does not close up behind it.
 ///
+/// # Schedulers sharing a store
+///
+/// A queue is named by its identifier and its rate: schedulers of the same rate on one store
+/// (or on Redis stores of one prefix) share the queue of an identifier, as the processes of a
+/// fleet must. Schedulers that pace different things at the same rate, with identifiers that
+/// may be equal, each take a [namespace](SchedulerBuilder::namespace).
+///
 /// # When the store fails
 ///
 /// As for a check: the scheduler's [`OnStoreError`] answers. Open lets the event go at once
@@ -77,6 +84,8 @@ struct Inner {
     on_error: OnStoreError,
     /// The in-process queue and its rate, under [`OnStoreError::Fallback`].
     fallback: Option<(Store, Limit, Rate)>,
+    /// Where its queues live on its stores (none: the shared space).
+    namespace: Option<Namespace>,
     name: Arc<str>,
     /// The keys of what its requests count in the metrics.
     keys: LimiterKeys,
@@ -89,6 +98,7 @@ impl fmt::Debug for Scheduler {
             .field("store", &self.inner.store)
             .field("rate", &self.inner.limit.to_string())
             .field("on_store_error", &self.inner.on_error)
+            .field("namespace", &self.inner.namespace)
             .finish()
     }
 }
@@ -100,6 +110,7 @@ pub struct SchedulerBuilder {
     rate: Limit,
     on_error: OnStoreError,
     name: Option<String>,
+    namespace: Option<Namespace>,
 }
 
 impl SchedulerBuilder {
@@ -112,6 +123,36 @@ impl SchedulerBuilder {
     /// The scheduler's name in logs and metric labels (default: the rate's text).
     pub fn name(mut self, name: impl Into<String>) -> Self {
         self.name = Some(name.into());
+        self
+    }
+
+    /// Keeps the scheduler's queues apart from those of schedulers in other namespaces (or in
+    /// none) on the same store, as [`LimiterBuilder::namespace`](crate::LimiterBuilder::namespace)
+    /// keeps a limiter's counts: two schedulers of the same rate pacing calls to two
+    /// providers, say, whose identifiers may be equal. Every process of a fleet gives its
+    /// scheduler the same namespace, to share its queues. The in-process fallback's queues
+    /// are the scheduler's own anyway.
+    ///
+    /// ```
+    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    /// use std::time::Duration;
+    /// use tollgate::{MemoryStore, Scheduler};
+    ///
+    /// let store = MemoryStore::new();
+    /// let mail = Scheduler::builder(store.clone(), "1/s".parse()?)
+    ///     .namespace("mail".parse()?)
+    ///     .build();
+    /// let sms = Scheduler::builder(store, "1/s".parse()?)
+    ///     .namespace("sms".parse()?)
+    ///     .build();
+    /// // one queue each: both go at once
+    /// assert!(mail.schedule("tenant:42", Duration::ZERO).await?.is_allowed());
+    /// assert!(sms.schedule("tenant:42", Duration::ZERO).await?.is_allowed());
+    /// # Ok(()) }
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(run()).unwrap();
+    /// ```
+    pub fn namespace(mut self, namespace: Namespace) -> Self {
+        self.namespace = Some(namespace);
         self
     }
 
@@ -134,6 +175,7 @@ impl SchedulerBuilder {
                 store: self.store,
                 on_error: self.on_error,
                 fallback,
+                namespace: self.namespace,
             }),
         }
     }
@@ -167,12 +209,19 @@ impl Scheduler {
             rate,
             on_error: OnStoreError::default(),
             name: None,
+            namespace: None,
         }
     }
 
     /// The rate.
     pub fn rate(&self) -> Limit {
         self.inner.limit
+    }
+
+    /// The scheduler's namespace on its store ([`SchedulerBuilder::namespace`]), if it has
+    /// one.
+    pub fn namespace(&self) -> Option<&Namespace> {
+        self.inner.namespace.as_ref()
     }
 
     /// The most events that may go at once (and so the largest cost of one event).
@@ -241,16 +290,21 @@ impl Scheduler {
             .unwrap_or(u64::MAX)
             .min(LONGEST_WAIT_US);
         let id = keyspace::escape_identifier(identifier);
-        let error =
-            match place_in(&inner.store, &inner.limit, &inner.rate, &id, cost, longest).await {
-                Ok(placed) => return Ok(placed),
-                Err(e) => e,
-            };
+        let ask = Ask {
+            id: &id,
+            namespace: inner.namespace.as_ref(),
+            cost,
+            longest,
+        };
+        let error = match place_in(&inner.store, &inner.limit, &inner.rate, &ask).await {
+            Ok(placed) => return Ok(placed),
+            Err(e) => e,
+        };
         let name = &*inner.name;
         match (inner.on_error, &inner.fallback) {
             (OnStoreError::Fallback(_), Some((store, limit, rate))) if cost <= rate.burst => {
                 observe::failure_answered(name, &inner.keys, Action::Fallback, &error);
-                let (mut decision, pending) = place_in(store, limit, rate, &id, cost, longest)
+                let (mut decision, pending) = place_in(store, limit, rate, &ask)
                     .await
                     .map_err(Error::Store)?;
                 decision.origin = Origin::Fallback;
@@ -268,16 +322,30 @@ impl Scheduler {
     }
 }
 
-/// Places the event in `store`'s queue for `id` (escaped).
+/// What one event asks of a queue.
+struct Ask<'a> {
+    /// The identifier, escaped.
+    id: &'a str,
+    namespace: Option<&'a Namespace>,
+    cost: u64,
+    /// The longest wait, in microseconds.
+    longest: u64,
+}
+
+/// Places the event in `store`'s queue for the identifier it names.
 async fn place_in(
     store: &Store,
     limit: &Limit,
     rate: &Rate,
-    id: &str,
-    cost: u64,
-    longest: u64,
+    ask: &Ask<'_>,
 ) -> Result<(Decision, Option<Pending>), StoreError> {
-    let (placement, key) = store.schedule(id, rate, cost, longest).await?;
+    let Ask {
+        id,
+        namespace,
+        cost,
+        longest,
+    } = *ask;
+    let (placement, key) = store.schedule(id, namespace, rate, cost, longest).await?;
     let status = LimitStatus {
         identifier: 0,
         limit_index: 0,
@@ -373,6 +441,39 @@ mod tests {
         let w = waits(&fleet, 40, Duration::from_secs(11)).await;
         let expected: Vec<Option<u64>> = (0..40).map(|i| Some(i * 250 * MS)).collect();
         assert_eq!(w, expected);
+    }
+
+    #[tokio::test]
+    async fn a_namespace_has_queues_of_its_own() {
+        let clock = ManualClock::new(1_767_225_600_000_000);
+        let store = MemoryStore::builder()
+            .clock(Clock::Manual(clock.clone()))
+            .build();
+        let in_space = |namespace: Option<&str>| {
+            let builder = Scheduler::builder(store.clone(), "4/s".parse().unwrap());
+            match namespace {
+                Some(n) => builder.namespace(n.parse().unwrap()),
+                None => builder,
+            }
+            .build()
+        };
+        let (shared, mail, sms) = (
+            in_space(None),
+            in_space(Some("mail")),
+            in_space(Some("sms")),
+        );
+        assert_eq!(mail.namespace().map(Namespace::as_str), Some("mail"));
+        // one queue each: each one's first event goes at once, its second 250 ms later
+        let all = [shared.clone(), mail.clone(), sms, shared, mail.clone()];
+        let w = waits(&all, 5, Duration::from_secs(1)).await;
+        assert_eq!(
+            w,
+            [Some(0), Some(0), Some(0), Some(250 * MS), Some(250 * MS)]
+        );
+        // a scheduler of the same namespace (another process of the fleet) shares its queue
+        let again = in_space(Some("mail"));
+        let w = waits(&[again], 1, Duration::from_secs(1)).await;
+        assert_eq!(w, [Some(500 * MS)]);
     }
 
     #[tokio::test]

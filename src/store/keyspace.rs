@@ -50,7 +50,9 @@
 //! # Namespaces
 //!
 //! Limiters that must count apart each take a [`Namespace`]
-//! ([`LimiterBuilder::namespace`](crate::LimiterBuilder::namespace)), which goes between the
+//! ([`LimiterBuilder::namespace`](crate::LimiterBuilder::namespace)), and schedulers whose
+//! queues must stay apart too
+//! ([`SchedulerBuilder::namespace`](crate::SchedulerBuilder::namespace)), which goes between the
 //! hash tag and the limit part of every key: `PREFIX:{IDENTIFIER}:NAMESPACE:LIMIT…`
 //! (`tollgate:{ip:1.2.3.4}:login:w1m`). The hash tag, and so the Cluster slot, stays the
 //! identifier's. No limit part holds a `:` and no namespace may, so the part after the tag is
@@ -413,16 +415,19 @@ impl fmt::Display for Namespace {
     }
 }
 
-/// Builds the key of a scheduler's queue for an identifier: `PREFIX:{ID}:q4/1s`, the rate in
-/// the same form as a limit's name (`q`, the count, `/`, the window), then the burst after `b`
-/// when it is not 1 (`q4/1sb3`). `escaped` comes from [`escape_identifier`]. A queue holds
-/// another kind of state than any limit; its letter is none of theirs, so the two never meet.
-pub(crate) fn schedule_key(prefix: &str, escaped: &str, rate: &Rate) -> String {
-    let mut out = String::with_capacity(prefix.len() + escaped.len() + 16);
-    out.push_str(prefix);
-    out.push_str(":{");
-    out.push_str(escaped);
-    out.push_str("}:q");
+/// Builds the key of a scheduler's queue for an identifier: `PREFIX:{ID}:q4/1s`, or
+/// `PREFIX:{ID}:NAMESPACE:q4/1s` in a namespace, as a limit's key; the rate in the same form
+/// as a limit's name (`q`, the count, `/`, the window), then the burst after `b` when it is
+/// not 1 (`q4/1sb3`). `escaped` comes from [`escape_identifier`]. A queue holds another kind
+/// of state than any limit; its letter is none of theirs, so the two never meet.
+pub(crate) fn schedule_key(
+    prefix: &str,
+    escaped: &str,
+    namespace: Option<&str>,
+    rate: &Rate,
+) -> String {
+    let mut out = key_head(prefix, escaped, namespace, 16);
+    out.push('q');
     let _ = write!(out, "{}/", rate.count);
     window_tag(&mut out, rate.window_us);
     if rate.burst != 1 {
@@ -688,12 +693,16 @@ mod tests {
             burst,
         };
         assert_eq!(
-            schedule_key("rl", &id, &rate(4, 1_000_000, 1)),
+            schedule_key("rl", &id, None, &rate(4, 1_000_000, 1)),
             "rl:{psp:acme}:q4/1s"
         );
         assert_eq!(
-            schedule_key("rl", &id, &rate(3, 1_300_000, 2)),
+            schedule_key("rl", &id, None, &rate(3, 1_300_000, 2)),
             "rl:{psp:acme}:q3/1300msb2"
+        );
+        assert_eq!(
+            schedule_key("rl", &id, Some("payments"), &rate(4, 1_000_000, 1)),
+            "rl:{psp:acme}:payments:q4/1s"
         );
         let letters = [
             Algorithm::SlidingLog,

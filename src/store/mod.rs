@@ -98,23 +98,25 @@ impl Store {
         }
     }
 
-    /// Places an event of `cost` in the scheduler's queue of `escaped_id` at `rate`, when its
-    /// wait is at most `longest_us`; the placement and the queue's key.
+    /// Places an event of `cost` in the scheduler's queue of `escaped_id` at `rate` in
+    /// `namespace`, when its wait is at most `longest_us`; the placement and the queue's key.
     pub(crate) async fn schedule(
         &self,
         escaped_id: &str,
+        namespace: Option<&Namespace>,
         rate: &Rate,
         cost: u64,
         longest_us: u64,
     ) -> Result<(Placement, String), StoreError> {
+        let namespace = namespace.map(Namespace::as_str);
         match self {
             Store::Memory(m) => {
-                let key = keyspace::schedule_key(memory::PREFIX, escaped_id, rate);
+                let key = keyspace::schedule_key(memory::PREFIX, escaped_id, namespace, rate);
                 Ok((m.schedule(&key, rate, cost, longest_us), key))
             }
             #[cfg(feature = "redis")]
             Store::Redis(r) => {
-                let key = keyspace::schedule_key(r.prefix(), escaped_id, rate);
+                let key = keyspace::schedule_key(r.prefix(), escaped_id, namespace, rate);
                 Ok((r.schedule(&key, rate, cost, longest_us).await?, key))
             }
         }
