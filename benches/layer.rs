@@ -7,7 +7,9 @@
 //! The rows take turns for R rounds (default 3), and each shows its best.
 //!
 //! Every request carries the same peer address in `ConnectInfo` (both layers key on it), and
-//! both layers add their rate-limit headers. In the first rows the limits are never reached;
+//! both layers add their rate-limit headers, but in the "no headers" rows, which tell what the
+//! headers cost each layer and what the rest of it costs (their ratio is to tower_governor
+//! without headers). In the first rows the limits are never reached;
 //! in the "refused" rows (a client flooding a limit) every timed request is refused with a
 //! 429, which a layer writes itself, and the ratio is to tower_governor's refusals. Each router is
 //! prepared as `axum::serve` prepares it (`with_state(())`: its layers applied once); each
@@ -26,6 +28,7 @@ use axum::extract::ConnectInfo;
 use axum::http::StatusCode;
 use axum::routing::get;
 use axum::Router;
+use tollgate::layer::HeaderStyle;
 use tollgate::{Limiter, MemoryStore, RateLimitLayer};
 use tower::ServiceExt;
 use tower_governor::governor::GovernorConfigBuilder;
@@ -88,10 +91,17 @@ async fn measure_check(limiter: &Limiter, iters: usize) -> (f64, f64) {
 
 /// The row the refused rows are compared with.
 const REFUSED_BASELINE: &str = "tower_governor, refused";
+/// The row the rows without rate-limit headers are compared with.
+const BARE_BASELINE: &str = "tower_governor, no headers";
 
 /// Whether the row `name` is one of refusals.
 fn refused(name: &str) -> bool {
     name.ends_with("refused")
+}
+
+/// Whether the row `name` is one of a layer that adds no rate-limit headers.
+fn headerless(name: &str) -> bool {
+    name.ends_with("no headers")
 }
 
 fn main() {
@@ -143,6 +153,22 @@ fn main() {
                 hello().layer(RateLimitLayer::new(limiter)),
             ));
         }
+        // The same layers without their rate-limit headers: what the headers cost each, and
+        // what the rest of each layer costs.
+        let headerless_config = GovernorConfigBuilder::default()
+            .per_nanosecond(1)
+            .burst_size(1_000_000_000)
+            .finish()
+            .expect("governor config");
+        routers.push((
+            BARE_BASELINE.to_string(),
+            hello().layer(GovernorLayer::new(headerless_config)),
+        ));
+        let limiter = Limiter::new(MemoryStore::new(), "1000000/s".parse().expect("policy"));
+        routers.push((
+            "tollgate, 1 limit, no headers".to_string(),
+            hello().layer(RateLimitLayer::new(limiter).headers(HeaderStyle::None)),
+        ));
         // A client over its limit: one request an hour, the rest refused.
         let refusing = GovernorConfigBuilder::default()
             .per_second(3600)
@@ -220,20 +246,24 @@ fn main() {
         };
         let (bare, governed) = (ns_of("bare axum"), ns_of("tower_governor, headers"));
         let governed_refusing = ns_of(REFUSED_BASELINE);
+        let governed_headerless = ns_of(BARE_BASELINE);
 
         println!(
             "{iters} requests per row and round, best of {rounds} rounds taken in turns, one peer \
-             address, headers on; limits never reached but in the refused rows, where every \
-             timed request is refused (their ratios are to tower_governor's refusals)\n"
+             address, headers on but in the \"no headers\" rows (their ratios are to \
+             tower_governor's without headers); limits never reached but in the refused rows, \
+             where every timed request is refused (their ratios are to tower_governor's \
+             refusals)\n"
         );
         println!(
             "{:<34} {:>9} {:>8} {:>18} {:>10}",
             "router", "ns/req", "x bare", "x tower_governor", "allocs/req"
         );
         for (name, (ns, allocs)) in &rows {
-            let (x_bare, x_governor) = match refused(name) {
-                true => (String::from("-"), governed_refusing / ns),
-                false => (format!("{:.2}", bare / ns), governed / ns),
+            let (x_bare, x_governor) = match (refused(name), headerless(name)) {
+                (true, _) => (String::from("-"), governed_refusing / ns),
+                (false, true) => (format!("{:.2}", bare / ns), governed_headerless / ns),
+                (false, false) => (format!("{:.2}", bare / ns), governed / ns),
             };
             let x_governor = if x_governor.is_finite() {
                 x_governor
