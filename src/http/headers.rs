@@ -244,9 +244,13 @@ pub(crate) fn add_headers(
     pks: Option<&[Vec<u8>]>,
     cache: &HeaderCache,
 ) {
+    let wait = decision.retry_after();
+    if style == HeaderStyle::None && wait.is_none() {
+        return;
+    }
     let present = Present::of(headers);
     let mut retry_after = None;
-    if let Some(wait) = decision.retry_after() {
+    if let Some(wait) = wait {
         if !present.retry_after {
             let secs = ceil_secs(wait).max(1);
             headers.insert(RETRY_AFTER, fresh::number(secs));
