@@ -139,3 +139,30 @@ async fn a_shadow_layer_counts_what_it_lets_through() {
     assert_eq!(decisions("shadow-layer", "allowed").0, 2.0);
     assert_eq!(decisions("shadow-layer", "shadow_denied").0, 5.0);
 }
+
+/// A denial by the fallback's policy is counted under the limit it stands for, also when
+/// limits of the policy scaled to one: `10/min, 11/min, 1/s` at half the fleet falls back to
+/// `5/min, 1/s`, and the fallback's second limit is the policy's third.
+#[tokio::test]
+async fn a_fallback_denial_is_counted_under_the_limit_it_stands_for() {
+    observed();
+    let dead = format!("redis://127.0.0.1:{}/", common::free_port());
+    let store = tollgate::RedisStore::builder(dead)
+        .prefix("fallback-labels")
+        .timeout(std::time::Duration::from_millis(100))
+        .build_lazy()
+        .unwrap();
+    let limiter = Limiter::builder(store, "10/min, 11/min, 1/s".parse().unwrap())
+        .name("fallback-labels")
+        .on_store_error(tollgate::OnStoreError::fallback(0.5).unwrap())
+        .build();
+    let first = limiter.check(&["user:1"]).await.unwrap();
+    assert_eq!(first.origin(), tollgate::Origin::Fallback);
+    assert!(first.is_allowed());
+    let second = limiter.check(&["user:1"]).await.unwrap();
+    assert!(!second.is_allowed());
+    assert_eq!(second.would_deny_by().unwrap().limit.to_string(), "1/s");
+    let (denied, by_limit) = decisions("fallback-labels", "denied");
+    assert_eq!(denied, 1.0);
+    assert_eq!(by_limit.get("1/s"), Some(&1.0), "{by_limit:?}");
+}

@@ -107,11 +107,14 @@ impl Version {
         let name = given_name
             .cloned()
             .unwrap_or_else(|| policy.to_string().into());
-        let fallback = match on_error {
-            OnStoreError::Fallback(f) => Some(policy.scaled(f.share_of_fleet())),
-            _ => None,
+        let (fallback, origins) = match on_error {
+            OnStoreError::Fallback(f) => {
+                let (scaled, origins) = policy.scaled(f.share_of_fleet());
+                (Some(scaled), origins)
+            }
+            _ => (None, Vec::new()),
         };
-        let keys = LimiterKeys::new(&name, policy.limits());
+        let keys = LimiterKeys::new(&name, policy.limits(), &origins);
         Version {
             policy,
             name,

@@ -168,7 +168,7 @@ impl SchedulerBuilder {
         let name: Arc<str> = self.name.unwrap_or_else(|| self.rate.to_string()).into();
         Scheduler {
             inner: Arc::new(Inner {
-                keys: LimiterKeys::new(&name, &[]),
+                keys: LimiterKeys::new(&name, &[], &[]),
                 name,
                 rate: rate_of(&self.rate),
                 limit: self.rate,

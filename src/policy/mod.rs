@@ -130,14 +130,19 @@ impl Policy {
     /// This policy for one process's `share` (in `(0, 1]`) of the fleet: every count (and
     /// burst) multiplied by `share`, rounded down, never below 1. Limits that become equal
     /// count once. The fallback limiter of a process runs this while Redis is down.
-    pub(crate) fn scaled(&self, share: f64) -> Policy {
+    ///
+    /// With it, for each of its limits, the index of the first limit of this policy it stands
+    /// for (a decision of the scaled policy names its limits by their own index).
+    pub(crate) fn scaled(&self, share: f64) -> (Policy, Vec<usize>) {
         let mut limits: Vec<Limit> = Vec::with_capacity(self.limits.len());
-        for limit in self.limits.iter().map(|l| l.scaled(share)) {
+        let mut origins = Vec::with_capacity(self.limits.len());
+        for (i, limit) in self.limits.iter().map(|l| l.scaled(share)).enumerate() {
             if !limits.contains(&limit) {
                 limits.push(limit);
+                origins.push(i);
             }
         }
-        Policy { limits }
+        (Policy { limits }, origins)
     }
 }
 
