@@ -298,3 +298,33 @@ fn a_check_answered_while_the_store_is_down_allocates_only_its_future() {
         );
     });
 }
+
+/// The client's address read through trusted proxies from an RFC 7239 `Forwarded` header
+/// allocates nothing: its elements and parameters are split where they lie, and a quoted
+/// node without escapes (an IPv6 address, which must be quoted) is read in place.
+#[test]
+fn the_client_ip_from_forwarded_allocates_nothing() {
+    use std::net::{IpAddr, SocketAddr};
+    use tollgate::key::{ClientIp, IpCidr, RequestView};
+
+    let client_ip = ClientIp::trusted_proxies(["10.0.0.0/8".parse::<IpCidr>().unwrap()]);
+    let mut req = http::Request::builder()
+        .header(
+            "forwarded",
+            r#"for=198.51.100.1;proto=https, for="[2001:db8::17]:4711";by=_edge, for=10.0.0.3"#,
+        )
+        .body(())
+        .unwrap();
+    req.extensions_mut()
+        .insert("10.0.0.2:41000".parse::<SocketAddr>().unwrap());
+    let view = RequestView::of(&req);
+    let client: IpAddr = "2001:db8::17".parse().unwrap();
+    let rt = runtime();
+    let allocs = rt.block_on(count_per_call(100, || async {
+        assert_eq!(client_ip.ip(&view), Some(client));
+    }));
+    assert!(
+        allocs == 0.0,
+        "{allocs} allocations per address read from Forwarded"
+    );
+}

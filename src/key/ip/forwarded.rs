@@ -9,6 +9,11 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::ops::ControlFlow;
 
 use http::header::{HeaderMap, HeaderName, FORWARDED};
+use smallvec::SmallVec;
+
+/// The elements of one `Forwarded` line kept inline (more take an allocation): a chain
+/// rarely has more hops than this.
+const INLINE_ELEMENTS: usize = 8;
 
 /// A header that names the hops a request went through.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -65,7 +70,10 @@ pub(super) fn walk_chain<B>(
         // holding them are opaque, the others still parse.
         let text = String::from_utf8_lossy(line.as_bytes());
         if header == ForwardingHeader::Forwarded {
-            for element in split_unquoted(&text, ',').into_iter().rev() {
+            // Split from the left (a quoted string opens there), walked from the right.
+            let elements: SmallVec<[Option<&str>; INLINE_ELEMENTS]> =
+                split_unquoted(&text, ',').collect();
+            for element in elements.into_iter().rev() {
                 match element {
                     // An unclosed quoted string swallows the rest of the line, so this
                     // element may contain text of several writers: opaque.
@@ -100,33 +108,54 @@ pub(super) fn real_ip(headers: &HeaderMap) -> Option<IpAddr> {
     }
 }
 
-/// Splits `text` at each `sep` outside quoted strings (RFC 9110 `quoted-string`, with `\`
-/// escapes). A part in which a quoted string is still open at the end of `text` is `None`.
-fn split_unquoted(text: &str, sep: char) -> Vec<Option<&str>> {
-    let mut parts = Vec::new();
-    let mut start = 0;
-    let mut in_quote = false;
-    let mut escaped = false;
-    for (i, c) in text.char_indices() {
-        if in_quote {
-            if escaped {
-                escaped = false;
-            } else if c == '\\' {
-                escaped = true;
-            } else if c == '"' {
-                in_quote = false;
-            }
-        } else if c == '"' {
-            in_quote = true;
-        } else if c == sep {
-            // `start` and `i` are char boundaries, so `get` always succeeds; if it did not,
-            // the part would be opaque.
-            parts.push(text.get(start..i));
-            start = i + c.len_utf8();
-        }
+/// The parts of `text` between each `sep` outside quoted strings (RFC 9110
+/// `quoted-string`, with `\` escapes), from the left. A part in which a quoted string is
+/// still open at the end of `text` is `None`.
+fn split_unquoted(text: &str, sep: char) -> SplitUnquoted<'_> {
+    SplitUnquoted {
+        text,
+        sep,
+        start: Some(0),
     }
-    parts.push(if in_quote { None } else { text.get(start..) });
-    parts
+}
+
+/// The iterator of [`split_unquoted`].
+struct SplitUnquoted<'a> {
+    text: &'a str,
+    sep: char,
+    /// Where the next part starts; `None` once the last was given.
+    start: Option<usize>,
+}
+
+impl<'a> Iterator for SplitUnquoted<'a> {
+    type Item = Option<&'a str>;
+
+    fn next(&mut self) -> Option<Option<&'a str>> {
+        let start = self.start?;
+        let rest = self.text.get(start..).unwrap_or_default();
+        let mut in_quote = false;
+        let mut escaped = false;
+        for (i, c) in rest.char_indices() {
+            if in_quote {
+                if escaped {
+                    escaped = false;
+                } else if c == '\\' {
+                    escaped = true;
+                } else if c == '"' {
+                    in_quote = false;
+                }
+            } else if c == '"' {
+                in_quote = true;
+            } else if c == self.sep {
+                self.start = Some(start + i + c.len_utf8());
+                // `i` is a char boundary, so `get` always succeeds; if it did not, the part
+                // would be opaque.
+                return Some(rest.get(..i));
+            }
+        }
+        self.start = None;
+        Some((!in_quote).then_some(rest))
+    }
 }
 
 /// The hop one `Forwarded` element names in its `for` parameter (RFC 7239 §4-6). Parameter
@@ -158,12 +187,16 @@ fn forwarded_hop(element: &str) -> Hop {
     }
 }
 
-/// The content of a parameter value: a token as is, a quoted string unescaped. `None` when
-/// it is neither (a stray quote or backslash, text after the closing quote).
+/// The content of a parameter value: a token as is, a quoted string unescaped (borrowed when
+/// it has no escapes, as a quoted IPv6 node has none). `None` when it is neither (a stray
+/// quote or backslash, text after the closing quote).
 fn unquote(value: &str) -> Option<Cow<'_, str>> {
     let Some(inner) = value.strip_prefix('"') else {
         return (!value.contains(['"', '\\'])).then_some(Cow::Borrowed(value));
     };
+    if let Some(plain) = inner.strip_suffix('"').filter(|p| !p.contains(['"', '\\'])) {
+        return Some(Cow::Borrowed(plain));
+    }
     let mut out = String::with_capacity(inner.len());
     let mut chars = inner.chars();
     while let Some(c) = chars.next() {
