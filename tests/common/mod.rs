@@ -660,6 +660,54 @@ impl ClusterServer {
         }
     }
 
+    /// Waits until every replica of the master on `port` has every write the master has
+    /// (its replication offset). Replication is asynchronous: a write a master acknowledged
+    /// and had not passed on when it died is lost with it (DESIGN.md, "Failover"), so a test
+    /// that must lose none waits for this between its writes and the kill.
+    pub fn wait_replicated(&self, port: u16) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let info = self.node_conn(port).and_then(|mut c| {
+                redis::cmd("INFO")
+                    .arg("replication")
+                    .query::<String>(&mut c)
+                    .ok()
+            });
+            let caught_up = info.as_deref().and_then(|info| {
+                let field = |name: &str| {
+                    info.lines()
+                        .find_map(|l| l.strip_prefix(name))
+                        .and_then(|v| v.trim().parse::<u64>().ok())
+                };
+                let master = field("master_repl_offset:")?;
+                let replicas = field("connected_slaves:")?;
+                // `slave0:ip=…,port=…,state=online,offset=N,lag=…`
+                let offsets: Vec<u64> = info
+                    .lines()
+                    .filter(|l| l.starts_with("slave") && l.contains("state=online"))
+                    .filter_map(|l| {
+                        l.split(',')
+                            .find_map(|kv| kv.strip_prefix("offset="))
+                            .and_then(|v| v.parse().ok())
+                    })
+                    .collect();
+                Some(
+                    replicas > 0
+                        && offsets.len() as u64 == replicas
+                        && offsets.iter().all(|o| *o >= master),
+                )
+            });
+            if caught_up == Some(true) {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the replicas of {port} did not catch up: {info:?}"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
     /// The store's URL: every node, as `redis+cluster://`.
     pub fn url(&self) -> String {
         let nodes: Vec<String> = self
