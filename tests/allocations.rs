@@ -287,11 +287,17 @@ fn a_check_answered_while_the_store_is_down_allocates_only_its_future() {
             let decision = limiter.check(&["ip:203.0.113.9"]).await.unwrap();
             assert_eq!(decision.origin(), Origin::FailOpen);
         }
-        let answered = count_per_call(1000, || async {
-            let decision = limiter.check(&["ip:203.0.113.9"]).await.unwrap();
-            assert_eq!(decision.origin(), Origin::FailOpen);
-        })
-        .await;
+        // The least of five windows: the store's attempts to reconnect run on this thread
+        // too, and one falls in one window at most.
+        let mut answered = f64::INFINITY;
+        for _ in 0..5 {
+            let window = count_per_call(200, || async {
+                let decision = limiter.check(&["ip:203.0.113.9"]).await.unwrap();
+                assert_eq!(decision.origin(), Origin::FailOpen);
+            })
+            .await;
+            answered = answered.min(window);
+        }
         assert!(
             answered <= 1.02,
             "{answered} allocations per check answered by the failure policy"
