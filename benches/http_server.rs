@@ -5,6 +5,9 @@
 //! `cargo bench --bench http_server -- VARIANT PORT` with VARIANT `bare`, `governor`,
 //! `tollgate` or `tollgate3` (the three-limit policy). Without a variant (as `cargo bench`
 //! runs every bench) it returns at once.
+//!
+//! `http_server chart FILE TITLE` draws the table `scripts/bench-http.sh` measured as a bar
+//! chart: it reads one row a line from stdin (`label<TAB>requests/s<TAB>note`).
 
 use std::net::SocketAddr;
 
@@ -13,6 +16,9 @@ use axum::Router;
 use tollgate::{Limiter, MemoryStore, RateLimitLayer};
 use tower_governor::governor::GovernorConfigBuilder;
 use tower_governor::GovernorLayer;
+
+#[path = "support/chart.rs"]
+mod chart;
 
 fn main() {
     let args: Vec<String> = std::env::args()
@@ -23,6 +29,14 @@ fn main() {
         eprintln!("usage: http_server bare|governor|tollgate|tollgate3 [PORT]");
         return;
     };
+    if variant == "chart" {
+        let (Some(path), Some(title)) = (args.get(1), args.get(2)) else {
+            eprintln!("usage: http_server chart FILE TITLE < rows");
+            std::process::exit(2);
+        };
+        draw(path, title);
+        return;
+    }
     let port: u16 = args.get(1).and_then(|p| p.parse().ok()).unwrap_or(3000);
     let hello = Router::new().route("/", get(|| async { "Hello, World!" }));
     let app = match variant.as_str() {
@@ -66,4 +80,31 @@ fn main() {
         .await
         .expect("serve");
     });
+}
+
+/// Draws the rows read from stdin (`label<TAB>requests/s<TAB>note`) into `path`.
+fn draw(path: &str, title: &str) {
+    let mut chart = chart::Chart {
+        title: title.to_string(),
+        unit: "req/s",
+        series: vec!["requests per second (higher is better)"],
+        note_title: "throughput x bare, x tower_governor",
+        rows: Vec::new(),
+    };
+    for line in std::io::stdin().lines().map_while(Result::ok) {
+        let mut fields = line.split('\t');
+        let (Some(label), Some(value)) = (fields.next(), fields.next()) else {
+            continue;
+        };
+        let Ok(value) = value.trim().parse::<f64>() else {
+            eprintln!("not a number: {value:?}");
+            std::process::exit(2);
+        };
+        chart.rows.push(chart::Row {
+            label: label.to_string(),
+            values: vec![Some(value)],
+            note: fields.next().unwrap_or_default().to_string(),
+        });
+    }
+    chart.write(path);
 }

@@ -1,7 +1,8 @@
 //! The HTTP layer's cost in process: an axum hello-world router called bare, behind
 //! `tower_governor`, and behind `RateLimitLayer` on the memory store, measured in the same run.
 //!
-//! `cargo bench --bench layer [-- --iters N] [--rounds R] [--only ROW]` (`--only tollgate`
+//! `cargo bench --bench layer [-- --iters N] [--rounds R] [--only ROW] [--svg FILE]` (`--svg`:
+//! also draws the table as a bar chart into FILE; `--only tollgate`
 //! measures the rows whose name contains `tollgate`, `--only "=tollgate, 1 limit"` that row
 //! alone, for a profiler; the ratios then read 0).
 //! The rows take turns for R rounds (default 3), and each shows its best.
@@ -34,6 +35,8 @@ use tower::ServiceExt;
 use tower_governor::governor::GovernorConfigBuilder;
 use tower_governor::GovernorLayer;
 
+#[path = "support/chart.rs"]
+mod chart;
 #[path = "support/counting.rs"]
 mod counting;
 
@@ -108,6 +111,7 @@ fn main() {
     let mut iters = 300_000usize;
     let mut only = String::new();
     let mut rounds = 3usize;
+    let mut svg = None;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         if a == "--iters" {
@@ -116,6 +120,8 @@ fn main() {
             only = args.next().unwrap_or_default();
         } else if a == "--rounds" {
             rounds = args.next().and_then(|v| v.parse().ok()).unwrap_or(rounds);
+        } else if a == "--svg" {
+            svg = args.next();
         }
     }
     // `--only =NAME` measures the row named NAME alone
@@ -259,6 +265,13 @@ fn main() {
             "{:<34} {:>9} {:>8} {:>18} {:>10}",
             "router", "ns/req", "x bare", "x tower_governor", "allocs/req"
         );
+        let mut chart = chart::Chart {
+            title: "The layer in process: ns per request (lower is better)".to_string(),
+            unit: "ns",
+            series: vec!["ns per request"],
+            note_title: "throughput x tower_governor",
+            rows: Vec::new(),
+        };
         for (name, (ns, allocs)) in &rows {
             let (x_bare, x_governor) = match (refused(name), headerless(name)) {
                 (true, _) => (String::from("-"), governed_refusing / ns),
@@ -278,6 +291,14 @@ fn main() {
                 x_governor,
                 allocs
             );
+            chart.rows.push(chart::Row {
+                label: name.clone(),
+                values: vec![Some(*ns)],
+                note: format!("{x_governor:.2}\u{d7}"),
+            });
+        }
+        if let Some(path) = &svg {
+            chart.write(path);
         }
         if !checks.is_empty() {
             println!("\nthe limiter's part of the tollgate rows (no HTTP, no layer)");

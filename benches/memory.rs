@@ -1,6 +1,7 @@
 //! The memory store's hot path next to `governor`'s keyed limiter, measured in the same run.
 //!
-//! `cargo bench --bench memory [-- --iters N] [--rounds R] [--only TEXT]` (`--only`: the rows
+//! `cargo bench --bench memory [-- --iters N] [--rounds R] [--only TEXT] [--svg FILE]` (`--svg`:
+//! also draws the table as a bar chart into FILE; `--only`: the rows
 //! whose name holds TEXT, e.g. `--only "hot key, 1 thread"`; `--rounds`: each row runs governor
 //! and tollgate in turns R times, default 3, and keeps each side's best time, so that a burst
 //! of load from elsewhere on a shared machine weighs on one round rather than on the ratio).
@@ -25,6 +26,8 @@ use std::time::Instant;
 use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
 use tollgate::{Limiter, MemoryStore};
 
+#[path = "support/chart.rs"]
+mod chart;
 #[path = "support/counting.rs"]
 mod counting;
 #[cfg(feature = "metrics")]
@@ -109,6 +112,7 @@ fn main() {
     let mut iters = 1_000_000usize;
     let mut rounds = 3usize;
     let mut only = String::new();
+    let mut svg = None;
     let recorder = std::env::args().any(|a| a == "--recorder");
     if recorder {
         install_recorder();
@@ -125,6 +129,8 @@ fn main() {
                 .max(1);
         } else if a == "--only" {
             only = args.next().unwrap_or_default();
+        } else if a == "--svg" {
+            svg = args.next();
         }
     }
     let keys: Vec<String> = (0..KEYS)
@@ -145,6 +151,16 @@ fn main() {
         "{:<40} {:>9} {:>9} {:>7} {:>10} {:>10}",
         "scenario", "governor", "tollgate", "ratio", "gov alloc", "tg alloc"
     );
+    let mut chart = chart::Chart {
+        title: format!(
+            "The memory store next to governor: ns per check (lower is better){}",
+            if recorder { ", metrics recorded" } else { "" }
+        ),
+        unit: "ns",
+        series: vec!["governor", "tollgate"],
+        note_title: "tollgate / governor",
+        rows: Vec::new(),
+    };
     // (the IP and the user of each request: over 100k keys only)
     let shapes = [(false, false), (true, false), (true, true)];
     for (reference, policy) in [(false, "100/s"), (true, "10/s, 120/min, 240/h")] {
@@ -201,8 +217,16 @@ fn main() {
                     g.allocs,
                     t.allocs
                 );
+                chart.rows.push(chart::Row {
+                    label: name,
+                    values: vec![Some(g.ns), Some(t.ns)],
+                    note: format!("{:.2}", t.ns / g.ns),
+                });
             }
         }
+    }
+    if let Some(path) = svg {
+        chart.write(&path);
     }
 }
 

@@ -6,6 +6,7 @@
 # with ratios to bare axum and to tower_governor.
 #
 # scripts/bench-http.sh [SECONDS (default 10)] [CONNECTIONS (default 64)] [ROUNDS (default 1)]
+#                       [SVG (a file to draw the table into as a bar chart)]
 #
 # HTTP_SERVER_BIN=path runs that build of the server instead of building one (to compare two
 # builds on the same machine state).
@@ -14,6 +15,7 @@ cd "$(dirname "$0")/.."
 secs="${1:-10}"
 conns="${2:-64}"
 rounds="${3:-1}"
+svg="${4:-}"
 port=39871
 
 if ! command -v wrk >/dev/null 2>&1; then
@@ -76,3 +78,9 @@ for v in "${variants[@]}"; do
   awk -v n="$(name "$v")" -v r="${rps[$v]}" -v b="${rps[bare]}" -v g="${rps[governor]}" \
     'BEGIN { printf "%-32s %12.0f %8.2f %18.2f\n", n, r, r / b, r / g }'
 done
+if [ -n "$svg" ]; then
+  for v in "${variants[@]}"; do
+    awk -v n="$(name "$v")" -v r="${rps[$v]}" -v b="${rps[bare]}" -v g="${rps[governor]}" \
+      'BEGIN { printf "%s\t%.0f\t%.2f, %.2f\n", n, r, r / b, r / g }'
+  done | "$bin" chart "$svg" "wrk -t1 -c$conns -d${secs}s, best of $rounds: requests per second"
+fi
