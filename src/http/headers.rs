@@ -261,10 +261,7 @@ pub(crate) fn add_headers(
         return;
     }
     if present.retry_after {
-        retry_after = headers
-            .get(RETRY_AFTER)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.trim().parse::<u64>().ok());
+        retry_after = retry_after_set(headers);
     }
     if style == HeaderStyle::Ietf && !present.ratelimit && !present.policy {
         // Neither field there yet: written whole (else merged below).
@@ -274,6 +271,32 @@ pub(crate) fn add_headers(
             return;
         }
     }
+    merge(headers, decision, style, pks, retry_after);
+}
+
+/// The seconds of the `Retry-After` a response already has, if it is a number.
+#[cold]
+#[inline(never)]
+fn retry_after_set(headers: &HeaderMap) -> Option<u64> {
+    headers
+        .get(RETRY_AFTER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok())
+}
+
+/// The fields of `decision` in `style`, merged with those the response has: the way of a
+/// response whose fields another layer wrote, or of the legacy style.
+// Out of line and cold: the usual response takes the cached fields above, and keeping this
+// code (several kilobytes) out of `add_headers` keeps the usual path in fewer cache lines.
+#[cold]
+#[inline(never)]
+fn merge(
+    headers: &mut HeaderMap,
+    decision: &Decision,
+    style: HeaderStyle,
+    pks: Option<&[Vec<u8>]>,
+    retry_after: Option<u64>,
+) {
     let ours = adverts(decision, pks);
     if style.ietf() {
         merge_ietf(headers, &ours, retry_after);

@@ -36,12 +36,23 @@ pub(super) fn check_both_now(
         Some(Err(e)) => return AtOnce::Decided(Err(e)),
         None => return AtOnce::Later(None),
     };
-    let Some(then) = then else {
-        return AtOnce::Decided(Ok(decision));
-    };
-    if !decision.is_allowed() {
-        return AtOnce::Decided(Ok(decision));
+    match then {
+        Some(then) if decision.is_allowed() => then_now(decision, then, ids, cost, mode),
+        _ => AtOnce::Decided(Ok(decision)),
     }
+}
+
+/// The second limiter of [`check_both_now`], once the first allowed `decision`.
+// Out of line: a layer has one limiter per request far more often than two, and inlining
+// a second check here would double the code the usual request runs through.
+#[inline(never)]
+fn then_now(
+    decision: Decision,
+    then: &Limiter,
+    ids: &[Identifier],
+    cost: u64,
+    mode: Mode,
+) -> AtOnce {
     match then.run_now(ids, cost, mode) {
         Some(Ok(second)) => AtOnce::Decided(Ok(joined(decision, second.visible()))),
         // An error drops the first decision, and with it any slot it took.

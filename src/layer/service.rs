@@ -15,6 +15,7 @@ use crate::http::response::own_response;
 use crate::http::ResponseBody;
 use crate::key::{Identifiers, PeerIp, RequestView};
 use crate::limiter::Mode;
+use crate::{Decision, Limiter};
 
 /// An HTTP service wrapped by [`RateLimitLayer`](super::RateLimitLayer).
 pub struct RateLimit<S> {
@@ -94,20 +95,13 @@ where
             }
         }
         if ids.is_empty() {
-            return match config.missing {
-                MissingKey::Allow => ResponseFuture::called(self.inner.call(req), config.clone()),
-                MissingKey::Reject(status) => {
-                    let grpc = view.is_grpc();
-                    let res = own_response(status, "no rate-limit key found in the request", grpc);
-                    ResponseFuture::answered(res, config.clone())
-                }
-            };
+            return self.without_key(req);
         }
         let cost = config.cost.as_ref().map_or(1, |f| f(&view));
-        let pks: Option<Arc<[Vec<u8>]>> = config.partition_secret.as_ref().map(|secret| {
-            let ids = ids.as_slice().iter();
-            ids.map(|id| partition_key(secret, id.as_ref())).collect()
-        });
+        let pks = config
+            .partition_secret
+            .as_ref()
+            .map(|secret| partition_keys(secret, &ids));
         let shadow = config.shadow;
         // Charged by response: a peek now (counted as the request's decision), the charge
         // once the response says whether it is charged.
@@ -121,13 +115,7 @@ where
                 // Not `by_response.then(|| …)`: a closure taking `ids` would copy them in
                 // even when it is not called.
                 let pending = if by_response {
-                    Some(Box::new(Pending {
-                        first: limiter.clone(),
-                        then: also.cloned(),
-                        ids,
-                        cost,
-                        shadow,
-                    }))
+                    Some(pending(limiter, also, ids, cost, shadow))
                 } else {
                     None
                 };
@@ -142,23 +130,101 @@ where
             AtOnce::Later(done) => done,
         };
         let grpc = view.is_grpc();
-        let pending = by_response.then(|| {
-            Box::new(Pending {
-                first: limiter.clone(),
-                then: also.cloned(),
-                ids: ids.clone(),
-                cost,
-                shadow,
-            })
-        });
+        let pending = by_response.then(|| pending(limiter, also, ids.clone(), cost, shadow));
         let (limiter, also) = (limiter.clone(), also.cloned());
+        let later = Later {
+            limiter,
+            also,
+            ids,
+            cost,
+            mode,
+            done,
+        };
+        self.checking(req, later, grpc, pending, pks)
+    }
+}
+
+/// A check a store makes later (a remote store), to be made in the response future.
+struct Later {
+    limiter: Limiter,
+    also: Option<Limiter>,
+    ids: Identifiers,
+    cost: u64,
+    mode: Mode,
+    done: Option<Decision>,
+}
+
+// The ways of a request other than the usual one (a limiter in process, a key found, charged
+// by request) are kept out of `call`: their code would otherwise lie among the usual way's,
+// and a request would run through more of the processor's instruction cache.
+impl<S> RateLimit<S> {
+    /// A request without a key: let through or answered, as the layer is configured.
+    #[cold]
+    #[inline(never)]
+    fn without_key<ReqBody>(&mut self, req: Request<ReqBody>) -> ResponseFuture<S, ReqBody>
+    where
+        S: Service<Request<ReqBody>>,
+    {
+        let config = &self.config;
+        match config.missing {
+            MissingKey::Allow => ResponseFuture::called(self.inner.call(req), config.clone()),
+            MissingKey::Reject(status) => {
+                let grpc = RequestView::of(&req).is_grpc();
+                let res = own_response(status, "no rate-limit key found in the request", grpc);
+                ResponseFuture::answered(res, config.clone())
+            }
+        }
+    }
+
+    /// The response future that makes `later`, then passes the request on if it admits it.
+    #[inline(never)]
+    fn checking<ReqBody>(
+        &mut self,
+        req: Request<ReqBody>,
+        later: Later,
+        grpc: bool,
+        pending: Option<Box<Pending>>,
+        pks: Option<Arc<[Vec<u8>]>>,
+    ) -> ResponseFuture<S, ReqBody>
+    where
+        S: Service<Request<ReqBody>> + Clone,
+        ReqBody: Send + 'static,
+    {
         let check = Box::pin(async move {
-            let ids = ids.as_slice();
-            let decision = check_both(&limiter, also.as_ref(), ids, cost, mode, done).await;
+            let (first, then, ids) = (&later.limiter, later.also.as_ref(), later.ids.as_slice());
+            let (cost, mode, done) = (later.cost, later.mode, later.done);
+            let decision = check_both(first, then, ids, cost, mode, done).await;
             (decision, req)
         });
-        let config = config.clone();
+        let config = self.config.clone();
         ResponseFuture::checking(self.take_ready(), check, config, grpc, pending)
             .with_partition_keys(pks)
     }
+}
+
+/// The partition key of each identifier, for the `pk` parameters.
+#[cold]
+#[inline(never)]
+fn partition_keys(secret: &[u8], ids: &Identifiers) -> Arc<[Vec<u8>]> {
+    let ids = ids.as_slice().iter();
+    ids.map(|id| partition_key(secret, id.as_ref())).collect()
+}
+
+/// The charge to make if the response is selected, for a layer that charges by response.
+#[cold]
+#[inline(never)]
+fn pending(
+    limiter: &Limiter,
+    also: Option<&Limiter>,
+    ids: Identifiers,
+    cost: u64,
+    shadow: bool,
+) -> Box<Pending> {
+    Box::new(Pending {
+        first: limiter.clone(),
+        then: also.cloned(),
+        ids,
+        cost,
+        shadow,
+    })
 }
