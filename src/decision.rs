@@ -1,6 +1,6 @@
 //! What a check decided.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::time::Duration;
 
 use crate::guard::ConcurrencyGuard;
@@ -53,18 +53,32 @@ pub enum Origin {
 }
 
 /// Status buffers of dropped decisions, reused by the next decisions made on the thread: a
-/// check in the steady state allocates none. At most `SPARE_BUFFERS` are kept, each of at
-/// most `SPARE_CAPACITY` statuses (a decision kept for good takes its buffer with it; the
-/// next one allocates).
+/// check in the steady state allocates none. At most `SPARE_BUFFERS` are kept (the first
+/// place and the list together), each of at most `SPARE_CAPACITY` statuses (a decision kept
+/// for good takes its buffer with it; the next one allocates).
 const SPARE_BUFFERS: usize = 8;
 const SPARE_CAPACITY: usize = 64;
 
 thread_local! {
+    /// The spare buffer a check takes first: a `Cell`, taken and put back without a borrow
+    /// flag or a list to pop from. A thread that keeps one decision alive at a time uses
+    /// this place alone.
+    static FIRST: Cell<Vec<LimitStatus>> = const { Cell::new(Vec::new()) };
+    /// The other spare buffers, for a thread that keeps several decisions alive at once.
     static SPARE: RefCell<Vec<Vec<LimitStatus>>> = const { RefCell::new(Vec::new()) };
 }
 
 /// An empty status buffer, reused when the thread has one.
 pub(crate) fn status_buffer() -> Vec<LimitStatus> {
+    match FIRST.try_with(Cell::take) {
+        Ok(buffer) if buffer.capacity() > 0 => buffer,
+        _ => other_spare(),
+    }
+}
+
+/// [`status_buffer`] when the first place is empty.
+#[cold]
+fn other_spare() -> Vec<LimitStatus> {
     SPARE
         .try_with(|spare| spare.try_borrow_mut().ok()?.pop())
         .ok()
@@ -78,10 +92,21 @@ pub(crate) fn give_back(mut statuses: Vec<LimitStatus>) {
         return;
     }
     statuses.clear();
-    // On a thread being torn down, or with every place taken, the buffer is freed.
+    // On a thread being torn down, the buffer is freed.
+    let _ = FIRST.try_with(|first| {
+        let other = first.replace(statuses);
+        if other.capacity() > 0 {
+            keep_spare(other);
+        }
+    });
+}
+
+/// Keeps a spare buffer the first place had (or frees it, with every place taken).
+#[cold]
+fn keep_spare(statuses: Vec<LimitStatus>) {
     let _ = SPARE.try_with(|spare| {
         if let Ok(mut spare) = spare.try_borrow_mut() {
-            if spare.len() < SPARE_BUFFERS {
+            if spare.len() < SPARE_BUFFERS - 1 {
                 spare.push(statuses);
             }
         }
