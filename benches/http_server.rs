@@ -6,8 +6,9 @@
 //! `tollgate` or `tollgate3` (the three-limit policy). Without a variant (as `cargo bench`
 //! runs every bench) it returns at once.
 //!
-//! `http_server chart FILE TITLE` draws the table `scripts/bench-http.sh` measured as a bar
-//! chart: it reads one row a line from stdin (`label<TAB>requests/s<TAB>note`).
+//! `http_server chart FILE TITLE [instr]` draws the table `scripts/bench-http.sh` measured as a
+//! bar chart: it reads one row a line from stdin (`label<TAB>requests/s<TAB>note`; with
+//! `instr`, instructions per request instead of requests per second).
 
 use std::net::SocketAddr;
 
@@ -31,10 +32,10 @@ fn main() {
     };
     if variant == "chart" {
         let (Some(path), Some(title)) = (args.get(1), args.get(2)) else {
-            eprintln!("usage: http_server chart FILE TITLE < rows");
+            eprintln!("usage: http_server chart FILE TITLE [instr] < rows");
             std::process::exit(2);
         };
-        draw(path, title);
+        draw(path, title, args.get(3).is_some_and(|a| a == "instr"));
         return;
     }
     let port: u16 = args.get(1).and_then(|p| p.parse().ok()).unwrap_or(3000);
@@ -83,12 +84,20 @@ fn main() {
 }
 
 /// Draws the rows read from stdin (`label<TAB>requests/s<TAB>note`) into `path`.
-fn draw(path: &str, title: &str) {
+fn draw(path: &str, title: &str, instructions: bool) {
     let mut chart = chart::Chart {
         title: title.to_string(),
-        unit: "req/s",
-        series: vec!["requests per second (higher is better)"],
-        note_title: "throughput x bare, x tower_governor",
+        unit: if instructions { "instr" } else { "req/s" },
+        series: vec![if instructions {
+            "instructions per request (lower is better)"
+        } else {
+            "requests per second (higher is better)"
+        }],
+        note_title: if instructions {
+            "x bare, x tower_governor (their instructions over these)"
+        } else {
+            "throughput x bare, x tower_governor"
+        },
         rows: Vec::new(),
     };
     for line in std::io::stdin().lines().map_while(Result::ok) {

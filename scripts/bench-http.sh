@@ -10,21 +10,46 @@
 #
 # HTTP_SERVER_BIN=path runs that build of the server instead of building one (to compare two
 # builds on the same machine state).
+#
+# scripts/bench-http.sh --instructions [SECONDS (default 5)] [CONNECTIONS (default 1)] [SVG]
+#   counts instead the instructions each server runs per request under the same load: each
+#   server runs under valgrind's callgrind (installed from Debian's package when missing),
+#   takes a second of wrk's requests to warm up, then its counts are zeroed and it serves
+#   SECONDS of requests; the table is its instructions divided by the requests wrk made.
+#   Counts do not depend on what else the machine is doing, so two builds, or two layers,
+#   compare on a shared machine where requests per second move by a tenth from run to run.
+#   With one connection every request is one wakeup of the server, and a server's count
+#   repeats within a few instructions a request; with more, how many requests a wakeup
+#   serves varies from run to run, and the count by about 1%. Builds of other code differ
+#   in what bare axum itself takes (by about 100): compare them by the "over bare" column.
+#   (Under valgrind a server runs some fifty times slower: the requests are fewer, not the
+#   instructions each takes.)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+instructions=""
+if [ "${1:-}" = "--instructions" ]; then
+  instructions=1
+  shift
+  set -- "${1:-5}" "${2:-1}" 1 "${3:-}"
+fi
 secs="${1:-10}"
 conns="${2:-64}"
 rounds="${3:-1}"
 svg="${4:-}"
 port=39871
 
-if ! command -v wrk >/dev/null 2>&1; then
-  echo "wrk not found; installing Debian's package" >&2
-  sudo=""
-  if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
-  $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq wrk >/dev/null
-fi
+# installs Debian's package $2 when command $1 is missing
+need() {
+  if ! command -v "$1" >/dev/null 2>&1; then
+    echo "$1 not found; installing Debian's package $2" >&2
+    local sudo=""
+    if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "$2" >/dev/null
+  fi
+}
+need wrk wrk
+if [ -n "$instructions" ]; then need valgrind valgrind; fi
 
 if [ -n "${HTTP_SERVER_BIN:-}" ]; then
   bin="$HTTP_SERVER_BIN"
@@ -44,6 +69,63 @@ fi
 
 declare -A rps
 variants=(bare governor tollgate tollgate3)
+name() {
+  case "$1" in
+    bare) echo "bare axum (baseline)" ;;
+    governor) echo "tower_governor, headers" ;;
+    tollgate) echo "tollgate, 1 limit" ;;
+    tollgate3) echo "tollgate, 3 limits" ;;
+  esac
+}
+
+if [ -n "$instructions" ]; then
+  declare -A per
+  out_dir=$(mktemp -d)
+  pid=""
+  trap 'if [ -n "$pid" ]; then kill "$pid" 2>/dev/null || true; fi; rm -rf "$out_dir"' EXIT
+  for v in "${variants[@]}"; do
+    valgrind --tool=callgrind --callgrind-out-file="$out_dir/$v.%p" "$bin" "$v" "$port" \
+      >/dev/null 2>&1 &
+    pid=$!
+    for _ in $(seq 300); do
+      if curl -s -o /dev/null "http://127.0.0.1:$port/" 2>/dev/null; then break; fi
+      sleep 0.1
+    done
+    wrk -t1 -c"$conns" -d1s "http://127.0.0.1:$port/" >/dev/null
+    callgrind_control -z "$pid" >/dev/null
+    out=$(wrk -t1 -c"$conns" -d"${secs}s" "http://127.0.0.1:$port/")
+    callgrind_control -d "$pid" >/dev/null
+    kill "$pid"
+    wait "$pid" 2>/dev/null || true
+    requests=$(echo "$out" | awk '/requests in/ {print $1}')
+    non2xx=$(echo "$out" | awk '/Non-2xx/ {print $NF}')
+    if [ -n "$non2xx" ]; then echo "$v: $non2xx non-2xx responses" >&2; fi
+    # the dump made after the zeroing (the first of the run's numbered parts)
+    total=$(callgrind_annotate "$out_dir/$v.$pid.1" 2>/dev/null |
+      awk '/PROGRAM TOTALS/ {gsub(",", "", $1); print $1}')
+    if [ -z "$requests" ] || [ -z "$total" ] || [ "$requests" -eq 0 ]; then
+      echo "$v: no count (requests: ${requests:-none})" >&2
+      exit 1
+    fi
+    per[$v]=$((total / requests))
+  done
+  echo
+  echo "instructions per request (callgrind), wrk -t1 -c$conns -d${secs}s; server on one worker thread"
+  printf '%-32s %12s %12s %8s %18s\n' "server" "instr/req" "over bare" "x bare" "x tower_governor"
+  for v in "${variants[@]}"; do
+    awk -v n="$(name "$v")" -v r="${per[$v]}" -v b="${per[bare]}" -v g="${per[governor]}" \
+      'BEGIN { printf "%-32s %12d %12d %8.2f %18.2f\n", n, r, r - b, b / r, g / r }'
+  done
+  echo "(x bare, x tower_governor: the other's instructions over this one's, so that higher is"
+  echo " better, as in the requests-per-second table)"
+  if [ -n "$svg" ]; then
+    for v in "${variants[@]}"; do
+      awk -v n="$(name "$v")" -v r="${per[$v]}" -v b="${per[bare]}" -v g="${per[governor]}" \
+        'BEGIN { printf "%s\t%d\t%.2f, %.2f\n", n, r, b / r, g / r }'
+    done | "$bin" chart "$svg" "callgrind, wrk -t1 -c$conns -d${secs}s: instructions per request" instr
+  fi
+  exit 0
+fi
 for round in $(seq "$rounds"); do
   for v in "${variants[@]}"; do
     "${server_pin[@]}" "$bin" "$v" "$port" &
@@ -66,14 +148,6 @@ done
 echo
 echo "wrk -t1 -c$conns -d${secs}s, best of $rounds; server on one worker thread${server_pin:+, pinned to CPU 0 (wrk on CPU 1)}"
 printf '%-32s %12s %8s %18s\n' "server" "requests/s" "x bare" "x tower_governor"
-name() {
-  case "$1" in
-    bare) echo "bare axum (baseline)" ;;
-    governor) echo "tower_governor, headers" ;;
-    tollgate) echo "tollgate, 1 limit" ;;
-    tollgate3) echo "tollgate, 3 limits" ;;
-  esac
-}
 for v in "${variants[@]}"; do
   awk -v n="$(name "$v")" -v r="${rps[$v]}" -v b="${rps[bare]}" -v g="${rps[governor]}" \
     'BEGIN { printf "%-32s %12.0f %8.2f %18.2f\n", n, r, r / b, r / g }'
