@@ -263,6 +263,11 @@ pub(crate) fn add_headers(
     if present.retry_after {
         retry_after = retry_after_set(headers);
     }
+    if !present.ratelimit && !present.policy && decision.statuses().is_empty() {
+        // Nothing to tell and nothing to merge with (a shadow decision, shown as none, or a
+        // check nobody made): the merge below would write nothing either.
+        return;
+    }
     if style == HeaderStyle::Ietf && !present.ratelimit && !present.policy {
         // Neither field there yet: written whole (else merged below).
         if let Some((policy, state)) = cache.fields(decision, pks, retry_after) {
@@ -285,9 +290,14 @@ fn retry_after_set(headers: &HeaderMap) -> Option<u64> {
 }
 
 /// The fields of `decision` in `style`, merged with those the response has: the way of a
-/// response whose fields another layer wrote, or of the legacy style.
-// Out of line and cold: the usual response takes the cached fields above, and keeping this
-// code (several kilobytes) out of `add_headers` keeps the usual path in fewer cache lines.
+/// response whose fields another layer wrote, of the legacy style (alone or with the IETF
+/// fields), and of limits whose fields the cache does not write (a name that needs escaping,
+/// a name listed twice, a quota beyond a structured field's integers, more than 16 limits, a
+/// value too long).
+// Out of line and cold: the usual response — IETF fields, none there yet, limits the cache
+// writes — takes the cached fields above, and a decision without statuses returns before
+// this; keeping this code (several kilobytes) out of `add_headers` keeps the usual path in
+// fewer cache lines.
 #[cold]
 #[inline(never)]
 fn merge(
