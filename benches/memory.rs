@@ -12,6 +12,8 @@
 //! Each row runs the same keys through `governor` (`DefaultKeyedRateLimiter<String>`; for the
 //! three-limit policy, three limiters checked in sequence, stopping at the first refusal) and
 //! through `Limiter::check` on a `MemoryStore`, awaited on a current-thread runtime. The
+//! "1 limit" rows check tollgate's default algorithm (a rolling window), the "1 limit gcra"
+//! rows the one governor runs (GCRA, of the same quota and burst). The
 //! "ip + user" rows check two identifiers a request (tollgate: both in one all-or-nothing
 //! check; governor: each limiter for the IP, then for the user, stopping at the first
 //! refusal). With 2
@@ -148,7 +150,7 @@ fn main() {
         }
     );
     println!(
-        "{:<40} {:>9} {:>9} {:>7} {:>10} {:>10}",
+        "{:<46} {:>9} {:>9} {:>7} {:>10} {:>10}",
         "scenario", "governor", "tollgate", "ratio", "gov alloc", "tg alloc"
     );
     let mut chart = chart::Chart {
@@ -163,13 +165,18 @@ fn main() {
     };
     // (the IP and the user of each request: over 100k keys only)
     let shapes = [(false, false), (true, false), (true, true)];
-    for (reference, policy) in [(false, "100/s"), (true, "10/s, 120/min, 240/h")] {
+    // The default (a rolling window), the algorithm governor runs (GCRA: the same quota and
+    // burst as governor's `per_second(100)`), and the reference policy.
+    let policies = [
+        ("1 limit", false, "100/s"),
+        ("1 limit gcra", false, "100/s gcra"),
+        ("3 limits", true, "10/s, 120/min, 240/h"),
+    ];
+    for (label, reference, policy) in policies {
         for (spread, pair) in shapes {
             for threads in [1, 2] {
                 let name = format!(
-                    "{} limit{}, {}{}, {} thread{}",
-                    if reference { 3 } else { 1 },
-                    if reference { "s" } else { "" },
+                    "{label}, {}{}, {} thread{}",
                     if spread { "100k keys" } else { "hot key" },
                     if pair { ", ip + user" } else { "" },
                     threads,
@@ -209,7 +216,7 @@ fn main() {
                 }
 
                 println!(
-                    "{:<40} {:>9.0} {:>9.0} {:>7.2} {:>10.2} {:>10.2}",
+                    "{:<46} {:>9.0} {:>9.0} {:>7.2} {:>10.2} {:>10.2}",
                     name,
                     g.ns,
                     t.ns,
