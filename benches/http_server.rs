@@ -94,7 +94,7 @@ fn draw(path: &str, title: &str, instructions: bool) {
             "requests per second (higher is better)"
         }],
         note_title: if instructions {
-            "x bare, x tower_governor (their instructions over these)"
+            "x bare, x tower_governor"
         } else {
             "throughput x bare, x tower_governor"
         },
