@@ -12,10 +12,12 @@
 # builds on the same machine state).
 #
 # scripts/bench-http.sh --instructions [SECONDS (default 5)] [CONNECTIONS (default 1)] [SVG]
-#   counts instead the instructions each server runs per request under the same load: each
-#   server runs under valgrind's callgrind (installed from Debian's package when missing),
-#   takes a second of wrk's requests to warm up, then its counts are zeroed and it serves
-#   SECONDS of requests; the table is its instructions divided by the requests wrk made.
+#   counts instead the instructions each server runs per request under the same load, and
+#   the misses of a simulated instruction cache (callgrind's `--cache-sim`, of the size of
+#   this machine's): each server runs under valgrind's callgrind (installed from Debian's
+#   package when missing), takes a second of wrk's requests to warm up, then its counts are
+#   zeroed and it serves SECONDS of requests; the table is its counts divided by the
+#   requests wrk made.
 #   Counts do not depend on what else the machine is doing, so two builds, or two layers,
 #   compare on a shared machine where requests per second move by a tenth from run to run.
 #   With one connection every request is one wakeup of the server, and a server's count
@@ -79,13 +81,13 @@ name() {
 }
 
 if [ -n "$instructions" ]; then
-  declare -A per
+  declare -A per miss
   out_dir=$(mktemp -d)
   pid=""
   trap 'if [ -n "$pid" ]; then kill "$pid" 2>/dev/null || true; fi; rm -rf "$out_dir"' EXIT
   for v in "${variants[@]}"; do
-    valgrind --tool=callgrind --callgrind-out-file="$out_dir/$v.%p" "$bin" "$v" "$port" \
-      >/dev/null 2>&1 &
+    valgrind --tool=callgrind --cache-sim=yes --callgrind-out-file="$out_dir/$v.%p" \
+      "$bin" "$v" "$port" >/dev/null 2>&1 &
     pid=$!
     for _ in $(seq 300); do
       if curl -s -o /dev/null "http://127.0.0.1:$port/" 2>/dev/null; then break; fi
@@ -101,20 +103,26 @@ if [ -n "$instructions" ]; then
     non2xx=$(echo "$out" | awk '/Non-2xx/ {print $NF}')
     if [ -n "$non2xx" ]; then echo "$v: $non2xx non-2xx responses" >&2; fi
     # the dump made after the zeroing (the first of the run's numbered parts)
-    total=$(callgrind_annotate "$out_dir/$v.$pid.1" 2>/dev/null |
-      awk '/PROGRAM TOTALS/ {gsub(",", "", $1); print $1}')
-    if [ -z "$requests" ] || [ -z "$total" ] || [ "$requests" -eq 0 ]; then
+    dump="$out_dir/$v.$pid.1"
+    read -r total misses < <(callgrind_annotate --show=Ir,I1mr "$dump" 2>/dev/null |
+      awk '/PROGRAM TOTALS/ {gsub(",", ""); print $1, $3}') || true
+    if [ -z "$requests" ] || [ -z "${misses:-}" ] || [ "$requests" -eq 0 ]; then
       echo "$v: no count (requests: ${requests:-none})" >&2
       exit 1
     fi
     per[$v]=$((total / requests))
+    miss[$v]=$((misses / requests))
+    icache=$(sed -n 's/^desc: I1 cache: //p' "$dump")
   done
   echo
   echo "instructions per request (callgrind), wrk -t1 -c$conns -d${secs}s; server on one worker thread"
-  printf '%-32s %12s %12s %8s %18s\n' "server" "instr/req" "over bare" "x bare" "x tower_governor"
+  echo "I1 misses: of a simulated instruction cache of $icache"
+  printf '%-32s %12s %12s %10s %8s %18s\n' \
+    "server" "instr/req" "over bare" "I1 misses" "x bare" "x tower_governor"
   for v in "${variants[@]}"; do
     awk -v n="$(name "$v")" -v r="${per[$v]}" -v b="${per[bare]}" -v g="${per[governor]}" \
-      'BEGIN { printf "%-32s %12d %12d %8.2f %18.2f\n", n, r, r - b, b / r, g / r }'
+      -v m="${miss[$v]}" \
+      'BEGIN { printf "%-32s %12d %12d %10d %8.2f %18.2f\n", n, r, r - b, m, b / r, g / r }'
   done
   echo "(x bare, x tower_governor: the other's instructions over this one's, so that higher is"
   echo " better, as in the requests-per-second table)"
