@@ -53,14 +53,15 @@ fn ip_identifier(ip: IpAddr, ipv6_prefix: u8) -> Identifier {
 }
 
 /// The key of `v4`, the key of most requests, in place: each octet's slot of [`OCTET_TEXT`]
-/// copied whole, then cut to its digits and dot. The text is never checked again.
+/// copied whole, then cut to its digits and dot. The text is never checked again. The count
+/// of digits is worked out rather than read from [`OCTETS`], which would be another line of
+/// data on the request's path for each octet.
 fn push_v4_key(key: &mut InlineText, v4: Ipv4Addr) -> fmt::Result {
     key.push_cut("ip:", 3)?;
     for (i, octet) in v4.octets().into_iter().enumerate() {
         let slot = usize::from(octet) * 4;
-        let [.., digits] = OCTETS[usize::from(octet)];
         let text = OCTET_TEXT.get(slot..slot + 4).ok_or(fmt::Error)?;
-        key.push_cut(text, usize::from(digits) + usize::from(i < 3))?;
+        key.push_cut(text, digits(octet) + usize::from(i < 3))?;
     }
     Ok(())
 }
@@ -70,11 +71,15 @@ fn write_v4_key(out: &mut impl fmt::Write, v4: Ipv4Addr) -> fmt::Result {
     out.write_str("ip:")?;
     for (i, octet) in v4.octets().into_iter().enumerate() {
         let slot = usize::from(octet) * 4;
-        let [.., digits] = OCTETS[usize::from(octet)];
-        let end = slot + usize::from(digits) + usize::from(i < 3);
+        let end = slot + digits(octet) + usize::from(i < 3);
         out.write_str(OCTET_TEXT.get(slot..end).ok_or(fmt::Error)?)?;
     }
     Ok(())
+}
+
+/// How many decimal digits `octet` has.
+fn digits(octet: u8) -> usize {
+    1 + usize::from(octet >= 10) + usize::from(octet >= 100)
 }
 
 /// Each octet's digits and a dot, in a slot of 4 bytes (the rest NUL): `0.\0\0`, …,
