@@ -269,14 +269,19 @@ async fn under_load_every_check_started_after_the_change_sees_the_new_policy() {
     let old = policy("1000000/s");
     let new = policy("999999/s, 5000000/min");
     let changed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    // checks made so far: the policy changes once a good many ran on the old one, and each
+    // task goes on until it has made as many after the change (a fixed count of checks and
+    // a sleep before the change raced the tasks: on a fast machine they could all end first)
+    let made = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    const AFTER: usize = 500;
     let mut tasks = Vec::new();
     for t in 0..4 {
         let limiter = limiter.clone();
-        let changed = changed.clone();
+        let (changed, made) = (changed.clone(), made.clone());
         let (old, new) = (old.clone(), new.clone());
         tasks.push(tokio::spawn(async move {
             let mut after = 0;
-            for i in 0..4000 {
+            for i in 0.. {
                 let was_changed = changed.load(Ordering::SeqCst);
                 let d = limiter
                     .check(&[format!("user:{t}:{}", i % 7)])
@@ -287,9 +292,13 @@ async fn under_load_every_check_started_after_the_change_sees_the_new_policy() {
                 if was_changed {
                     assert_eq!(limits, new.limits(), "a check after the change");
                     after += 1;
+                    if after == AFTER {
+                        break;
+                    }
                 } else {
                     assert!(limits == old.limits() || limits == new.limits());
                 }
+                made.fetch_add(1, Ordering::SeqCst);
                 if i % 64 == 0 {
                     tokio::task::yield_now().await;
                 }
@@ -297,14 +306,16 @@ async fn under_load_every_check_started_after_the_change_sees_the_new_policy() {
             after
         }));
     }
-    tokio::time::sleep(Duration::from_millis(5)).await;
+    while made.load(Ordering::SeqCst) < 2000 {
+        tokio::task::yield_now().await;
+    }
     limiter.set_policy(new.clone());
     changed.store(true, Ordering::SeqCst);
     let mut after = 0;
     for t in tasks {
         after += t.await.unwrap();
     }
-    assert!(after > 0, "some checks ran after the change");
+    assert_eq!(after, 4 * AFTER, "every task checked after the change");
 }
 
 #[tokio::test]
