@@ -18,6 +18,7 @@ by lines.
 
 import collections
 import re
+import signal
 import sys
 
 # A cost line of an instruction: its address, its source line, then the event count.
@@ -25,6 +26,8 @@ COST = re.compile(r"^(0x[0-9a-f]+)\s+\S+\s+(\d+)")
 
 
 def main() -> None:
+    # quiet when the output is cut short (piped into head)
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     if len(sys.argv) < 3:
         sys.exit(__doc__)
     path, requests = sys.argv[1], int(sys.argv[2])

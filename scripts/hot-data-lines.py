@@ -23,6 +23,7 @@ sets hold more than its 8 ways, then the TOP functions (default 30) by lines.
 
 import bisect
 import collections
+import signal
 import subprocess
 import sys
 
@@ -46,6 +47,8 @@ def symbols(binary):
 
 
 def main() -> None:
+    # quiet when the output is cut short (piped into head)
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     if len(sys.argv) < 3:
         sys.exit(__doc__)
     trace, binary = sys.argv[1], sys.argv[2]
