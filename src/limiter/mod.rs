@@ -52,24 +52,29 @@ pub struct Limiter {
     inner: Arc<Inner>,
 }
 
+// In this order (`repr(C)`): what every check reads — the version, shadow mode, the
+// namespace, the store — first and together, rather than spread over the lines of the
+// processor's cache this structure spans (in the compiler's order, a layered request read 6
+// of them; 3 fewer lines of data a request, `scripts/hot-data-lines.py`).
+#[repr(C)]
 struct Inner {
-    store: Store,
-    /// Where the limiter's keys live on its stores (none: the store's shared space).
-    namespace: Option<Namespace>,
-    on_error: OnStoreError,
-    /// The name given to the builder; without one, each version is named by its policy.
-    given_name: Option<Arc<str>>,
-    /// Identifiers the store denied a moment ago (remote stores on the real clock only).
-    deny_cache: Option<DenyCache>,
-    /// The in-process store of the fallback, under [`OnStoreError::Fallback`]: it keeps its
-    /// counts across policy changes, as the main store does.
-    fallback_store: Option<Store>,
-    /// Whether checks let every request through, recording what the policy decided.
-    shadow: AtomicBool,
-    shadow_log: ShadowLog,
     /// The policy in force, swapped whole by [`Limiter::set_policy`]: a check loads it once
     /// and runs on that version to the end.
     version: ArcSwap<Version>,
+    /// Whether checks let every request through, recording what the policy decided.
+    shadow: AtomicBool,
+    /// Where the limiter's keys live on its stores (none: the store's shared space).
+    namespace: Option<Namespace>,
+    store: Store,
+    /// Identifiers the store denied a moment ago (remote stores on the real clock only).
+    deny_cache: Option<DenyCache>,
+    on_error: OnStoreError,
+    /// The name given to the builder; without one, each version is named by its policy.
+    given_name: Option<Arc<str>>,
+    /// The in-process store of the fallback, under [`OnStoreError::Fallback`]: it keeps its
+    /// counts across policy changes, as the main store does.
+    fallback_store: Option<Store>,
+    shadow_log: ShadowLog,
     /// Serializes policy changes, so that versions are numbered in the order they apply.
     changing: Mutex<()>,
 }
