@@ -75,8 +75,8 @@ where
     // (what it decided), then the response future, built in a frame of its own that holds
     // far more (the inner service's future, a refusal, a check to make later). In one
     // function of a 1.4 KB frame, the check ran below the lines of stack the rest of the
-    // request uses: 4 lines of stack more a request, and 10 lines of code more
-    // (`scripts/hot-data-lines.py`, `scripts/hot-code-lines.py`, the layer bench).
+    // request uses: 4 lines of stack more a request (`scripts/hot-data-lines.py`, the layer
+    // bench).
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
         let checked = check_request(&self.config, &req);
         self.respond(req, checked)
