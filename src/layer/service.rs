@@ -177,7 +177,9 @@ fn check_request<B>(config: &Config, req: &Request<B>) -> Checked {
     )
 }
 
-/// [`Checked::Later`]: the check of a store that must be waited on.
+/// [`Checked::Later`]: the check of a store that must be waited on. Out of line: the `Later`
+/// it builds would otherwise take room in `check_request`'s frame, above every check made at
+/// once.
 #[allow(clippy::too_many_arguments)]
 #[cold]
 #[inline(never)]
