@@ -350,6 +350,23 @@ impl Counter {
         }
     }
 
+    /// The check of a packed key whose only limit this is: [`evaluate`](Counter::evaluate),
+    /// then [`charge`](Counter::charge) when it admits or else [`report`](Counter::report).
+    fn check_alone(&mut self, lim: &Limit, now: u64, cost: u64) -> (Verdict, Report) {
+        match self {
+            Counter::Ring(s) => rolling_window::check_alone(s, lim, now, cost),
+            _ => {
+                let verdict = self.evaluate(lim, now, cost);
+                let report = if verdict.allowed {
+                    self.charge(lim, now, cost)
+                } else {
+                    self.report(lim, now)
+                };
+                (verdict, report)
+            }
+        }
+    }
+
     fn report(&self, lim: &Limit, now: u64) -> Report {
         match self {
             Counter::Window(s) => sliding_window::report(s, lim, now),
@@ -564,6 +581,22 @@ pub(crate) fn decide_packed_into(
     missing: bool,
     sink: &mut impl Sink,
 ) -> Summary {
+    if let ([c], [lim]) = (&mut counters[..], limits) {
+        // One limit (the usual policy): all or nothing is its own verdict, so it is charged or
+        // reported in the same step.
+        let (v, r) = c.check_alone(lim, now, cost);
+        let r = if !v.allowed && missing {
+            Report::empty(lim)
+        } else {
+            r
+        };
+        sink.entry(0, 0, Entry::of(v, r, now, now));
+        return Summary {
+            allowed: v.allowed,
+            at_us: now,
+            wait_us: 0,
+        };
+    }
     // pushed one by one: collecting into a `SmallVec` costs several times more
     let mut verdicts = Verdicts::new();
     let mut allowed = true;

@@ -4,8 +4,10 @@
 //! (larger counts, five fields), function for function: `fields` and `load` are their
 //! `fields`, `evaluate` and `commit` their fragments of the same names, `expires_at` their
 //! `expires`; `report`, and the retry time in `evaluate`, are derived here from the state the
-//! script returns. Both files run the same automaton on the same numbers; only the packing
-//! differs.
+//! script returns. `charge` (commit, then report) and `check_alone` (evaluate, then charge or
+//! report, the ring seen from now once, as the script's `evaluate` moves its ring on once for
+//! its `commit`) compose them for the memory store. Both files run the same automaton on the
+//! same numbers; only the packing differs.
 //!
 //! The window is cut into [`SUB_WINDOWS`] sub-windows of `g = w / 4` µs, aligned to the Unix
 //! epoch, and a ring of `SUB_WINDOWS + 1` counters holds what was admitted in the current
@@ -121,9 +123,16 @@ fn view(st: &Ring, i: u64) -> (u64, [u64; SLOTS]) {
 }
 
 pub(crate) fn evaluate(st: &Ring, lim: &Limit, now: u64, cost: u64) -> Verdict {
-    let (n, g) = (lim.count(), sub_window_us(lim));
+    let g = sub_window_us(lim);
     let i = now / g;
     let (e, ring) = view(st, i);
+    judge(e, i, &ring, lim, g, cost)
+}
+
+/// The verdict on `cost` of the ring whose counts seen from sub-window `e` are `ring`, now
+/// being in sub-window `i`.
+fn judge(e: u64, i: u64, ring: &[u64; SLOTS], lim: &Limit, g: u64, cost: u64) -> Verdict {
+    let n = lim.count();
     let used = ring.iter().sum::<u64>();
     if used + cost <= n {
         if e > i {
@@ -147,8 +156,14 @@ pub(crate) fn evaluate(st: &Ring, lim: &Limit, now: u64, cost: u64) -> Verdict {
 
 pub(crate) fn commit(st: &mut Ring, lim: &Limit, now: u64, cost: u64) {
     let (e, ring) = view(st, now / sub_window_us(lim));
+    set(st, e, &ring, cost);
+}
+
+/// The ring as seen from sub-window `e` (counts `ring`), with `cost` charged to its newest
+/// counter.
+fn set(st: &mut Ring, e: u64, ring: &[u64; SLOTS], cost: u64) {
     st.idx = e;
-    for (slot, count) in st.slots.iter_mut().zip(ring) {
+    for (slot, &count) in st.slots.iter_mut().zip(ring) {
         *slot = u32::try_from(count).unwrap_or(u32::MAX);
     }
     // counts stay below MAX_COUNT, far below u32::MAX
@@ -166,6 +181,21 @@ pub(crate) fn charge(st: &mut Ring, lim: &Limit, now: u64, cost: u64) -> Report 
         sub_window_us(lim),
         now,
     )
+}
+
+/// The check of a key whose only limit this is: [`evaluate`], then [`charge`] when it admits
+/// or else [`report`], seeing the ring from now once rather than twice.
+pub(crate) fn check_alone(st: &mut Ring, lim: &Limit, now: u64, cost: u64) -> (Verdict, Report) {
+    let g = sub_window_us(lim);
+    let i = now / g;
+    let (e, ring) = view(st, i);
+    let verdict = judge(e, i, &ring, lim, g, cost);
+    if verdict.allowed {
+        set(st, e, &ring, cost);
+        let report = report_of(e, &st.slots.map(u64::from), lim, g, now);
+        return (verdict, report);
+    }
+    (verdict, report_of(e, &ring, lim, g, now))
 }
 
 pub(crate) fn report(st: &Ring, lim: &Limit, now: u64) -> Report {
@@ -228,13 +258,11 @@ mod tests {
 
     const S: u64 = 1_000_000;
 
-    #[test]
-    fn a_charge_is_a_commit_then_a_report() {
-        // rings of every age against clocks behind, at, and past their sub-window, with
-        // costs that fill them and one that overflows a counter
-        let l = limit("20/s rolling");
-        let g = sub_window_us(&l);
-        let mut seen = 0;
+    /// Rings of every age, each with the clocks behind, at, and past their sub-window, and
+    /// costs that fill them, overflow them, and overflow a counter: `f(ring, now, cost)` for
+    /// each (672 cases) on the limit `20/s rolling`.
+    fn each_case(mut f: impl FnMut(Ring, u64, u64)) {
+        let g = sub_window_us(&limit("20/s rolling"));
         for idx in [0, 3, 400, 401, 405, 406, 1_000] {
             for slots in [
                 [0; SLOTS],
@@ -250,23 +278,58 @@ mod tests {
                     410 * g,
                     10_000 * g,
                 ] {
-                    for cost in [1, 3, 20, u64::MAX] {
-                        let st = Ring { idx, slots };
-                        let (mut charged, mut committed) = (st, st);
-                        let report = charge(&mut charged, &l, now, cost);
-                        commit(&mut committed, &l, now, cost);
-                        let then = super::report(&committed, &l, now);
-                        assert_eq!(
-                            (charged.idx, charged.slots),
-                            (committed.idx, committed.slots)
-                        );
-                        assert_eq!(report, then);
-                        seen += 1;
+                    for cost in [1, 3, 20, 21, u64::MAX] {
+                        f(Ring { idx, slots }, now, cost);
                     }
                 }
             }
         }
-        assert_eq!(seen, 7 * 4 * 6 * 4);
+    }
+
+    #[test]
+    fn a_charge_is_a_commit_then_a_report() {
+        let l = limit("20/s rolling");
+        let mut seen = 0;
+        each_case(|st, now, cost| {
+            let (mut charged, mut committed) = (st, st);
+            let report = charge(&mut charged, &l, now, cost);
+            commit(&mut committed, &l, now, cost);
+            let then = super::report(&committed, &l, now);
+            assert_eq!(
+                (charged.idx, charged.slots),
+                (committed.idx, committed.slots)
+            );
+            assert_eq!(report, then);
+            seen += 1;
+        });
+        assert_eq!(seen, 7 * 4 * 6 * 5);
+    }
+
+    #[test]
+    fn a_check_alone_is_an_evaluation_then_a_charge_or_a_report() {
+        // admitted checks (charged), denied ones (left as they were), and rings charged as of
+        // a later sub-window than now's
+        let l = limit("20/s rolling");
+        let (mut admitted, mut denied) = (0, 0);
+        each_case(|st, now, cost| {
+            let mut checked = st;
+            let (verdict, report) = check_alone(&mut checked, &l, now, cost);
+            let mut expected = st;
+            let v = evaluate(&expected, &l, now, cost);
+            let r = if v.allowed {
+                admitted += 1;
+                charge(&mut expected, &l, now, cost)
+            } else {
+                denied += 1;
+                super::report(&expected, &l, now)
+            };
+            assert_eq!((verdict, report), (v, r));
+            assert_eq!((checked.idx, checked.slots), (expected.idx, expected.slots));
+        });
+        assert!(
+            admitted > 100 && denied > 100,
+            "{admitted} admitted, {denied} denied"
+        );
     }
 
     #[test]
