@@ -2,7 +2,8 @@
 //! `burst` tokens refilled at `n` per `w` is the same automaton). Twin of `lua/gcra.lua`,
 //! function for function: `FIELDS` and `load` are its `fields`, `evaluate` and `commit` its
 //! fragments of the same names, `expires_at` its `expires`; `report`, and the retry time in
-//! `evaluate`, are derived here from the state the script returns.
+//! `evaluate`, are derived here from the state the script returns. `check_alone` (evaluate,
+//! then commit and report, or report) composes them for the memory store.
 //!
 //! One emission interval is `T = w / n` µs, usually not a whole number, so times are kept
 //! exactly as pairs `(us, rem)` meaning `us + rem / n`, with `0 <= rem < n`. A request of cost
@@ -83,7 +84,12 @@ fn later(a: Rational, b: Rational) -> Rational {
 
 pub(crate) fn evaluate(st: &Tat, lim: &Limit, now: u64, cost: u64) -> Verdict {
     let next = add(lim, later(st.tat, (now, 0)), times(lim, cost));
-    let tau = times(lim, lim.max_cost());
+    judge(lim, next, now, times(lim, lim.max_cost()))
+}
+
+/// The verdict on a cost that would move the arrival time to `next`, `tau` being the burst's
+/// tolerance (`burst·T`).
+fn judge(lim: &Limit, next: Rational, now: u64, tau: Rational) -> Verdict {
     if le(sub(lim, next, (now, 0)), tau) {
         return Verdict::ADMIT;
     }
@@ -98,8 +104,17 @@ pub(crate) fn commit(st: &mut Tat, lim: &Limit, now: u64, cost: u64) {
 }
 
 pub(crate) fn report(st: &Tat, lim: &Limit, now: u64) -> Report {
-    let m = later(st.tat, (now, 0));
-    let fin = add(lim, (now, 0), times(lim, lim.max_cost()));
+    report_of(
+        lim,
+        later(st.tat, (now, 0)),
+        now,
+        times(lim, lim.max_cost()),
+    )
+}
+
+/// The report of the arrival time `m` (not before now), `tau` being the burst's tolerance.
+fn report_of(lim: &Limit, m: Rational, now: u64, tau: Rational) -> Report {
+    let fin = add(lim, (now, 0), tau);
     let remaining = if le(m, fin) {
         // floor(slack / T), exactly, in units of 1/n µs. (Lua has no 128-bit integers: the
         // script estimates with a double and corrects the estimate with times().)
@@ -114,6 +129,23 @@ pub(crate) fn report(st: &Tat, lim: &Limit, now: u64) -> Report {
         remaining,
         reset_after: (m.0 + u64::from(m.1 > 0)) - now,
     }
+}
+
+/// The check of a key whose only limit this is: [`evaluate`], then [`commit`] and [`report`]
+/// when it admits or else [`report`], with the arrival time as of now and the burst's
+/// tolerance worked out once.
+pub(crate) fn check_alone(st: &mut Tat, lim: &Limit, now: u64, cost: u64) -> (Verdict, Report) {
+    let tau = times(lim, lim.max_cost());
+    let m = later(st.tat, (now, 0));
+    let next = add(lim, m, times(lim, cost));
+    let verdict = judge(lim, next, now, tau);
+    if verdict.allowed {
+        // what commit does; `next` is not before now, so it is the report's arrival time
+        st.tat = next;
+        st.last = st.last.max(now);
+        return (verdict, report_of(lim, next, now, tau));
+    }
+    (verdict, report_of(lim, m, now, tau))
 }
 
 /// When the state stops mattering: the theoretical arrival time, rounded up. (The script's
@@ -156,4 +188,51 @@ pub(crate) fn refund(st: &mut Tat, lim: &Limit, at: u64, cost: u64) {
 #[cfg(test)]
 pub(super) fn tat_for_tests(st: &Tat) -> (u64, u64) {
     st.tat
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_check_alone_is_an_evaluation_then_a_commit_and_a_report_or_a_report() {
+        // emission intervals that are whole and that are not, bursts below, at and above the
+        // count; arrival times behind now, at it, within the burst and past it
+        let (mut admitted, mut denied) = (0, 0);
+        for text in [
+            "20/s gcra",
+            "7/s gcra burst=3",
+            "3/s gcra burst=50",
+            "1/h gcra",
+        ] {
+            let lim: Limit = text.parse().unwrap();
+            let now = 1_000 * 3_600_000_000;
+            for k in [0, 1, 2, 3, 7, 20, 60] {
+                for tat in [(0, 0), (now, 0), add(&lim, (now, 0), times(&lim, k))] {
+                    for last in [0, now - 1, now] {
+                        for cost in [1, 2, 3, 7, 21, 50, 51] {
+                            let st = Tat { tat, last };
+                            let mut checked = st;
+                            let (verdict, report) = check_alone(&mut checked, &lim, now, cost);
+                            let mut expected = st;
+                            let v = evaluate(&expected, &lim, now, cost);
+                            if v.allowed {
+                                admitted += 1;
+                                commit(&mut expected, &lim, now, cost);
+                            } else {
+                                denied += 1;
+                            }
+                            let r = super::report(&expected, &lim, now);
+                            assert_eq!((verdict, report), (v, r), "{text} {tat:?} {cost}");
+                            assert_eq!((checked.tat, checked.last), (expected.tat, expected.last));
+                        }
+                    }
+                }
+            }
+        }
+        assert!(
+            admitted > 200 && denied > 200,
+            "{admitted} admitted, {denied} denied"
+        );
+    }
 }

@@ -355,6 +355,7 @@ impl Counter {
     fn check_alone(&mut self, lim: &Limit, now: u64, cost: u64) -> (Verdict, Report) {
         match self {
             Counter::Ring(s) => rolling_window::check_alone(s, lim, now, cost),
+            Counter::Gcra(s) => gcra::check_alone(s, lim, now, cost),
             _ => {
                 let verdict = self.evaluate(lim, now, cost);
                 let report = if verdict.allowed {

@@ -260,7 +260,7 @@ mod tests {
 
     /// Rings of every age, each with the clocks behind, at, and past their sub-window, and
     /// costs that fill them, overflow them, and overflow a counter: `f(ring, now, cost)` for
-    /// each (672 cases) on the limit `20/s rolling`.
+    /// each (840 cases) on the limit `20/s rolling`.
     fn each_case(mut f: impl FnMut(Ring, u64, u64)) {
         let g = sub_window_us(&limit("20/s rolling"));
         for idx in [0, 3, 400, 401, 405, 406, 1_000] {
