@@ -12,9 +12,10 @@
 //!
 //! It decides exactly as `MemoryStore::decide_general`: the same key (the one
 //! `keyspace::keys_of` names, namespace included), so the same shard, the same decision
-//! (`algorithm::decide_within_into`; for a packed key that exists and a check that does not
-//! wait, `algorithm::decide_packed_into`, the same phases on its counters where they lie), the
-//! same expiry, and the same eviction when the key is new.
+//! (`algorithm::decide_within_into`; for a packed key and a check that does not wait,
+//! `algorithm::decide_packed_into`, the same phases on its counters where they lie, or on fresh
+//! ones for a key that is new or expired), the same expiry, and the same eviction when the key
+//! is new.
 //! Peeks, resets and refunds take the general way.
 
 use std::cell::RefCell;
@@ -169,9 +170,23 @@ fn decide(
         }
     }
     let Some(stored) = found else {
-        let mut slot = [None];
-        let summary = decide(&mut slot);
-        if let [Some(state)] = slot {
+        let (summary, state) = if let (0, true) = (ask.max_wait_us, layout.is_packed_only()) {
+            // A new packed key decides on fresh counters where they lie, as an expired one
+            // does above, and is kept only if charged.
+            let mut counters: Counters = limits.iter().map(Counter::fresh).collect();
+            let summary =
+                algorithm::decide_packed_into(&mut counters, limits, now, ask.cost, true, sink);
+            (
+                summary,
+                summary.allowed.then_some(State::Counters(counters)),
+            )
+        } else {
+            let mut slot = [None];
+            let summary = decide(&mut slot);
+            let [state] = slot;
+            (summary, state)
+        };
+        if let Some(state) = state {
             make_room(shard, now, inner.max_per_shard, |k| k == key);
             let expires_at = algorithm::expires_at(&state, layout, limits, 0);
             shard.map.insert(hash, key, Stored { state, expires_at });
