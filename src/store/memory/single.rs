@@ -144,49 +144,50 @@ fn decide(
         )
     };
     let mut found = shard.map.get_mut(hash, key);
-    // The usual check: a packed key that exists, decided where its counters lie.
-    if let (Some(stored), 0, true) = (
-        found.as_deref_mut(),
-        ask.max_wait_us,
-        layout.is_packed_only(),
-    ) {
-        if let State::Counters(counters) = &mut stored.state {
-            let live = stored.expires_at > now;
-            if !live {
-                // an expired state decides like none: fresh counters, kept only if charged
-                for (c, lim) in counters.iter_mut().zip(limits) {
-                    *c = Counter::fresh(lim);
-                }
-            }
-            let summary =
-                algorithm::decide_packed_into(counters, limits, now, ask.cost, !live, sink);
-            if summary.allowed || !live {
-                stored.expires_at = algorithm::packed_expires_at(counters, limits);
-            }
-            if !summary.allowed && !live {
+    // The usual check: a packed key, decided where its counters lie, on fresh ones when it is
+    // new or expired (it decides like none then, and is kept only if charged).
+    let packed = ask.max_wait_us == 0
+        && layout.is_packed_only()
+        && found
+            .as_deref()
+            .is_none_or(|s| matches!(s.state, State::Counters(_)));
+    if packed {
+        let mut fresh = Counters::new();
+        let (counters, live) = match found.as_deref_mut() {
+            Some(Stored {
+                state: State::Counters(counters),
+                expires_at,
+            }) => (counters, *expires_at > now),
+            _ => (&mut fresh, false),
+        };
+        if !live {
+            counters.clear();
+            counters.extend(limits.iter().map(Counter::fresh));
+        }
+        let summary = algorithm::decide_packed_into(counters, limits, now, ask.cost, !live, sink);
+        let expires_at = summary
+            .allowed
+            .then(|| algorithm::packed_expires_at(counters, limits));
+        match (found, expires_at) {
+            (Some(stored), Some(expires_at)) => stored.expires_at = expires_at,
+            // A denial changes nothing (all or nothing): a live state keeps its expiry, an
+            // expired one goes, and a new key is not kept.
+            (Some(_), None) if !live => {
                 shard.map.remove(hash, key);
             }
-            return summary;
+            (None, Some(expires_at)) => {
+                make_room(shard, now, inner.max_per_shard, |k| k == key);
+                let state = State::Counters(fresh);
+                shard.map.insert(hash, key, Stored { state, expires_at });
+            }
+            _ => {}
         }
+        return summary;
     }
     let Some(stored) = found else {
-        let (summary, state) = if let (0, true) = (ask.max_wait_us, layout.is_packed_only()) {
-            // A new packed key decides on fresh counters where they lie, as an expired one
-            // does above, and is kept only if charged.
-            let mut counters: Counters = limits.iter().map(Counter::fresh).collect();
-            let summary =
-                algorithm::decide_packed_into(&mut counters, limits, now, ask.cost, true, sink);
-            (
-                summary,
-                summary.allowed.then_some(State::Counters(counters)),
-            )
-        } else {
-            let mut slot = [None];
-            let summary = decide(&mut slot);
-            let [state] = slot;
-            (summary, state)
-        };
-        if let Some(state) = state {
+        let mut slot = [None];
+        let summary = decide(&mut slot);
+        if let [Some(state)] = slot {
             make_room(shard, now, inner.max_per_shard, |k| k == key);
             let expires_at = algorithm::expires_at(&state, layout, limits, 0);
             shard.map.insert(hash, key, Stored { state, expires_at });
