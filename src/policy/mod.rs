@@ -75,6 +75,9 @@ pub const MAX_LIMITS: usize = 16;
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Policy {
     limits: Vec<Limit>,
+    /// The smallest [`Limit::max_cost`], which every check compares its cost with: worked
+    /// out once, with the limits it follows from.
+    max_cost: u64,
 }
 
 impl Policy {
@@ -88,10 +91,7 @@ impl Policy {
     /// one concurrency limit.
     pub fn new(limits: impl IntoIterator<Item = Limit>) -> Result<Policy, PolicyError> {
         let limits: Vec<Limit> = limits.into_iter().collect();
-        let text = Policy {
-            limits: limits.clone(),
-        }
-        .to_string();
+        let text = Policy::of(limits.clone()).to_string();
         if limits.is_empty() {
             return Err(PolicyError::new(PolicyErrorKind::Empty, text));
         }
@@ -109,7 +109,13 @@ impl Policy {
                 ));
             }
         }
-        Ok(Policy { limits })
+        Ok(Policy::of(limits))
+    }
+
+    /// The policy of `limits`, as they are.
+    fn of(limits: Vec<Limit>) -> Policy {
+        let max_cost = limits.iter().map(Limit::max_cost).min().unwrap_or(0);
+        Policy { limits, max_cost }
     }
 
     /// The limits, in the order given.
@@ -119,7 +125,7 @@ impl Policy {
 
     /// The largest cost a request may have: the smallest [`Limit::max_cost`].
     pub fn max_cost(&self) -> u64 {
-        self.limits.iter().map(Limit::max_cost).min().unwrap_or(0)
+        self.max_cost
     }
 
     /// The concurrency limit, if the policy has one (at most one).
@@ -142,15 +148,13 @@ impl Policy {
                 origins.push(i);
             }
         }
-        (Policy { limits }, origins)
+        (Policy::of(limits), origins)
     }
 }
 
 impl From<Limit> for Policy {
     fn from(limit: Limit) -> Policy {
-        Policy {
-            limits: vec![limit],
-        }
+        Policy::of(vec![limit])
     }
 }
 
