@@ -317,9 +317,13 @@ impl MemoryStore {
             ),
             None => algorithm::peek_into(&mut states, &layout, plan.limits, now, plan.cost, sink),
         };
+        // A denial changes nothing (all or nothing): a state keeps its expiry, as the script
+        // leaves a key's TTL when it denies, and as the short way does (`single.rs`).
         let expiry = |k: usize, state: &State, had: u64| match charge {
-            Some(_) => algorithm::expires_at(state, &layout, plan.limits, k % per_id),
-            None => had,
+            Some(_) if summary.allowed => {
+                algorithm::expires_at(state, &layout, plan.limits, k % per_id)
+            }
+            _ => had,
         };
         // The states that had an entry go back first (an expired one that is still none
         // goes), so that making room for the new ones, which may sweep expired entries, finds

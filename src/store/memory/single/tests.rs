@@ -7,6 +7,26 @@ use crate::Policy;
 
 const NAMESPACES: [Option<&str>; 3] = [None, Some("login"), Some("api")];
 
+/// Policies of every algorithm, one and several limits, one key per identifier or more.
+const POLICIES: [&str; 9] = [
+    "10/s",
+    "2000/s",
+    "10/s, 120/min, 240/h",
+    "10/s sliding",
+    "4/s fixed",
+    "10/s, 120/min gcra, 240/h fixed",
+    "5/s bucket capacity=8",
+    "5/s log",
+    "3 concurrent",
+];
+
+/// A memory store reading `clock`.
+fn store_on(clock: &ManualClock) -> MemoryStore {
+    MemoryStore::builder()
+        .clock(Clock::Manual(clock.clone()))
+        .build()
+}
+
 fn limits(policy: &str) -> Vec<Limit> {
     policy.parse::<Policy>().unwrap().limits().to_vec()
 }
@@ -64,11 +84,7 @@ fn contents(store: &MemoryStore) -> Vec<(String, String, u64)> {
 #[test]
 fn the_short_way_decides_as_the_general_way() {
     let clock = ManualClock::new(1_000_000_000_000);
-    let store = || {
-        MemoryStore::builder()
-            .clock(Clock::Manual(clock.clone()))
-            .build()
-    };
+    let store = || store_on(&clock);
     // a fixed pseudo-random sequence (xorshift)
     let mut seed = 0x2545_f491_4f6c_dd1d_u64;
     let mut next = move |n: u64| {
@@ -77,17 +93,7 @@ fn the_short_way_decides_as_the_general_way() {
         seed ^= seed << 17;
         seed % n
     };
-    for policy in [
-        "10/s",
-        "2000/s",
-        "10/s, 120/min, 240/h",
-        "10/s sliding",
-        "4/s fixed",
-        "10/s, 120/min gcra, 240/h fixed",
-        "5/s bucket capacity=8",
-        "5/s log",
-        "3 concurrent",
-    ] {
+    for policy in POLICIES {
         let limits = limits(policy);
         // costs up to a third of the smallest quota, so that every policy denies some
         let max_cost = limits
@@ -168,5 +174,47 @@ fn the_short_way_decides_as_the_general_way() {
             }
         }
         assert!(short.is_empty(), "{policy}");
+    }
+}
+
+#[test]
+fn a_denial_after_a_refund_leaves_the_state_as_it_was_either_way() {
+    // A refund shrinks a state and keeps its expiry; the denial that follows changes nothing
+    // (all or nothing), so the short way and the general way keep the same state and expiry,
+    // as the script leaves a key's TTL when it denies.
+    let clock = ManualClock::new(1_000_000_000_000);
+    for policy in POLICIES.into_iter().filter(|p| !p.contains("concurrent")) {
+        let limits = limits(policy);
+        let (short, general) = (store_on(&clock), store_on(&clock));
+        let ids = ["ip:1.2.3.4".to_string()];
+        let plan = |cost| Plan {
+            ids: &ids,
+            namespace: None,
+            limits: &limits,
+            cost,
+            lease: "",
+        };
+        let max = limits.iter().map(Limit::max_cost).min().unwrap();
+        // each way: its own check of the whole quota, given back in part
+        let charged = clock.now_micros();
+        let mut entries = Entries::new();
+        let summary = general.decide_general(&plan(max), Some(0), &mut entries);
+        assert!(summary.allowed, "{policy}");
+        let short_summary = check(&short, &ids[0], &plan(max), 0, &mut Entries::new());
+        assert_eq!(short_summary, Some(summary), "{policy}");
+        clock.advance(Duration::from_millis(1));
+        for store in [&short, &general] {
+            store.refund(&plan(1), charged);
+        }
+        assert_eq!(contents(&short), contents(&general), "{policy}");
+        // the whole quota again: denied, and nothing changes
+        let mut expected = Entries::new();
+        let denial = general.decide_general(&plan(max), Some(0), &mut expected);
+        assert!(!denial.allowed, "{policy}");
+        let mut entries = Entries::new();
+        let short_denial = check(&short, &ids[0], &plan(max), 0, &mut entries);
+        assert_eq!(short_denial, Some(denial), "{policy}");
+        assert_eq!(entries, expected, "{policy}");
+        assert_eq!(contents(&short), contents(&general), "{policy}");
     }
 }
