@@ -1,5 +1,5 @@
 //! The store on a Redis Cluster of the test's own: scripts reloaded on every shard, the errors
-//! of a wrong URL or password, and a master killed under load.
+//! of a wrong URL or password, peeks across slots, and a master killed under load.
 
 mod common;
 
@@ -257,6 +257,74 @@ async fn leases_across_slots_are_renewed_and_released() {
         .await;
         drop(d);
     }
+}
+
+/// A peek and a usage read of identifiers in two hash slots answer, and say what the memory
+/// store says after the same checks: one call per slot, merged as one peek.
+#[tokio::test]
+async fn peeks_across_slots_answer_as_in_process() {
+    let cluster = ClusterServer::shared();
+    let store = RedisStore::builder(cluster.url())
+        .prefix(common::unique_prefix())
+        .timeout(Duration::from_secs(2))
+        .connect_timeout(Duration::from_secs(5))
+        .build()
+        .await
+        .unwrap();
+    let policy: tollgate::Policy = "3/min, 5/h".parse().unwrap();
+    // no deny cache: every peek goes to the store
+    let limiter = Limiter::builder(store, policy.clone())
+        .on_store_error(OnStoreError::Closed)
+        .deny_cache(0)
+        .build();
+    let memory = Limiter::new(tollgate::MemoryStore::new(), policy);
+    let (ip, user) = ("ip:1.2.3.4", "user:42");
+    assert_ne!(
+        cluster.master_of(&format!("{{{ip}}}")),
+        cluster.master_of(&format!("{{{user}}}"))
+    );
+    // the same checks on both: twice for both, then once more for the user alone, who then
+    // has no quota left this minute
+    for ids in [&[ip, user][..], &[ip, user], &[user]] {
+        for l in [&limiter, &memory] {
+            assert!(l.check(ids).await.unwrap().is_allowed());
+        }
+    }
+    let figures = |d: &tollgate::Decision| {
+        d.statuses()
+            .iter()
+            .map(|s| (s.identifier, s.limit_index, s.allowed, s.remaining))
+            .collect::<Vec<_>>()
+    };
+    for cost in [1, 2] {
+        let (on_redis, in_process) = (
+            limiter.peek_n(&[ip, user], cost).await.unwrap(),
+            memory.peek_n(&[ip, user], cost).await.unwrap(),
+        );
+        assert!(!on_redis.is_allowed(), "the user has nothing left");
+        assert_eq!(figures(&on_redis), figures(&in_process), "cost {cost}");
+        // the IP alone has one left this minute
+        let peek = limiter.peek_n(&[ip], cost).await.unwrap();
+        assert_eq!(peek.is_allowed(), cost == 1, "cost {cost}");
+    }
+    let usage = |u: Vec<tollgate::Usage>| {
+        u.iter()
+            .map(|u| (u.identifier, u.limit_index, u.used, u.remaining))
+            .collect::<Vec<_>>()
+    };
+    let on_redis = usage(limiter.usage(&[ip, user]).await.unwrap());
+    assert_eq!(on_redis, usage(memory.usage(&[ip, user]).await.unwrap()));
+    assert_eq!(
+        on_redis,
+        [(0, 0, 2, 1), (0, 1, 2, 3), (1, 0, 3, 0), (1, 1, 3, 2)]
+    );
+    // a reset across the slots too (the client splits its `DEL`)
+    limiter.reset(&[ip, user]).await.unwrap();
+    let after = usage(limiter.usage(&[ip, user]).await.unwrap());
+    assert_eq!(
+        after,
+        [(0, 0, 0, 3), (0, 1, 0, 5), (1, 0, 0, 3), (1, 1, 0, 5)]
+    );
 }
 
 /// An ACL user with the store's commands and the cluster's own (`+ping +cluster|slots

@@ -339,8 +339,21 @@ impl RedisStore {
     }
 
     /// What a check of `plan` would decide now, with nothing written: the peek script (the
-    /// check's phase 1, declared `no-writes`), through the breaker as a check.
+    /// check's phase 1, declared `no-writes`), through the breaker as a check. In a cluster,
+    /// identifiers in several hash slots are peeked one call per slot
+    /// ([`peek_split`](Self::peek_split)).
     pub(crate) async fn peek(&self, plan: &Plan<'_>) -> Result<Outcome, StoreError> {
+        if self.link.is_cluster() && plan.ids.len() > 1 {
+            let groups = self.slot_groups(plan.ids);
+            if groups.len() > 1 {
+                return self.peek_split(plan, &groups).await;
+            }
+        }
+        self.peek_call(plan).await
+    }
+
+    /// [`peek`](Self::peek) as one script call (its keys in one slot).
+    pub(crate) async fn peek_call(&self, plan: &Plan<'_>) -> Result<Outcome, StoreError> {
         let call = async {
             let compiled = script::peek_script(plan.limits, plan.ids.len());
             let mut call = compiled.script.prepare_invoke();

@@ -78,20 +78,8 @@ impl RedisStore {
         if !partitions(groups, plan.ids.len()) {
             return self.check_call(plan, 0).await;
         }
-        let ids: Vec<Vec<String>> = groups
-            .iter()
-            .map(|g| g.iter().map(|&i| plan.ids[i].clone()).collect())
-            .collect();
-        let plans: Vec<Plan<'_>> = ids
-            .iter()
-            .map(|ids| Plan {
-                ids,
-                namespace: plan.namespace,
-                limits: plan.limits,
-                cost: plan.cost,
-                lease: plan.lease,
-            })
-            .collect();
+        let ids = group_ids(plan, groups);
+        let plans = group_plans(plan, &ids);
         let results = join_all(plans.iter().map(|p| self.check_call(p, 0)).collect()).await;
 
         let admitted: Vec<(Vec<String>, u64)> = results
@@ -116,6 +104,28 @@ impl RedisStore {
         }
         merge(groups, &outcomes, plan.ids.len(), plan.limits.len())
             .ok_or_else(|| StoreError::UnexpectedReply("a check of the wrong size".into()))
+    }
+
+    /// A peek of `plan` whose identifiers are split into `groups` (as
+    /// [`check_split`](Self::check_split)'s): one peek call per group, all at once, merged
+    /// into one [`Outcome`] laid out as a single peek's. A peek charges nothing, and each
+    /// identifier's figures come from its own states alone, so the merged peek reports what
+    /// one call would: admitted when every group admits. It fails with the first group's
+    /// error.
+    pub(crate) async fn peek_split(
+        &self,
+        plan: &Plan<'_>,
+        groups: &[Vec<usize>],
+    ) -> Result<Outcome, StoreError> {
+        if !partitions(groups, plan.ids.len()) {
+            return self.peek_call(plan).await;
+        }
+        let ids = group_ids(plan, groups);
+        let plans = group_plans(plan, &ids);
+        let results = join_all(plans.iter().map(|p| self.peek_call(p)).collect()).await;
+        let outcomes = results.into_iter().collect::<Result<Vec<_>, _>>()?;
+        merge(groups, &outcomes, plan.ids.len(), plan.limits.len())
+            .ok_or_else(|| StoreError::UnexpectedReply("a peek of the wrong size".into()))
     }
 
     /// Refunds the checks of `groups` (identifiers, time of the check), all at once, and logs
@@ -180,6 +190,27 @@ fn uncharged(outcome: &mut Outcome, limits: &[crate::policy::Limit], cost: u64) 
         let back = if limit.is_concurrency() { 1 } else { cost };
         entry.remaining = entry.remaining.saturating_add(back);
     }
+}
+
+/// The identifiers of each group of `plan`.
+fn group_ids(plan: &Plan<'_>, groups: &[Vec<usize>]) -> Vec<Vec<String>> {
+    groups
+        .iter()
+        .map(|g| g.iter().map(|&i| plan.ids[i].clone()).collect())
+        .collect()
+}
+
+/// `plan` for each group's identifiers.
+fn group_plans<'a>(plan: &Plan<'a>, ids: &'a [Vec<String>]) -> Vec<Plan<'a>> {
+    ids.iter()
+        .map(|ids| Plan {
+            ids,
+            namespace: plan.namespace,
+            limits: plan.limits,
+            cost: plan.cost,
+            lease: plan.lease,
+        })
+        .collect()
 }
 
 /// Whether `groups` hold each of `0..ids` exactly once.
