@@ -31,18 +31,23 @@ fn one_id_per_master(cluster: &ClusterServer, tag: &str) -> Vec<String> {
     unreachable!()
 }
 
-/// After `SCRIPT FLUSH` on every master, the next check on each master loads the script again
-/// (on the master that answered `NOSCRIPT`) and is answered.
-#[tokio::test]
-async fn scripts_are_reloaded_on_every_shard() {
-    let cluster = ClusterServer::shared();
-    let store = RedisStore::builder(cluster.url())
+/// A store on `cluster` under a prefix of its own.
+async fn store_on(cluster: &ClusterServer) -> RedisStore {
+    RedisStore::builder(cluster.url())
         .prefix(common::unique_prefix())
         .timeout(Duration::from_secs(2))
         .connect_timeout(Duration::from_secs(5))
         .build()
         .await
-        .unwrap();
+        .unwrap()
+}
+
+/// After `SCRIPT FLUSH` on every master, the next check on each master loads the script again
+/// (on the master that answered `NOSCRIPT`) and is answered.
+#[tokio::test]
+async fn scripts_are_reloaded_on_every_shard() {
+    let cluster = ClusterServer::shared();
+    let store = store_on(cluster).await;
     let limiter = Limiter::new(store, "100/min, 5/s log".parse().unwrap());
     let ids = one_id_per_master(cluster, "flush");
     assert_eq!(ids.len(), 3);
@@ -221,13 +226,7 @@ async fn a_failover_under_load_never_over_admits() {
 #[tokio::test]
 async fn leases_across_slots_are_renewed_and_released() {
     let cluster = ClusterServer::shared();
-    let store = RedisStore::builder(cluster.url())
-        .prefix(common::unique_prefix())
-        .timeout(Duration::from_secs(2))
-        .connect_timeout(Duration::from_secs(5))
-        .build()
-        .await
-        .unwrap();
+    let store = store_on(cluster).await;
     let limiter = Limiter::new(store, "1 concurrent lease=1s".parse().unwrap());
     let (ip, user) = ("ip:1.2.3.4", "user:42");
     assert_ne!(
@@ -264,13 +263,7 @@ async fn leases_across_slots_are_renewed_and_released() {
 #[tokio::test]
 async fn peeks_across_slots_answer_as_in_process() {
     let cluster = ClusterServer::shared();
-    let store = RedisStore::builder(cluster.url())
-        .prefix(common::unique_prefix())
-        .timeout(Duration::from_secs(2))
-        .connect_timeout(Duration::from_secs(5))
-        .build()
-        .await
-        .unwrap();
+    let store = store_on(cluster).await;
     let policy: tollgate::Policy = "3/min, 5/h".parse().unwrap();
     // no deny cache: every peek goes to the store
     let limiter = Limiter::builder(store, policy.clone())
@@ -389,13 +382,7 @@ async fn an_acl_user_with_the_documented_rule_works() {
 #[tokio::test]
 async fn checks_follow_a_slot_migration() {
     let cluster = ClusterServer::shared();
-    let store = RedisStore::builder(cluster.url())
-        .prefix(common::unique_prefix())
-        .timeout(Duration::from_secs(2))
-        .connect_timeout(Duration::from_secs(5))
-        .build()
-        .await
-        .unwrap();
+    let store = store_on(cluster).await;
     // A policy of its own, so that no master has its script yet; window limits only, one key
     // per identifier (a script of several keys meets TRYAGAIN on the importing node while the
     // slot is half-way: Redis serves a multi-key command there only once all its keys moved).
