@@ -14,6 +14,7 @@
 //! | `tollgate_store_breaker_open` | gauge (0 or 1) | `store` |
 //! | `tollgate_store_call_seconds` | histogram | `store` |
 //! | `tollgate_refund_failures_total` | counter | `store`, `kind` ([`StoreError::kind_label`]) |
+//! | `tollgate_lease_failures_total` | counter | `store`, `call` (`renew`, `release`), `kind` ([`StoreError::kind_label`]) |
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -23,8 +24,9 @@ use crate::decision::Decision;
 use crate::policy::{Limit, Policy};
 use crate::store::StoreError;
 
-/// How often at most a limiter in shadow mode logs the requests it let through.
-pub(crate) const SHADOW_LOG_EVERY: Duration = Duration::from_secs(10);
+/// How often at most a [`BoundedLog`] writes a line: a limiter in shadow mode of the requests
+/// it let through, a store of the lease calls that failed.
+pub(crate) const LOG_EVERY: Duration = Duration::from_secs(10);
 
 /// The error and its sources, `: `-separated (store errors carry no secrets).
 #[cfg_attr(not(all(feature = "tracing", feature = "redis")), allow(dead_code))]
@@ -330,18 +332,19 @@ pub(crate) fn policy_changed(limiter: &str, old: &Policy, new: &Policy) {
     let _ = (limiter, old, new);
 }
 
-/// The would-be denials of a limiter in shadow mode, logged at a bounded rate: the first at
-/// once, then at most one line every [`SHADOW_LOG_EVERY`], with the number let through since
-/// the previous line. The exact figures are in the metrics.
+/// Events logged at a bounded rate: the first at once, then at most one line every
+/// [`LOG_EVERY`], with the number of events since the previous line. The exact figures are in
+/// the metrics. One for each kind of event: a limiter's would-be denials in shadow mode, a
+/// store's failed lease calls.
 #[derive(Debug, Default)]
-pub(crate) struct ShadowLog {
-    /// Would-be denials not logged yet.
+pub(crate) struct BoundedLog {
+    /// Events not logged yet.
     pending: AtomicU64,
     /// When the last line was written.
     last: Mutex<Option<Instant>>,
 }
 
-impl ShadowLog {
+impl BoundedLog {
     /// A request `limiter` let through that the policy would have denied (by `limit`, when
     /// a limit decided).
     pub(crate) fn would_deny(&self, limiter: &str, limit: Option<&Limit>) {
@@ -360,8 +363,46 @@ impl ShadowLog {
         let _ = (limiter, limit);
     }
 
-    /// Counts a would-be denial at `now`; when a line is due, the number to log and the
-    /// time since the previous line (none for the first).
+    /// A lease call (`renew` or `release`) to the store `store` failed with `e`, for
+    /// `leases` leases: a renewal missed lets a lease expire while its request runs (its
+    /// slot is then free for another: over-admission, until the next renewal that reaches
+    /// the store); a release missed holds a slot until the release is retried or the lease
+    /// expires (under-admission). The keeper retries both on its next tick.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub(crate) fn lease_call_failed(
+        &self,
+        store: &str,
+        call: &'static str,
+        e: &StoreError,
+        leases: usize,
+    ) {
+        #[cfg(feature = "metrics")]
+        metrics::counter!(
+            "tollgate_lease_failures_total",
+            "store" => store.to_string(),
+            "call" => call,
+            "kind" => e.kind_label()
+        )
+        .increment(1);
+        #[cfg(feature = "tracing")]
+        if let Some((count, since)) = self.count(Instant::now()) {
+            tracing::warn!(
+                target: "tollgate",
+                store,
+                call,
+                leases,
+                failed_calls = count,
+                since_s = since.map(|d| d.as_secs()),
+                kind = e.kind_label(),
+                error = %chain(e),
+                "rate-limit store could not renew or release concurrency slots: a slot not renewed may expire while its request runs, one not released stays taken until its lease ends; retried every tick"
+            );
+        }
+        let _ = (store, call, e, leases);
+    }
+
+    /// Counts an event at `now`; when a line is due, the number to log and the time since
+    /// the previous line (none for the first).
     #[cfg_attr(not(feature = "tracing"), allow(dead_code))]
     fn count(&self, now: Instant) -> Option<(u64, Option<Duration>)> {
         self.pending.fetch_add(1, Ordering::Relaxed);
@@ -369,7 +410,7 @@ impl ShadowLog {
         // next one's.
         let mut last = self.last.try_lock().ok()?;
         let since = last.map(|t| now.saturating_duration_since(t));
-        if since.is_some_and(|d| d < SHADOW_LOG_EVERY) {
+        if since.is_some_and(|d| d < LOG_EVERY) {
             return None;
         }
         *last = Some(now);
@@ -382,15 +423,15 @@ mod tests {
     use super::*;
 
     #[test]
-    fn shadow_lines_are_bounded_and_lose_no_count() {
-        let log = ShadowLog::default();
+    fn bounded_lines_are_bounded_and_lose_no_count() {
+        let log = BoundedLog::default();
         let t0 = Instant::now();
         assert_eq!(log.count(t0), Some((1, None)), "the first at once");
         for k in 1..500 {
             assert_eq!(log.count(t0 + Duration::from_millis(k)), None);
         }
-        let t1 = t0 + SHADOW_LOG_EVERY;
-        assert_eq!(log.count(t1), Some((500, Some(SHADOW_LOG_EVERY))));
+        let t1 = t0 + LOG_EVERY;
+        assert_eq!(log.count(t1), Some((500, Some(LOG_EVERY))));
         assert_eq!(log.count(t1 + Duration::from_secs(1)), None);
         let t2 = t1 + Duration::from_secs(60);
         assert_eq!(log.count(t2), Some((2, Some(Duration::from_secs(60)))));

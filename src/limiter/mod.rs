@@ -10,7 +10,7 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 
 use crate::decision::Decision;
-use crate::observe::{self, LimiterKeys, ShadowLog};
+use crate::observe::{self, BoundedLog, LimiterKeys};
 use crate::policy::Policy;
 use crate::store::{MemoryStore, Namespace, OneKey, Store};
 
@@ -74,7 +74,7 @@ struct Inner {
     /// The in-process store of the fallback, under [`OnStoreError::Fallback`]: it keeps its
     /// counts across policy changes, as the main store does.
     fallback_store: Option<Store>,
-    shadow_log: ShadowLog,
+    shadow_log: BoundedLog,
     /// Serializes policy changes, so that versions are numbered in the order they apply.
     changing: Mutex<()>,
 }
@@ -277,7 +277,7 @@ impl LimiterBuilder {
                 deny_cache,
                 fallback_store,
                 shadow: AtomicBool::new(self.shadow),
-                shadow_log: ShadowLog::default(),
+                shadow_log: BoundedLog::default(),
                 version: ArcSwap::from_pointee(version),
                 changing: Mutex::new(()),
             }),

@@ -49,12 +49,44 @@ pub(crate) fn lease_id() -> String {
     format!("{a:016x}{b:016x}")
 }
 
-/// What the keeper needs of a store. Each returns whether the store was reached.
+/// Which leases of a renewal or a release reached the store: a lease did when every call
+/// its keys needed was answered (in a cluster, its keys may lie on several masters, each
+/// called apart). With the first error met, if any.
+#[derive(Debug)]
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
+pub(crate) struct Reached<E> {
+    /// By the lease's index in the call.
+    pub(crate) leases: Vec<bool>,
+    pub(crate) error: Option<E>,
+}
+
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
+impl<E> Reached<E> {
+    /// Every one of `n` leases reached the store.
+    pub(crate) fn all(n: usize) -> Reached<E> {
+        Reached {
+            leases: vec![true; n],
+            error: None,
+        }
+    }
+
+    /// The leases at `indices` missed the store, for `error`.
+    pub(crate) fn missed(&mut self, indices: impl Iterator<Item = usize>, error: E) {
+        for i in indices {
+            if let Some(reached) = self.leases.get_mut(i) {
+                *reached = false;
+            }
+        }
+        self.error.get_or_insert(error);
+    }
+}
+
+/// What the keeper needs of a store.
 pub(crate) trait Backend: Send + Sync + 'static {
-    /// Extends live leases to their full lease time from now.
-    fn renew(&self, leases: &[&Lease]) -> impl Future<Output = bool> + Send;
-    /// Gives slots back (idempotent).
-    fn release(&self, leases: &[Lease]) -> impl Future<Output = bool> + Send;
+    /// Extends live leases to their full lease time from now: which reached the store.
+    fn renew(&self, leases: &[&Lease]) -> impl Future<Output = Vec<bool>> + Send;
+    /// Gives slots back (idempotent): which reached the store.
+    fn release(&self, leases: &[Lease]) -> impl Future<Output = Vec<bool>> + Send;
 }
 
 enum Msg {
@@ -164,9 +196,8 @@ async fn run<B: Backend>(backend: B, mut rx: mpsc::UnboundedReceiver<Msg>) {
                 }
                 if !released.is_empty() {
                     let leases: Vec<Lease> = released.iter().map(|h| h.lease.clone()).collect();
-                    if !backend.release(&leases).await {
-                        unreleased.extend(released);
-                    }
+                    let reached = backend.release(&leases).await;
+                    unreleased.extend(missed(released, &reached));
                 }
             }
             _ = tick.tick() => {
@@ -174,9 +205,8 @@ async fn run<B: Backend>(backend: B, mut rx: mpsc::UnboundedReceiver<Msg>) {
                 unreleased.retain(|h| h.expires() > now);
                 if !unreleased.is_empty() {
                     let leases: Vec<Lease> = unreleased.iter().map(|h| h.lease.clone()).collect();
-                    if backend.release(&leases).await {
-                        unreleased.clear();
-                    }
+                    let reached = backend.release(&leases).await;
+                    unreleased = missed(std::mem::take(&mut unreleased), &reached);
                 }
                 let due: Vec<&Lease> = held
                     .values()
@@ -187,16 +217,26 @@ async fn run<B: Backend>(backend: B, mut rx: mpsc::UnboundedReceiver<Msg>) {
                     continue;
                 }
                 let ids: Vec<String> = due.iter().map(|l| l.id.clone()).collect();
-                if backend.renew(&due).await {
-                    for id in ids {
-                        if let Some(h) = held.get_mut(&id) {
-                            h.renewed = now;
-                        }
+                let reached = backend.renew(&due).await;
+                for (id, _) in ids.into_iter().zip(reached).filter(|(_, r)| *r) {
+                    if let Some(h) = held.get_mut(&id) {
+                        h.renewed = now;
                     }
                 }
             }
         }
     }
+}
+
+/// The leases of `released` whose release did not reach the store (`reached`, by index; a
+/// lease the answer does not cover counts as missed).
+fn missed(released: Vec<Held>, reached: &[bool]) -> Vec<Held> {
+    released
+        .into_iter()
+        .enumerate()
+        .filter(|(i, _)| !reached.get(*i).copied().unwrap_or(false))
+        .map(|(_, h)| h)
+        .collect()
 }
 
 fn apply(msg: Msg, held: &mut HashMap<String, Held>, released: &mut Vec<Held>) {
@@ -214,5 +254,98 @@ fn apply(msg: Msg, held: &mut HashMap<String, Held>, released: &mut Vec<Held>) {
         Msg::Forget(id) => {
             held.remove(&id);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashSet;
+    use std::sync::Arc;
+
+    use super::*;
+
+    /// A call the keeper made: `renew` or `release`, and the lease ids.
+    type Call = (&'static str, Vec<String>);
+
+    /// A store that records the lease ids of each call, and misses those it is told are down
+    /// (a master of a cluster that is down, say).
+    #[derive(Clone, Default)]
+    struct Recorder {
+        calls: Arc<Mutex<Vec<Call>>>,
+        down: Arc<Mutex<HashSet<String>>>,
+    }
+
+    impl Recorder {
+        fn answer(&self, call: &'static str, ids: Vec<String>) -> Vec<bool> {
+            let down = self.down.lock().unwrap();
+            let reached = ids.iter().map(|id| !down.contains(id)).collect();
+            self.calls.lock().unwrap().push((call, ids));
+            reached
+        }
+
+        fn take(&self) -> Vec<Call> {
+            std::mem::take(&mut *self.calls.lock().unwrap())
+        }
+    }
+
+    impl Backend for Recorder {
+        async fn renew(&self, leases: &[&Lease]) -> Vec<bool> {
+            let mut ids: Vec<String> = leases.iter().map(|l| l.id.clone()).collect();
+            ids.sort();
+            self.answer("renew", ids)
+        }
+
+        async fn release(&self, leases: &[Lease]) -> Vec<bool> {
+            let ids = leases.iter().map(|l| l.id.clone()).collect();
+            self.answer("release", ids)
+        }
+    }
+
+    fn lease(id: &str) -> Lease {
+        Lease {
+            keys: vec![format!("k:{{{id}}}")],
+            id: id.to_string(),
+            // renewed every second
+            lease_us: 3_000_000,
+        }
+    }
+
+    /// Lets the keeper run its ticks up to `by` from now.
+    async fn run_for(by: Duration) {
+        tokio::time::sleep(by).await;
+        tokio::task::yield_now().await;
+    }
+
+    /// A renewal or a release that misses the store for some leases (their master is down)
+    /// holds back only those: the others are renewed on time, and only the missed release is
+    /// tried again, until it reaches the store.
+    #[tokio::test(start_paused = true)]
+    async fn a_lease_the_store_missed_holds_back_no_other() {
+        let store = Recorder::default();
+        let (tx, rx) = mpsc::unbounded_channel();
+        let keeper = tokio::spawn(run(store.clone(), rx));
+        store.down.lock().unwrap().insert("b".into());
+        tx.send(Msg::Hold(lease("a"))).unwrap();
+        tx.send(Msg::Hold(lease("b"))).unwrap();
+        // a third of the lease: both are due, `b` misses
+        run_for(Duration::from_millis(1100)).await;
+        assert_eq!(store.take(), [("renew", vec!["a".into(), "b".into()])]);
+        // the next tick: `b` only, `a` was renewed
+        run_for(TICK).await;
+        assert_eq!(store.take(), [("renew", vec!["b".into()])]);
+        tx.send(Msg::Release(lease("a"))).unwrap();
+        tx.send(Msg::Release(lease("b"))).unwrap();
+        run_for(Duration::ZERO).await;
+        assert_eq!(store.take(), [("release", vec!["a".into(), "b".into()])]);
+        // only `b`'s release is tried again, on each tick, until it reaches the store
+        run_for(TICK).await;
+        assert_eq!(store.take(), [("release", vec!["b".into()])]);
+        store.down.lock().unwrap().clear();
+        run_for(TICK).await;
+        assert_eq!(store.take(), [("release", vec!["b".into()])]);
+        run_for(TICK * 4).await;
+        assert_eq!(store.take(), []);
+        drop(tx);
+        keeper.await.unwrap();
     }
 }

@@ -258,25 +258,25 @@ impl Store {
 }
 
 impl Backend for Store {
-    async fn renew(&self, leases: &[&Lease]) -> bool {
+    async fn renew(&self, leases: &[&Lease]) -> Vec<bool> {
         match self {
             Store::Memory(m) => {
                 m.renew(leases);
-                true
+                vec![true; leases.len()]
             }
             #[cfg(feature = "redis")]
-            Store::Redis(r) => r.renew(leases).await.is_ok(),
+            Store::Redis(r) => r.reached("renew", r.renew(leases).await),
         }
     }
 
-    async fn release(&self, leases: &[Lease]) -> bool {
+    async fn release(&self, leases: &[Lease]) -> Vec<bool> {
         match self {
             Store::Memory(m) => {
                 m.release(leases);
-                true
+                vec![true; leases.len()]
             }
             #[cfg(feature = "redis")]
-            Store::Redis(r) => r.release(leases).await.is_ok(),
+            Store::Redis(r) => r.reached("release", r.release(leases).await),
         }
     }
 }

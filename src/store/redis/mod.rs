@@ -22,10 +22,11 @@ use tokio::time::Instant;
 use super::breaker::Breaker;
 use super::error::{redact_url, ConfigError, ConfigErrorKind};
 use super::keyspace;
-use super::lease::{KeeperSlot, Lease};
+use super::lease::{KeeperSlot, Lease, Reached};
 use super::script;
 use super::{Outcome, Plan, StoreError};
 use crate::clock::Clock;
+use crate::observe::BoundedLog;
 
 mod cluster;
 mod connection;
@@ -60,6 +61,8 @@ pub struct RedisStore {
     renew_script: Arc<Script>,
     keeper: Arc<KeeperSlot>,
     breaker: Arc<Breaker>,
+    /// The lease calls that failed, logged at a bounded rate.
+    lease_log: Arc<BoundedLog>,
     prefix: Arc<str>,
     /// The URL with its credentials redacted.
     url: Arc<str>,
@@ -186,6 +189,7 @@ impl RedisStoreBuilder {
             link,
             renew_script: Arc::new(Script::new(script::RENEW)),
             keeper: Arc::default(),
+            lease_log: Arc::default(),
             prefix,
             url: redact_url(&self.url).into(),
             clock: self.clock,
@@ -437,42 +441,65 @@ impl RedisStore {
     }
 
     /// Extends live leases: one script call per distinct lease time (usually one in all), and
-    /// in a cluster per hash slot.
-    pub(crate) async fn renew(&self, leases: &[&Lease]) -> Result<(), StoreError> {
+    /// in a cluster per hash slot. Every call is made, whatever the others answer: a master
+    /// that is down holds back only the leases with keys on it.
+    pub(crate) async fn renew(&self, leases: &[&Lease]) -> Reached<StoreError> {
+        let mut reached = Reached::all(leases.len());
         let mut times: Vec<u64> = leases.iter().map(|l| l.lease_us).collect();
         times.sort_unstable();
         times.dedup();
         for lease_us in times {
-            let pairs: Vec<(&str, &str)> = lease_pairs(leases.iter().copied())
-                .filter(|(_, lease)| lease.lease_us == lease_us)
-                .map(|(key, lease)| (key, lease.id.as_str()))
+            let pairs: Vec<(&str, usize)> = lease_pairs(leases.iter().copied())
+                .filter(|(_, (_, lease))| lease.lease_us == lease_us)
+                .map(|(key, (i, _))| (key, i))
                 .collect();
             for group in self.key_groups(&pairs, |p| p.0) {
                 let now = self.clock.manual_now();
-                let slot_pairs = group.iter().map(|&i| pairs[i]);
+                let slot_pairs = group
+                    .iter()
+                    .map(|&g| (pairs[g].0, leases[pairs[g].1].id.as_str()));
                 let call = renew_call(&self.renew_script, now, lease_us, slot_pairs);
-                let _: i64 = self
+                let result: Result<i64, _> = self
                     .run(|mut conn| async move { call.invoke_async(&mut conn).await })
-                    .await?;
+                    .await;
+                if let Err(e) = result {
+                    reached.missed(group.iter().map(|&g| pairs[g].1), e);
+                }
             }
         }
-        Ok(())
+        reached
     }
 
     /// Releases leases: one pipelined `ZREM` per slot set, idempotent; in a cluster one
-    /// pipeline per hash slot.
-    pub(crate) async fn release(&self, leases: &[Lease]) -> Result<(), StoreError> {
-        let pairs: Vec<(&str, &Lease)> = lease_pairs(leases.iter()).collect();
+    /// pipeline per hash slot, every one sent whatever the others answer.
+    pub(crate) async fn release(&self, leases: &[Lease]) -> Reached<StoreError> {
+        let mut reached = Reached::all(leases.len());
+        let pairs: Vec<(&str, (usize, &Lease))> = lease_pairs(leases.iter()).collect();
         for group in self.key_groups(&pairs, |p| p.0) {
             let mut pipe = redis::pipe();
-            for &i in &group {
-                let (key, lease) = pairs[i];
+            for &g in &group {
+                let (key, (_, lease)) = pairs[g];
                 pipe.zrem(key, &lease.id).ignore();
             }
-            self.run(|mut conn| async move { pipe.query_async::<()>(&mut conn).await })
-                .await?;
+            let result = self
+                .run(|mut conn| async move { pipe.query_async::<()>(&mut conn).await })
+                .await;
+            if let Err(e) = result {
+                reached.missed(group.iter().map(|&g| pairs[g].1 .0), e);
+            }
         }
-        Ok(())
+        reached
+    }
+
+    /// The leases of a lease call (`renew` or `release`) that reached the store; a failure
+    /// is logged and counted (`observe`'s `lease_call_failed`).
+    pub(crate) fn reached(&self, call: &'static str, reached: Reached<StoreError>) -> Vec<bool> {
+        if let Some(e) = &reached.error {
+            let missed = reached.leases.iter().filter(|r| !**r).count();
+            self.lease_log
+                .lease_call_failed(&self.prefix, call, e, missed);
+        }
+        reached.leases
     }
 
     pub(crate) fn keeper_slot(&self) -> &KeeperSlot {
@@ -511,11 +538,13 @@ where
     }
 }
 
-/// Every (slot set key, lease) pair of `leases`.
+/// Every (slot set key, (index of the lease, lease)) pair of `leases`.
 fn lease_pairs<'a>(
     leases: impl Iterator<Item = &'a Lease>,
-) -> impl Iterator<Item = (&'a str, &'a Lease)> {
-    leases.flat_map(|lease| lease.keys.iter().map(move |key| (key.as_str(), lease)))
+) -> impl Iterator<Item = (&'a str, (usize, &'a Lease))> {
+    leases
+        .enumerate()
+        .flat_map(|(i, lease)| lease.keys.iter().map(move |key| (key.as_str(), (i, lease))))
 }
 
 /// The renew script's call for the leases of lease time `lease_us` among `leases`.
@@ -526,8 +555,8 @@ fn renew_invocation<'a>(
     leases: &[&Lease],
 ) -> ScriptInvocation<'a> {
     let pairs = lease_pairs(leases.iter().copied())
-        .filter(|(_, lease)| lease.lease_us == lease_us)
-        .map(|(key, lease)| (key, lease.id.as_str()));
+        .filter(|(_, (_, lease))| lease.lease_us == lease_us)
+        .map(|(key, (_, lease))| (key, lease.id.as_str()));
     renew_call(renew, now, lease_us, pairs)
 }
 
@@ -549,7 +578,7 @@ fn renew_call<'a, 'b>(
 /// One `ZREM` per slot of `leases`, pipelined.
 fn release_pipe(leases: &[Lease]) -> redis::Pipeline {
     let mut pipe = redis::pipe();
-    for (key, lease) in lease_pairs(leases.iter()) {
+    for (key, (_, lease)) in lease_pairs(leases.iter()) {
         pipe.zrem(key, &lease.id).ignore();
     }
     pipe
