@@ -357,4 +357,29 @@ async fn bad_configuration_is_refused() {
     }
     let err = RedisStore::builder("not a url").build_lazy().unwrap_err();
     assert!(err.to_string().contains("not a url"), "{err}");
+    // timeouts of zero, or past an hour (a deadline `Duration::MAX` ahead cannot be set)
+    for (timeout, connect, part) in [
+        (Duration::ZERO, Duration::from_secs(1), "timeout"),
+        (Duration::MAX, Duration::from_secs(1), "timeout"),
+        (Duration::from_secs(3601), Duration::from_secs(1), "timeout"),
+        (Duration::from_secs(1), Duration::ZERO, "connect timeout"),
+        (Duration::from_secs(1), Duration::MAX, "connect timeout"),
+    ] {
+        let err = RedisStore::builder("redis://127.0.0.1:1/")
+            .timeout(timeout)
+            .connect_timeout(connect)
+            .build_lazy()
+            .unwrap_err();
+        assert!(matches!(err, StoreError::Config(_)), "{timeout:?}: {err}");
+        assert_eq!(
+            err.to_string(),
+            format!("{part} must be longer than 0 and at most an hour")
+        );
+    }
+    let hour = Duration::from_secs(3600);
+    let store = RedisStore::builder("redis://127.0.0.1:1/")
+        .timeout(hour)
+        .connect_timeout(hour)
+        .build_lazy();
+    assert!(store.is_ok(), "an hour is taken");
 }

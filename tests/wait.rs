@@ -222,3 +222,25 @@ async fn a_client_layer_waiting_up_to_two_seconds_sends_fifteen_of_twenty() {
     }
     assert_eq!((sent, limited), (15, 5));
 }
+
+/// A wait as long as a `Duration` holds is no deadline: a check of a concurrency limit that
+/// may wait `Duration::MAX` waits for the slot, without a deadline to overflow.
+#[tokio::test]
+async fn a_wait_of_duration_max_waits_for_the_slot() {
+    let limiter = Limiter::new(MemoryStore::new(), "1 concurrent".parse().unwrap());
+    let held = limiter.check(&["job:1"]).await.unwrap();
+    assert!(held.is_allowed());
+    let waiting = {
+        let limiter = limiter.clone();
+        tokio::spawn(async move { limiter.check_waiting(&["job:1"], Duration::MAX).await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!waiting.is_finished(), "the slot is still held");
+    drop(held);
+    let decision = tokio::time::timeout(Duration::from_secs(5), waiting)
+        .await
+        .expect("admitted once the slot was let go")
+        .unwrap()
+        .unwrap();
+    assert!(decision.is_allowed());
+}

@@ -96,11 +96,15 @@ impl Limiter {
         mode: Mode,
         max_wait: Duration,
     ) -> Result<Decision, Error> {
-        let deadline = tokio::time::Instant::now() + max_wait;
+        // (a wait past what a clock holds, `Duration::MAX` say, has no deadline)
+        let deadline = tokio::time::Instant::now().checked_add(max_wait);
         loop {
             let decision = self.run(identifiers, cost, mode).await?;
+            let now = tokio::time::Instant::now();
             match decision.retry_after() {
-                Some(wait) if tokio::time::Instant::now() + wait <= deadline => {
+                Some(wait)
+                    if deadline.is_none_or(|d| now.checked_add(wait).is_some_and(|at| at <= d)) =>
+                {
                     tokio::time::sleep(wait).await;
                 }
                 _ => return Ok(decision),

@@ -144,14 +144,19 @@ fn parse_concurrency(text: &str) -> Result<Limit, PolicyErrorKind> {
         }
     };
     let count = parse_number(count)?;
-    let mut lease = DEFAULT_LEASE;
+    let mut lease = None;
     for word in words {
         match word.split_once('=') {
-            Some(("lease", value)) => lease = parse_window(value)?,
+            Some(("lease", value)) => {
+                if lease.replace(parse_window(value)?).is_some() {
+                    return Err(PolicyErrorKind::Syntax("lease given twice"));
+                }
+            }
             Some((name, _)) => return Err(PolicyErrorKind::UnknownParameter(name.to_string())),
             None => return Err(PolicyErrorKind::Syntax("expected lease=DURATION")),
         }
     }
+    let lease = lease.unwrap_or(DEFAULT_LEASE);
     Limit::new(count, lease, Algorithm::Concurrency).map_err(PolicyError::into_kind)
 }
 

@@ -129,6 +129,14 @@ fn errors_name_the_bad_part() {
         ("0 concurrent", PolicyErrorKind::ZeroCount),
         ("3 concurrent lease=0s", PolicyErrorKind::ZeroWindow),
         ("3 concurrent lease=999ms", PolicyErrorKind::LeaseTooShort),
+        (
+            "3 concurrent lease=1s lease=30s",
+            PolicyErrorKind::Syntax("lease given twice"),
+        ),
+        (
+            "10/s gcra burst=3 burst=4",
+            PolicyErrorKind::Syntax("burst given twice"),
+        ),
         ("100001/h log", PolicyErrorKind::LogTooLarge),
         (
             "3 concurrent ttl=5s",

@@ -107,7 +107,7 @@ pub struct ConfigError {
 pub enum ConfigErrorKind {
     /// The key prefix is empty or contains `{` or `}` (they would break the hash tag).
     Prefix,
-    /// A timeout of zero.
+    /// A timeout of zero, or of more than an hour.
     Timeout,
     /// The URL is not a Redis URL the store can use.
     Url,
@@ -296,7 +296,9 @@ impl fmt::Display for ConfigError {
                 f,
                 "key prefix {part:?} must be non-empty and contain no braces"
             ),
-            ConfigErrorKind::Timeout => write!(f, "{part} must be longer than 0"),
+            ConfigErrorKind::Timeout => {
+                write!(f, "{part} must be longer than 0 and at most an hour")
+            }
             ConfigErrorKind::Namespace => write!(
                 f,
                 "namespace {part:?} must be 1 to 64 bytes without ':', '{{', '}}', whitespace \

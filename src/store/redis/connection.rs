@@ -403,7 +403,7 @@ impl Link {
     /// A call on the connection of `generation` got no reply in time: the connection is
     /// condemned once calls have kept timing out, without any reply, for a while.
     pub(crate) fn timed_out(&self, generation: u64) {
-        let silence = SILENCE.max(self.shared.timeout * 2);
+        let silence = SILENCE.max(self.shared.timeout.saturating_mul(2));
         let now = self.shared.now_ms();
         let missed = &self.shared.first_miss_ms;
         let first = match missed.compare_exchange(NONE, now, Ordering::Relaxed, Ordering::Relaxed) {

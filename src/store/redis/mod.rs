@@ -82,6 +82,11 @@ impl fmt::Debug for RedisStore {
     }
 }
 
+/// The longest timeout a store takes: longer ones are refused when it is built (a deadline
+/// so far ahead would not be one, and past what a clock holds, `Duration::MAX` say, it could
+/// not be set at all).
+const MAX_TIMEOUT: Duration = Duration::from_secs(3600);
+
 /// Configures a [`RedisStore`].
 #[derive(Clone)]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
@@ -120,15 +125,15 @@ impl RedisStoreBuilder {
         self
     }
 
-    /// How long one check may take, round trip included (default 50 ms). Past it the check
-    /// fails with [`StoreError::Timeout`] and is not retried.
+    /// How long one check may take, round trip included (default 50 ms; at most an hour).
+    /// Past it the check fails with [`StoreError::Timeout`] and is not retried.
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
         self
     }
 
-    /// How long each step of making a connection may take (default 1 s): asking the
-    /// sentinels, connecting and logging in, the start-up checks.
+    /// How long each step of making a connection may take (default 1 s; at most an hour):
+    /// asking the sentinels, connecting and logging in, the start-up checks.
     pub fn connect_timeout(mut self, timeout: Duration) -> Self {
         self.connect_timeout = timeout;
         self
@@ -157,10 +162,10 @@ impl RedisStoreBuilder {
         if !keyspace::valid_prefix(&self.prefix) {
             return Err(ConfigError::new(ConfigErrorKind::Prefix, &self.prefix).into());
         }
-        if self.timeout.is_zero() {
+        if self.timeout.is_zero() || self.timeout > MAX_TIMEOUT {
             return Err(ConfigError::new(ConfigErrorKind::Timeout, "timeout").into());
         }
-        if self.connect_timeout.is_zero() {
+        if self.connect_timeout.is_zero() || self.connect_timeout > MAX_TIMEOUT {
             return Err(ConfigError::new(ConfigErrorKind::Timeout, "connect timeout").into());
         }
         let mut target = url::parse(&self.url)?;

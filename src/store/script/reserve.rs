@@ -64,10 +64,12 @@ pub(super) fn stamp_and_wait(text: &[u8]) -> Result<(u64, u64), StoreError> {
         None => Ok((stamp(text.as_bytes())?, 0)),
         Some(wait) => {
             let time = &text[..text.len() - wait.len() - 1];
-            let wait = wait
-                .parse::<u64>()
-                .map_err(|_| unexpected(format!("a wait of {wait:?}")))?;
-            Ok((stamp(time.as_bytes())?, wait))
+            let bad = || unexpected(format!("a wait of {wait:?}"));
+            let wait = wait.parse::<u64>().map_err(|_| bad())?;
+            let time = stamp(time.as_bytes())?;
+            // the time admitted at, `time + wait`, must be a time
+            time.checked_add(wait).ok_or_else(bad)?;
+            Ok((time, wait))
         }
     }
 }

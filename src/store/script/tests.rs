@@ -413,6 +413,17 @@ fn replies_are_derived_with_the_twin() {
     assert_eq!(out.entries[0].remaining, 0);
     assert_eq!(stamp(b"1767225600,5").unwrap(), 1_767_225_600_000_005);
     assert!(stamp(b"17,x").is_err() && stamp(b"17").is_err());
+    // a waiting check's time and wait; a wait that would carry the time past what a u64
+    // holds is a reply of the wrong kind, not a time
+    assert_eq!(stamp_and_wait(b"17,5,40").unwrap(), (17_000_005, 40));
+    assert_eq!(stamp_and_wait(b"17,5").unwrap(), (17_000_005, 0));
+    let past = format!("17,5,{}", u64::MAX - 17_000_004);
+    assert!(stamp_and_wait(past.as_bytes()).is_err());
+    let last = format!("17,5,{}", u64::MAX - 17_000_005);
+    assert_eq!(
+        stamp_and_wait(last.as_bytes()).unwrap().1,
+        u64::MAX - 17_000_005
+    );
 }
 
 #[test]
