@@ -75,6 +75,12 @@ async fn policies_answer_when_redis_is_down() {
         allowed += usize::from(d.is_allowed());
     }
     assert_eq!(allowed, 2);
+    // a cost the store's policy admits and the fallback's (2/min) cannot hold: the store's
+    // failure stands, counted as closed, not as fallback
+    match fallback.check_n(&["b"], 3).await {
+        Err(Error::Store(_)) => {}
+        other => panic!("a cost the fallback cannot hold must fail: {other:?}"),
+    }
     assert!(OnStoreError::fallback(0.0).is_none());
     assert!(OnStoreError::fallback(1.5).is_none());
 
@@ -82,6 +88,7 @@ async fn policies_answer_when_redis_is_down() {
         ("down-open", "open", 1.0),
         ("down-closed", "closed", 1.0),
         ("down-fallback", "fallback", 5.0),
+        ("down-fallback", "closed", 1.0),
     ] {
         assert_eq!(
             metric(

@@ -231,15 +231,19 @@ impl Limiter {
             &version.fallback,
         ) {
             (OnStoreError::Fallback(_), Some(store), Some(policy)) => {
-                observe::failure_answered(name, &version.keys, Action::Fallback, &error);
                 let fallback = self.target(version, Some((store, policy)));
                 match decide(&fallback, identifiers, cost, charge, max_wait).await {
                     Ok((mut decision, wait)) => {
+                        observe::failure_answered(name, &version.keys, Action::Fallback, &error);
                         decision.origin = Origin::Fallback;
                         Ok((decision, wait))
                     }
-                    // The scaled policy cannot hold this cost: the store's failure stands.
-                    Err(_) => Err(Error::Store(error)),
+                    // The scaled policy cannot hold this cost: the store's failure stands,
+                    // counted as the closed answer it is.
+                    Err(_) => {
+                        observe::failure_answered(name, &version.keys, Action::Closed, &error);
+                        Err(Error::Store(error))
+                    }
                 }
             }
             (OnStoreError::Closed, ..) => {
