@@ -14,6 +14,7 @@
 //! | `tollgate_store_breaker_open` | gauge (0 or 1) | `store` |
 //! | `tollgate_store_call_seconds` | histogram | `store` |
 //! | `tollgate_refund_failures_total` | counter | `store`, `kind` ([`StoreError::kind_label`]) |
+//! | `tollgate_missing_key_total` | counter | `limiter` (the layer's default limiter), `action` (`allow`, `reject`, `shadow`: let through in shadow mode) |
 //! | `tollgate_lease_failures_total` | counter | `store`, `call` (`renew`, `release`), `kind` ([`StoreError::kind_label`]) |
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -399,6 +400,32 @@ impl BoundedLog {
             );
         }
         let _ = (store, call, e, leases);
+    }
+
+    /// An HTTP layer whose default limiter is `limiter` found no key in a request, and
+    /// answered as `action` says: `allow` (let through unlimited, as configured), `reject`
+    /// (refused, as configured), `shadow` (let through: the layer is in shadow mode, and
+    /// would refuse it when enforcing). A request let through unlimited is logged at `info`
+    /// (a policy the application chose), the others at `warn`.
+    pub(crate) fn missing_key(&self, limiter: &str, action: &'static str) {
+        #[cfg(feature = "metrics")]
+        metrics::counter!(
+            "tollgate_missing_key_total",
+            "limiter" => limiter.to_string(),
+            "action" => action
+        )
+        .increment(1);
+        #[cfg(feature = "tracing")]
+        if let Some((count, since)) = self.count(Instant::now()) {
+            let since_s = since.map(|d| d.as_secs());
+            let message = "rate-limit layer found no key in requests";
+            if action == "allow" {
+                tracing::info!(target: "tollgate", limiter, action, requests = count, since_s, "{message}");
+            } else {
+                tracing::warn!(target: "tollgate", limiter, action, requests = count, since_s, "{message}");
+            }
+        }
+        let _ = (limiter, action);
     }
 
     /// Counts an event at `now`; when a line is due, the number to log and the time since

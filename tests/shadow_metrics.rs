@@ -140,6 +140,55 @@ async fn a_shadow_layer_counts_what_it_lets_through() {
     assert_eq!(decisions("shadow-layer", "shadow_denied").0, 5.0);
 }
 
+/// Requests without a key are counted by what the layer did with them, and logged at a
+/// bounded rate: refused as configured, let through as configured, and let through in shadow
+/// mode, which refuses nothing, where enforcing would refuse them.
+#[tokio::test]
+async fn requests_without_a_key_are_counted_and_shadow_mode_lets_them_through() {
+    observed();
+    let missing = |name: &str, action: &str| {
+        observed::metric(
+            "tollgate_missing_key_total",
+            &[("limiter", name), ("action", action)],
+        )
+    };
+    for (name, shadow, allow, status, action) in [
+        (
+            "keyless-reject",
+            false,
+            false,
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "reject",
+        ),
+        ("keyless-shadow", true, false, StatusCode::OK, "shadow"),
+        ("keyless-allow", false, true, StatusCode::OK, "allow"),
+    ] {
+        let mut layer = RateLimitLayer::new(memory_limiter("2/min", name, false))
+            .key(Header::named("x-user").unwrap())
+            .shadow(shadow);
+        if allow {
+            layer = layer.on_missing_key(tollgate::layer::MissingKey::Allow);
+        }
+        let mut svc = layer.layer(service_fn(|_: Request<Full<bytes::Bytes>>| async {
+            Ok::<_, Infallible>(Response::new(Full::<bytes::Bytes>::default()))
+        }));
+        for _ in 0..5 {
+            let req = Request::get("/").body(Full::default()).unwrap();
+            let res = svc.ready().await.unwrap().call(req).await.unwrap();
+            assert_eq!(res.status(), status, "{name}");
+        }
+        assert_eq!(missing(name, action), 5.0, "{name}");
+        let lines = log_lines(&format!("limiter=\"{name}\""));
+        assert_eq!(lines.len(), 1, "{lines:?}");
+        assert!(lines[0].contains("found no key"), "{}", lines[0]);
+        assert!(
+            lines[0].contains(if allow { "INFO" } else { "WARN" }),
+            "{}",
+            lines[0]
+        );
+    }
+}
+
 /// A denial by the fallback's policy is counted under the limit it stands for, also when
 /// limits of the policy scaled to one: `10/min, 11/min, 1/s` at half the fleet falls back to
 /// `5/min, 1/s`, and the fallback's second limit is the policy's third.

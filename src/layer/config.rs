@@ -9,6 +9,7 @@ use super::check::ChargeFn;
 use crate::http::headers::{HeaderCache, HeaderStyle};
 use crate::http::response::problem_response;
 use crate::key::{AnyExtractor, RequestView};
+use crate::observe::BoundedLog;
 use crate::{Decision, Limiter};
 
 /// Whether a rule applies to a request.
@@ -135,6 +136,8 @@ pub(crate) struct Config {
     pub(crate) partition_secret: Option<Arc<[u8]>>,
     /// The parts of the rate-limit fields that do not change from one response to the next.
     pub(crate) header_cache: Arc<HeaderCache>,
+    /// The requests without a key, logged at a bounded rate.
+    pub(crate) missing_log: Arc<BoundedLog>,
 }
 
 impl Config {
@@ -157,6 +160,7 @@ impl Config {
             charge_if: None,
             partition_secret: None,
             header_cache: Arc::default(),
+            missing_log: Arc::default(),
         }
     }
 

@@ -131,7 +131,11 @@ impl RateLimitLayer {
     }
 
     /// What to do when no extractor finds a key (default: reject with 500, so that a
-    /// misconfigured deployment is loud rather than silently unlimited).
+    /// misconfigured deployment is loud rather than silently unlimited). In
+    /// [shadow mode](Self::shadow) such a request is let through whatever this says. Each
+    /// is counted in `tollgate_missing_key_total` (`action`: `allow`, `reject` or `shadow`)
+    /// and logged at most once every 10 seconds (`info` when let through as configured,
+    /// `warn` otherwise).
     ///
     /// Without [`key`](Self::key) the key is the peer IP, which the server must record: axum
     /// with `into_make_service_with_connect_info::<SocketAddr>()`, tonic with the `tonic`
@@ -259,7 +263,9 @@ impl RateLimitLayer {
     /// would-be denials count as `outcome="shadow_denied"` in `tollgate_decisions_total` and
     /// are logged at most once every 10 seconds per limiter. Responses carry no rate-limit
     /// fields of a limiter in shadow mode: clients see nothing of a trial. Concurrency
-    /// slots are taken and held as when enforcing.
+    /// slots are taken and held as when enforcing. A request without a key is let through
+    /// too, counted as `action="shadow"` in `tollgate_missing_key_total` (see
+    /// [`on_missing_key`](Self::on_missing_key)).
     pub fn shadow(self, shadow: bool) -> Self {
         self.edit(|c| c.shadow = shadow)
     }

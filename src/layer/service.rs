@@ -264,7 +264,8 @@ struct Later {
 // by request) are kept out of `call`: their code would otherwise lie among the usual way's,
 // and a request would run through more of the processor's instruction cache.
 impl<S> RateLimit<S> {
-    /// A request without a key: let through or answered, as the layer is configured.
+    /// A request without a key: let through or answered, as the layer is configured (let
+    /// through in shadow mode, which refuses nothing), and recorded.
     #[cold]
     #[inline(never)]
     fn without_key<ReqBody>(&mut self, req: Request<ReqBody>) -> ResponseFuture<S, ReqBody>
@@ -272,13 +273,20 @@ impl<S> RateLimit<S> {
         S: Service<Request<ReqBody>>,
     {
         let config = &self.config;
+        let action = match config.missing {
+            MissingKey::Allow => "allow",
+            MissingKey::Reject(_) if config.shadow => "shadow",
+            MissingKey::Reject(_) => "reject",
+        };
+        let limiter = config.default.name();
+        config.missing_log.missing_key(&limiter, action);
         match config.missing {
-            MissingKey::Allow => ResponseFuture::called(self.inner.call(req), config.clone()),
-            MissingKey::Reject(status) => {
+            MissingKey::Reject(status) if !config.shadow => {
                 let grpc = RequestView::of(&req).is_grpc();
                 let res = own_response(status, "no rate-limit key found in the request", grpc);
                 ResponseFuture::answered(res, config.clone())
             }
+            _ => ResponseFuture::called(self.inner.call(req), config.clone()),
         }
     }
 

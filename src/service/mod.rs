@@ -10,6 +10,12 @@
 //!
 //! For HTTP services, [`RateLimitLayer`](crate::RateLimitLayer) (in [`layer`](crate::layer))
 //! answers limited requests with responses instead.
+//!
+//! A policy's concurrency limit counts calls in flight: the slot a call takes is let go when
+//! the inner service's future completes, since a service's response is opaque here. For an
+//! HTTP response whose body streams on after that (server-sent events, a download),
+//! [`RateLimitLayer`](crate::RateLimitLayer) holds the slot until the body ends, and is the
+//! layer to limit concurrent streams with.
 
 mod error;
 mod future;

@@ -283,9 +283,13 @@ impl PeerIp {
 /// would let a client behind an `X-Forwarded-For` proxy choose its key by sending a
 /// `Forwarded` header. The price of this caution: if your proxies legitimately write
 /// headers that disagree (say, a second proxy sets `X-Real-IP` to the first proxy's
-/// address), every client gets the proxy's key. Name the header your proxies maintain with
-/// [`ClientIp::only_forwarded`], [`ClientIp::only_x_forwarded_for`] or
-/// [`ClientIp::only_x_real_ip`] — which is the better configuration anyway.
+/// address), every client gets the proxy's key. A client can bring that about for itself
+/// too, by sending a header its proxy passes through (or a `Forwarded` line it leaves
+/// unclosed for the proxy to append to): it then shares the proxy's key with every client that
+/// does so, one more quota than its own, which it cannot move onto any other client. Name the
+/// header your proxies maintain with [`ClientIp::only_forwarded`],
+/// [`ClientIp::only_x_forwarded_for`] or [`ClientIp::only_x_real_ip`] — which is the better
+/// configuration anyway: headers the proxy does not maintain are then not read at all.
 ///
 /// `X-Real-IP` is a single address (several lines, or a list, is not usable), believed when
 /// the peer is a trusted proxy or `hops` is at least 1; your proxy must overwrite any
