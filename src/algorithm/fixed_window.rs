@@ -60,8 +60,15 @@ pub(crate) fn report(st: &Fixed, lim: &Limit, now: u64) -> Report {
     if st.idx < i || st.count == 0 {
         return Report::empty(lim);
     }
+    // a state charged as of a later window (a waiting check, or a clock gone back) admits
+    // nothing until that window begins, as `evaluate` has it
+    let remaining = if st.idx > i {
+        0
+    } else {
+        lim.count().saturating_sub(st.count)
+    };
     Report {
-        remaining: lim.count().saturating_sub(st.count),
+        remaining,
         reset_after: (st.idx + 1) * w - now,
     }
 }

@@ -777,6 +777,48 @@ mod tests {
         assert_eq!((logs.key_of(0), logs.key_of(1)), (0, 1));
     }
 
+    /// A counter's report says what its evaluation admits: `remaining` is the largest cost
+    /// admitted now, and at `reset_after` from now the whole quota is. States are charged at
+    /// several times, some later than the time they are seen from (a waiting check's
+    /// reservation, or a clock gone back), where nothing is admitted until their time.
+    #[test]
+    fn a_report_says_what_the_evaluation_admits() {
+        for policy in ["12/s", "12/s sliding", "12/s fixed", "12/min", "12/s gcra"] {
+            let lim = limits(policy)[0];
+            let w = lim.window_us();
+            let t0 = 1_000 * w;
+            let offsets = [0, w / 7, w / 2, w - 1, w, w + w / 3, 2 * w + 5];
+            for charges in [
+                &[(0, 5)][..],
+                &[(0, 12)],
+                &[(0, 3), (w / 2, 4)],
+                &[(w / 3, 7), (w + w / 4, 2)],
+                &[(w - 1, 11), (w, 1)],
+                &[(0, 2), (2 * w, 6)],
+            ] {
+                let mut counter = Counter::fresh(&lim);
+                for &(at, cost) in charges {
+                    counter.commit(&lim, t0 + at, cost);
+                }
+                for &seen in &offsets {
+                    let now = t0 + seen;
+                    let report = counter.report(&lim, now);
+                    let admitted = (1..=lim.count())
+                        .take_while(|&k| counter.evaluate(&lim, now, k).allowed)
+                        .last()
+                        .unwrap_or(0);
+                    let case = format!("{policy}, charged {charges:?}, seen at {seen}");
+                    assert_eq!(report.remaining, admitted, "{case}: {report:?}");
+                    let whole = now + report.reset_after;
+                    assert!(
+                        counter.evaluate(&lim, whole, lim.count()).allowed,
+                        "{case}: not whole at reset, {report:?}"
+                    );
+                }
+            }
+        }
+    }
+
     #[test]
     fn a_settled_state_is_taken_as_the_script_reported_it() {
         let l = limits("2/s log");

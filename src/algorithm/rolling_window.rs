@@ -177,14 +177,12 @@ fn set(st: &mut Ring, e: u64, ring: &[u64; SLOTS], cost: u64) {
 /// [`commit`], then [`report`] without seeing the ring from now again: the commit left it
 /// seen from its own sub-window, the later of now's and the one it had.
 pub(crate) fn charge(st: &mut Ring, lim: &Limit, now: u64, cost: u64) -> Report {
-    commit(st, lim, now, cost);
-    report_of(
-        st.idx,
-        &st.slots.map(u64::from),
-        lim,
-        sub_window_us(lim),
-        now,
-    )
+    // `commit`'s own steps, keeping the sub-window of now for the report
+    let g = sub_window_us(lim);
+    let i = now / g;
+    let (e, ring) = view(st, i);
+    set(st, e, &ring, cost);
+    report_of(e, i, &st.slots.map(u64::from), lim, g, now)
 }
 
 /// The check of a key whose only limit this is: [`evaluate`], then [`charge`] when it admits
@@ -196,28 +194,37 @@ pub(crate) fn check_alone(st: &mut Ring, lim: &Limit, now: u64, cost: u64) -> (V
     let verdict = judge(e, i, &ring, lim, g, cost);
     if verdict.allowed {
         set(st, e, &ring, cost);
-        let report = report_of(e, &st.slots.map(u64::from), lim, g, now);
+        let report = report_of(e, i, &st.slots.map(u64::from), lim, g, now);
         return (verdict, report);
     }
-    (verdict, report_of(e, &ring, lim, g, now))
+    (verdict, report_of(e, i, &ring, lim, g, now))
 }
 
 pub(crate) fn report(st: &Ring, lim: &Limit, now: u64) -> Report {
     let g = sub_window_us(lim);
-    let (e, ring) = view(st, now / g);
-    report_of(e, &ring, lim, g, now)
+    let i = now / g;
+    let (e, ring) = view(st, i);
+    report_of(e, i, &ring, lim, g, now)
 }
 
-/// The report of a ring whose counts seen from sub-window `e` are `ring`.
-fn report_of(e: u64, ring: &[u64; SLOTS], lim: &Limit, g: u64, now: u64) -> Report {
+/// The report at `now`, in sub-window `i`, of a ring whose counts seen from sub-window `e`
+/// are `ring`.
+fn report_of(e: u64, i: u64, ring: &[u64; SLOTS], lim: &Limit, g: u64, now: u64) -> Report {
     let used: u64 = ring.iter().sum();
     // the quota is whole again when the newest counted sub-window leaves the ring
     let reset_after = match ring.iter().position(|&c| c > 0) {
         Some(m) => (e - m as u64 + SLOTS as u64) * g - now,
         None => 0,
     };
+    // a ring charged as of a later sub-window (a waiting check, or a clock gone back) admits
+    // nothing until that sub-window begins, as `judge` has it
+    let remaining = if e > i {
+        0
+    } else {
+        lim.count().saturating_sub(used)
+    };
     Report {
-        remaining: lim.count().saturating_sub(used),
+        remaining,
         reset_after,
     }
 }

@@ -102,6 +102,15 @@ pub(crate) fn commit(st: &mut Window, lim: &Limit, now: u64, cost: u64) {
 pub(crate) fn report(st: &Window, lim: &Limit, now: u64) -> Report {
     let (n, w) = (lim.count(), lim.window_us());
     let (i, e) = (now / w, now % w);
+    if st.idx > i {
+        // charged as of a later window (a waiting check, or a clock gone back): full until
+        // that window begins (as `evaluate` has it), whole again once its counts age out
+        let reset_at = expires_at(st, lim).max(st.idx * w);
+        return Report {
+            remaining: 0,
+            reset_after: reset_at - now,
+        };
+    }
     let (curr, prev) = window_counts(st, i);
     let reset_after = if curr > 0 {
         (i + 2) * w - now
