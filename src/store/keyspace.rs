@@ -9,6 +9,9 @@
 //!   identifier: `%`, `{`, `}` and `#` become `%25`, `%7B`, `%7D` and `%23`. Escaping is
 //!   injective, and the prefix may not contain braces, so the key determines prefix,
 //!   identifier and limit part uniquely.
+//! * The empty identifier is written `%`, which escaping never writes alone: `{}` would be an
+//!   empty hash tag, which Redis ignores, hashing the whole key, so that the identifier's keys
+//!   would lie in several slots.
 //! * An identifier longer than [`MAX_PLAIN_ID`] bytes (once escaped) is replaced by `#` and its
 //!   SHA-1 in hex: a 10 KB header value costs 41 bytes of key, not 10 KB, in every key and
 //!   every memory-store entry. `#` cannot start an escaped identifier, so hashed and plain
@@ -120,8 +123,15 @@ fn needs_escaping(id: &[u8]) -> bool {
 /// [`escape_identifier`], appended to `out` (a key being built).
 pub(crate) fn push_escaped(out: &mut String, id: &str) {
     // The usual identifier has nothing to escape and is short: copied whole.
-    if id.len() <= MAX_PLAIN_ID && !needs_escaping(id.as_bytes()) {
+    if !id.is_empty() && id.len() <= MAX_PLAIN_ID && !needs_escaping(id.as_bytes()) {
         out.push_str(id);
+        return;
+    }
+    if id.is_empty() {
+        // An empty hash tag is no tag (Redis hashes the whole key then): the empty identifier
+        // is a lone `%`, which escaping never writes (it writes `%` only before two hex
+        // digits).
+        out.push('%');
         return;
     }
     let start = out.len();
@@ -519,10 +529,13 @@ mod tests {
             .collect();
         assert_eq!(keys.len(), ids.len());
         for k in &keys {
-            // exactly one hash tag, and it is the identifier's
+            // exactly one hash tag, and it is the identifier's, never empty (Redis ignores an
+            // empty tag and hashes the whole key)
             assert_eq!(k.matches('{').count(), 1, "{k}");
             assert_eq!(k.matches('}').count(), 1, "{k}");
+            assert!(!k.contains("{}"), "{k}");
         }
+        assert_eq!(escape_identifier(""), "%");
         assert_eq!(
             key("rl", &escape_identifier("ip:1.2.3.4"), None, &limit),
             "rl:{ip:1.2.3.4}:w1s"

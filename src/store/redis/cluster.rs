@@ -461,6 +461,21 @@ mod tests {
     }
 
     #[test]
+    fn every_key_of_an_identifier_lies_in_its_slot() {
+        // the empty identifier too: an empty hash tag (`{}`) would be none
+        let policy: crate::Policy = "10/s, 5/s log, 3 concurrent".parse().unwrap();
+        for id in ["", "ip:1.2.3.4", "{", "}", "%", "x".repeat(300).as_str()] {
+            let escaped = crate::store::keyspace::escape_identifier(id);
+            let keys = crate::store::keyspace::keys_of("rl", &escaped, Some("ns"), policy.limits());
+            assert_eq!(keys.len(), 3, "{id}");
+            let own = slot_of(&id_key("rl", &escaped));
+            for key in &keys {
+                assert!(slot_of(key) == own, "{id:?}: {key}");
+            }
+        }
+    }
+
+    #[test]
     fn identifiers_are_grouped_by_slot() {
         let keys = ["{foo}a", "{bar}a", "{foo}b", "{baz}", "{bar}b"];
         let groups = by_slot(&keys, |k| k);
