@@ -98,6 +98,12 @@ impl<T: fmt::Display + Send + Sync + 'static> KeyExtractor for Extension<T> {
 
 /// The request path: `path:/users/42`. Behind axum, prefer the route template (axum's
 /// `MatchedPath`, e.g. `/users/{id}`), which [`Route`] uses when the `axum` feature is on.
+///
+/// A path is chosen by the client, so keyed by paths a client makes as many keys as paths it
+/// asks for, each with a quota of its own. Behind axum, only a request a route matched has
+/// a template: apply the layer with `Router::route_layer`, which leaves out the requests no
+/// route matches (the fallback's 404s), rather than `Router::layer`, which keys those by
+/// their paths. A layer wrapped around the whole router sees no template at all.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Route;
 
@@ -112,7 +118,9 @@ impl KeyExtractor for Route {
 }
 
 /// The gRPC method of a gRPC request (`grpc:/package.Service/Method`); missing on other
-/// requests.
+/// requests. The method is read from the path before any service answers, so a made-up
+/// method (which the server will answer with `UNIMPLEMENTED`) is a key of its own, as a
+/// made-up path is for [`Route`].
 #[derive(Debug, Clone, Copy, Default)]
 pub struct GrpcMethod;
 
