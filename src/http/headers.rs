@@ -73,9 +73,9 @@ impl HeaderStyle {
     }
 }
 
-/// Whole seconds, rounded up.
+/// Whole seconds, rounded up (`u64::MAX` for `Duration::MAX`).
 pub(crate) fn ceil_secs(d: Duration) -> u64 {
-    d.as_secs() + u64::from(d.subsec_nanos() > 0)
+    d.as_secs().saturating_add(u64::from(d.subsec_nanos() > 0))
 }
 
 /// `text` as a header value, if it is a valid one.

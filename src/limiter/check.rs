@@ -425,10 +425,10 @@ fn cached_denial<I: AsRef<str>>(
     cost: u64,
     max_wait: Duration,
 ) -> Option<Decision> {
-    let (cache, _) = target.deny_cache?;
+    let (cache, generation) = target.deny_cache?;
     let escaped = Escaped::of(identifiers, cost, target.policy).ok()?;
     let decision = cache
-        .lookup(&escaped.ids, escaped.firsts(), cost)
+        .lookup(&escaped.ids, escaped.firsts(), cost, generation)
         .filter(|d| d.retry_after().is_some_and(|r| r > max_wait))?;
     observe::deny_cache_hit(target.keys);
     Some(decision)
@@ -447,6 +447,8 @@ async fn decide<I: AsRef<str>>(
     let (ids, firsts) = (&escaped.ids, escaped.firsts());
     let limits = target.policy.limits();
     let sent = Instant::now();
+    // (read before the check is sent: a reset made while it runs moves it on)
+    let epoch = target.deny_cache.map(|(cache, _)| cache.epoch());
     let store = target.store;
     let namespace = target.namespace.map(Namespace::as_str);
     let plan = Plan {
@@ -488,8 +490,10 @@ async fn decide<I: AsRef<str>>(
             }
         }
     };
-    if let (Some((cache, generation)), false) = (target.deny_cache, outcome.allowed) {
-        cache.record(ids, limits, &outcome, cost, sent, generation);
+    if let (Some((cache, generation)), Some(epoch), false) =
+        (target.deny_cache, epoch, outcome.allowed)
+    {
+        cache.record(ids, limits, &outcome, cost, sent, generation, epoch);
     }
     Ok(decision_of(outcome, firsts, limits, cost, guard))
 }

@@ -19,8 +19,13 @@
 //! What it gives up: a reset of the identifier made elsewhere (another process's
 //! `Limiter::reset`, or in Redis by hand) is seen by this process only when its entry expires
 //! (at most the denied limit's retry time); a reset or a policy change through this limiter
-//! empties the entries concerned at once. Memory is bounded by a number of identifiers; at
-//! the bound, expired entries are swept, and new denials are not cached until there is room.
+//! empties the entries concerned at once, and a denial the store made before it but that
+//! arrives after it is not learnt (each check reads the cache's epoch before it is sent, and
+//! a reset moves the epoch on). Nor does it see a charge given back: on a Redis Cluster, a
+//! check across slots that one slot denied gives back what the others charged, and a check
+//! that met that charge in the meantime (a round trip) may have been denied and cached until
+//! its retry time. Memory is bounded by a number of identifiers; at the bound, expired
+//! entries are swept, and new denials are not cached until there is room.
 
 use std::collections::HashMap;
 use std::sync::{Mutex, PoisonError};
@@ -44,6 +49,9 @@ struct Entries {
     map: HashMap<String, Entry>,
     /// The version of the limiter's policy the entries were denied by.
     generation: u64,
+    /// Moved on by every reset and policy change: a store's answer to a check sent before
+    /// one is not learnt.
+    epoch: u64,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -66,11 +74,29 @@ impl DenyCache {
         }
     }
 
+    /// The cache's epoch, read by a check before it is sent (see [`record`](Self::record)).
+    pub(crate) fn epoch(&self) -> u64 {
+        self.entries
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .epoch
+    }
+
     /// A denied decision for a request of `cost` for `ids` (escaped, with the index of each in
-    /// the caller's slice), if the cache knows one of them is denied now.
-    pub(crate) fn lookup(&self, ids: &[String], firsts: &[usize], cost: u64) -> Option<Decision> {
+    /// the caller's slice) checked on the version `generation` of the policy, if the cache
+    /// knows one of them is denied now (under that version: entries of another tell nothing).
+    pub(crate) fn lookup(
+        &self,
+        ids: &[String],
+        firsts: &[usize],
+        cost: u64,
+        generation: u64,
+    ) -> Option<Decision> {
         let now = Instant::now();
         let mut entries = self.entries.lock().unwrap_or_else(PoisonError::into_inner);
+        if entries.generation != generation {
+            return None;
+        }
         let entries = &mut entries.map;
         let mut statuses = crate::decision::status_buffer();
         for (k, id) in ids.iter().enumerate() {
@@ -108,8 +134,10 @@ impl DenyCache {
     }
 
     /// Remembers the rate limits that denied `ids` in `outcome`, for a check of `cost` sent at
-    /// `sent` with the version `generation` of the policy (ignored if that is not the
-    /// current one: the policy changed while the check ran).
+    /// `sent` with the version `generation` of the policy, when the cache's epoch was `epoch`
+    /// (ignored if either moved on since: the policy changed, or identifiers were reset,
+    /// while the check ran).
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn record(
         &self,
         ids: &[String],
@@ -118,9 +146,10 @@ impl DenyCache {
         cost: u64,
         sent: Instant,
         generation: u64,
+        epoch: u64,
     ) {
         let mut entries = self.entries.lock().unwrap_or_else(PoisonError::into_inner);
-        if entries.generation != generation {
+        if entries.generation != generation || entries.epoch != epoch {
             return;
         }
         let entries = &mut entries.map;
@@ -159,14 +188,17 @@ impl DenyCache {
         let mut entries = self.entries.lock().unwrap_or_else(PoisonError::into_inner);
         entries.map.clear();
         entries.generation = generation;
+        entries.epoch += 1;
     }
 
-    /// Forgets the entries of `ids` (escaped): their state in the store was reset.
+    /// Forgets the entries of `ids` (escaped): their state in the store was reset. The
+    /// answers of checks sent before are not learnt either (the epoch moves on).
     pub(crate) fn forget(&self, ids: &[String]) {
         let mut entries = self.entries.lock().unwrap_or_else(PoisonError::into_inner);
         for id in ids {
             entries.map.remove(id);
         }
+        entries.epoch += 1;
     }
 
     #[cfg(test)]
@@ -218,29 +250,29 @@ mod tests {
             ],
             at_us: 0,
         };
-        cache.record(&ids, &limits, &outcome, 2, Instant::now(), 0);
+        cache.record(&ids, &limits, &outcome, 2, Instant::now(), 0, 0);
         assert_eq!(cache.len(), 1);
         let d = cache
-            .lookup(&ids[..1], &[0], 2)
+            .lookup(&ids[..1], &[0], 2, 0)
             .expect("a at cost 2 is denied");
         assert!(!d.is_allowed());
         assert_eq!(d.origin(), Origin::DenyCache);
         assert!(d.retry_after().unwrap() <= Duration::from_secs(1));
         assert!(
-            cache.lookup(&ids[..1], &[0], 3).is_some(),
+            cache.lookup(&ids[..1], &[0], 3, 0).is_some(),
             "a larger cost too"
         );
         assert!(
-            cache.lookup(&ids[..1], &[0], 1).is_none(),
+            cache.lookup(&ids[..1], &[0], 1, 0).is_none(),
             "a smaller cost may fit sooner"
         );
         assert!(
-            cache.lookup(&ids[1..], &[0], 2).is_none(),
+            cache.lookup(&ids[1..], &[0], 2, 0).is_none(),
             "concurrency is not cached"
         );
         // in a request with several identifiers, the cached one's index is reported
         let d = cache
-            .lookup(&["x".to_string(), ids[0].clone()], &[0, 3], 2)
+            .lookup(&["x".to_string(), ids[0].clone()], &[0, 3], 2, 0)
             .unwrap();
         assert_eq!(d.denied_by().unwrap().identifier, 3);
     }
@@ -256,12 +288,20 @@ mod tests {
             at_us: 0,
         };
         for id in ["a", "b", "c"] {
-            cache.record(&[id.to_string()], &limits, &outcome, 1, Instant::now(), 0);
+            cache.record(
+                &[id.to_string()],
+                &limits,
+                &outcome,
+                1,
+                Instant::now(),
+                0,
+                0,
+            );
         }
         assert!(cache.len() <= 2);
         std::thread::sleep(Duration::from_millis(2));
         assert!(
-            cache.lookup(&["a".to_string()], &[0], 1).is_none(),
+            cache.lookup(&["a".to_string()], &[0], 1, 0).is_none(),
             "expired"
         );
         let long = Outcome {
@@ -270,9 +310,9 @@ mod tests {
             entries: smallvec::smallvec![denied(10_000_000)],
             at_us: 0,
         };
-        cache.record(&["d".to_string()], &limits, &long, 1, Instant::now(), 0);
+        cache.record(&["d".to_string()], &limits, &long, 1, Instant::now(), 0, 0);
         assert!(
-            cache.lookup(&["d".to_string()], &[0], 1).is_some(),
+            cache.lookup(&["d".to_string()], &[0], 1, 0).is_some(),
             "room was swept"
         );
     }
@@ -288,14 +328,41 @@ mod tests {
             at_us: 0,
         };
         let ids = ["a".to_string()];
-        cache.record(&ids, &limits, &outcome, 1, Instant::now(), 0);
-        assert!(cache.lookup(&ids, &[0], 1).is_some());
+        cache.record(&ids, &limits, &outcome, 1, Instant::now(), 0, 0);
+        assert!(cache.lookup(&ids, &[0], 1, 0).is_some());
         cache.reset(1);
-        assert!(cache.lookup(&ids, &[0], 1).is_none(), "emptied");
+        assert!(cache.lookup(&ids, &[0], 1, 1).is_none(), "emptied");
         // a check that ran on the old policy finishes after the change
-        cache.record(&ids, &limits, &outcome, 1, Instant::now(), 0);
-        assert!(cache.lookup(&ids, &[0], 1).is_none(), "not kept");
-        cache.record(&ids, &limits, &outcome, 1, Instant::now(), 1);
-        assert!(cache.lookup(&ids, &[0], 1).is_some());
+        cache.record(&ids, &limits, &outcome, 1, Instant::now(), 0, 0);
+        assert!(cache.lookup(&ids, &[0], 1, 1).is_none(), "not kept");
+        cache.record(&ids, &limits, &outcome, 1, Instant::now(), 1, 1);
+        assert!(cache.lookup(&ids, &[0], 1, 1).is_some());
+        // a check still on the old version is not answered by the new one's entries
+        assert!(cache.lookup(&ids, &[0], 1, 0).is_none());
+    }
+
+    #[test]
+    fn a_reset_keeps_no_denial_of_a_check_sent_before_it() {
+        let cache = DenyCache::new(10);
+        let limits = ["10/h fixed".parse::<Limit>().unwrap()];
+        let outcome = Outcome {
+            allowed: false,
+            wait_us: 0,
+            entries: smallvec::smallvec![denied(3_600_000_000)],
+            at_us: 0,
+        };
+        let ids = ["x".to_string()];
+        // two checks of x are sent; x is reset while they run; their denials come back
+        let epoch = cache.epoch();
+        cache.forget(&ids);
+        cache.record(&ids, &limits, &outcome, 1, Instant::now(), 0, epoch);
+        assert!(
+            cache.lookup(&ids, &[0], 1, 0).is_none(),
+            "made before the reset"
+        );
+        // a check sent after the reset is learnt from
+        let epoch = cache.epoch();
+        cache.record(&ids, &limits, &outcome, 1, Instant::now(), 0, epoch);
+        assert!(cache.lookup(&ids, &[0], 1, 0).is_some());
     }
 }

@@ -96,7 +96,7 @@ impl UtilizationShedLayer {
     /// likely to be shed again; but shedding is random, so a retry may get through. Clients
     /// should treat it as a floor and back off exponentially.
     pub fn retry_after(mut self, wait: Duration) -> Self {
-        let secs = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
+        let secs = crate::http::headers::ceil_secs(wait);
         self.retry_after = HeaderValue::from(secs.max(1));
         self
     }

@@ -498,3 +498,14 @@ fn numbers_are_their_display() {
     });
     assert_eq!(next.unwrap(), "42");
 }
+
+#[test]
+fn seconds_round_up_and_saturate() {
+    use super::ceil_secs;
+    assert_eq!(ceil_secs(Duration::ZERO), 0);
+    assert_eq!(ceil_secs(Duration::from_millis(1)), 1);
+    assert_eq!(ceil_secs(Duration::from_secs(3)), 3);
+    assert_eq!(ceil_secs(Duration::from_millis(3001)), 4);
+    // a duration past any header's needs, as a caller may give the shed layer
+    assert_eq!(ceil_secs(Duration::MAX), u64::MAX);
+}
