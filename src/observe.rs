@@ -15,6 +15,7 @@
 //! | `tollgate_store_call_seconds` | histogram | `store` |
 //! | `tollgate_refund_failures_total` | counter | `store`, `kind` ([`StoreError::kind_label`]) |
 //! | `tollgate_missing_key_total` | counter | `limiter` (the layer's default limiter), `action` (`allow`, `reject`, `shadow`: let through in shadow mode) |
+//! | `tollgate_give_back_failures_total` | counter | `store`, `kind` ([`StoreError::kind_label`]) |
 //! | `tollgate_lease_failures_total` | counter | `store`, `call` (`renew`, `release`), `kind` ([`StoreError::kind_label`]) |
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -400,6 +401,32 @@ impl BoundedLog {
             );
         }
         let _ = (store, call, e, leases);
+    }
+
+    /// A scheduler's slot whose waiter gave up could not be given back to the store `store`
+    /// (`e`): it stays taken, and the events placed after it wait that much longer.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub(crate) fn give_back_failed(&self, store: &str, e: &StoreError) {
+        #[cfg(feature = "metrics")]
+        metrics::counter!(
+            "tollgate_give_back_failures_total",
+            "store" => store.to_string(),
+            "kind" => e.kind_label()
+        )
+        .increment(1);
+        #[cfg(feature = "tracing")]
+        if let Some((count, since)) = self.count(Instant::now()) {
+            tracing::warn!(
+                target: "tollgate",
+                store,
+                failed = count,
+                since_s = since.map(|d| d.as_secs()),
+                kind = e.kind_label(),
+                error = %chain(e),
+                "rate-limit store could not give back scheduled slots whose waiters gave up: they stay taken"
+            );
+        }
+        let _ = (store, e);
     }
 
     /// An HTTP layer whose default limiter is `limiter` found no key in a request, and

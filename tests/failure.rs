@@ -329,3 +329,69 @@ async fn a_release_that_failed_is_retried_once_redis_answers() {
         }
     }
 }
+
+/// A scheduled slot whose waiter gave up while Redis was silent cannot be given back: it
+/// stays taken, and that is counted and logged, not dropped without a trace. A lease renewal
+/// missed in the same silence is counted and logged too.
+#[tokio::test]
+async fn slots_and_leases_that_miss_the_store_are_counted_and_logged() {
+    observed();
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.port).await;
+    let store = store_at(&proxy.url(), "give-back", 200).await;
+    let scheduler = tollgate::Scheduler::new(store.clone(), "1/min".parse().unwrap());
+    assert!(scheduler
+        .schedule("psp:acme", Duration::ZERO)
+        .await
+        .unwrap()
+        .is_allowed());
+    // placed a minute ahead, waiting
+    let waiter = {
+        let scheduler = scheduler.clone();
+        tokio::spawn(async move {
+            scheduler
+                .schedule("psp:acme", Duration::from_secs(120))
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // a slot held with a 1 s lease, renewed every third of it
+    let slots = limiter(
+        &store,
+        "1 concurrent lease=1s",
+        "give-back-lease",
+        OnStoreError::Closed,
+    );
+    let held = slots.check(&["job"]).await.unwrap();
+    assert!(held.is_allowed());
+    proxy.freeze(true);
+    waiter.abort();
+    let failed = || {
+        metric(
+            "tollgate_give_back_failures_total",
+            &[("store", "give-back"), ("kind", "timeout")],
+        )
+    };
+    let missed_renewals = || {
+        metric(
+            "tollgate_lease_failures_total",
+            &[("store", "give-back"), ("call", "renew")],
+        )
+    };
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while (failed() < 1.0 || missed_renewals() < 1.0) && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(failed(), 1.0);
+    assert!(missed_renewals() >= 1.0);
+    assert_eq!(
+        logged("could not give back scheduled slots", "give-back"),
+        1
+    );
+    assert_eq!(
+        logged("could not renew or release concurrency slots", "give-back"),
+        1
+    );
+    proxy.freeze(false);
+    drop(held);
+}

@@ -6,7 +6,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{manual_clock, unique_prefix, RedisServer};
+use common::{manual_clock, unique_prefix, Proxy, RedisServer};
 use tollgate::{
     Clock, Decision, KeyedRateLimitLayer, MemoryStore, OnStoreError, RateLimited, RedisStore,
     Scheduler,
@@ -217,6 +217,55 @@ async fn dropped_waiters_do_not_stall_the_rest() {
     }
     let off = (newcomer - first).abs_diff(Duration::from_millis(1500));
     assert!(off <= TOLERANCE, "the newcomer at {:?}", newcomer - first);
+}
+
+/// A caller that gives up while its placement is on its way to Redis (the server silent
+/// for a moment) leaves no slot behind: the script places the event when it arrives, and,
+/// nobody waiting for it, the slot is given back.
+#[tokio::test]
+async fn a_caller_gone_during_the_round_trip_gives_its_slot_back() {
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.port).await;
+    let store = RedisStore::builder(proxy.url())
+        .prefix(unique_prefix())
+        .timeout(Duration::from_secs(5))
+        .build()
+        .await
+        .unwrap();
+    let scheduler = Scheduler::new(store, "1/min".parse().unwrap());
+    // the first event goes at once; the next slot is a minute away
+    assert!(scheduler
+        .schedule("psp:acme", Duration::ZERO)
+        .await
+        .unwrap()
+        .is_allowed());
+    proxy.freeze(true);
+    let gone = {
+        let scheduler = scheduler.clone();
+        tokio::spawn(async move {
+            scheduler
+                .schedule("psp:acme", Duration::from_secs(120))
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    gone.abort();
+    assert!(gone.await.unwrap_err().is_cancelled());
+    proxy.freeze(false);
+    // the script runs now, for nobody; its slot comes back, so the next event's slot is the
+    // one a minute after the first (not two)
+    let (refused, _) = common::eventually(Duration::from_secs(3), || async {
+        let d = scheduler
+            .schedule("psp:acme", Duration::from_millis(1))
+            .await
+            .unwrap();
+        match d.retry_after() {
+            Some(wait) if wait <= Duration::from_secs(60) => Ok(d),
+            other => Err(format!("the next slot in {other:?}")),
+        }
+    })
+    .await;
+    assert!(!refused.is_allowed());
 }
 
 /// The memory store places events exactly as Redis does (the same waits, the same queue

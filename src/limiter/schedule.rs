@@ -333,7 +333,48 @@ struct Ask<'a> {
 }
 
 /// Places the event in `store`'s queue for the identifier it names.
+///
+/// On Redis the placement runs in a task of its own: a caller that gives up while the script
+/// runs (a client disconnecting) drops only its wait for the task, whose answer, a slot still
+/// to come, is then dropped with nobody waiting for it, which gives the slot back. Cut short
+/// in the caller, the script would have placed the event all the same, and the slot would
+/// have stayed taken with no waiter.
 async fn place_in(
+    store: &Store,
+    limit: &Limit,
+    rate: &Rate,
+    ask: &Ask<'_>,
+) -> Result<(Decision, Option<Pending>), StoreError> {
+    if store.as_memory().is_some() {
+        return place_now(store, limit, rate, ask).await;
+    }
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        return place_now(store, limit, rate, ask).await;
+    };
+    let (store, limit, rate) = (store.clone(), *limit, *rate);
+    let (id, namespace) = (ask.id.to_string(), ask.namespace.cloned());
+    let (cost, longest) = (ask.cost, ask.longest);
+    let task = runtime.spawn(async move {
+        let ask = Ask {
+            id: &id,
+            namespace: namespace.as_ref(),
+            cost,
+            longest,
+        };
+        place_now(&store, &limit, &rate, &ask).await
+    });
+    match task.await {
+        Ok(placed) => placed,
+        // A panic in the placement is a bug, not a store failure for the failure policy to
+        // paper over: it goes on in the caller.
+        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+        // Cancelled: the runtime is shutting down under the placement.
+        Err(e) => Err(StoreError::Backend(Box::new(e))),
+    }
+}
+
+/// [`place_in`], in the caller's task.
+async fn place_now(
     store: &Store,
     limit: &Limit,
     rate: &Rate,

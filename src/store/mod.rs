@@ -125,7 +125,7 @@ impl Store {
     /// Gives a slot back without waiting (from `Drop`): in process at once; for Redis in a
     /// task of its own, once, on the current Tokio runtime (without one, the slot stays
     /// used). Best effort: a give-back that fails leaves the slot used, as one that comes
-    /// after a later placement does.
+    /// after a later placement does; it is logged and counted.
     pub(crate) fn give_back_soon(&self, key: String, placement: Placement) {
         match self {
             Store::Memory(m) => {
@@ -136,7 +136,9 @@ impl Store {
                 if let Ok(runtime) = tokio::runtime::Handle::try_current() {
                     let r = r.clone();
                     runtime.spawn(async move {
-                        let _ = r.give_back(&key, &placement).await;
+                        if let Err(e) = r.give_back(&key, &placement).await {
+                            r.give_back_failed(&e);
+                        }
                     });
                 }
             }

@@ -63,6 +63,8 @@ pub struct RedisStore {
     breaker: Arc<Breaker>,
     /// The lease calls that failed, logged at a bounded rate.
     lease_log: Arc<BoundedLog>,
+    /// The scheduled slots that could not be given back, logged at a bounded rate.
+    give_back_log: Arc<BoundedLog>,
     prefix: Arc<str>,
     /// The URL with its credentials redacted.
     url: Arc<str>,
@@ -195,6 +197,7 @@ impl RedisStoreBuilder {
             renew_script: Arc::new(Script::new(script::RENEW)),
             keeper: Arc::default(),
             lease_log: Arc::default(),
+            give_back_log: Arc::default(),
             prefix,
             url: redact_url(&self.url).into(),
             clock: self.clock,
@@ -505,6 +508,11 @@ impl RedisStore {
                 .lease_call_failed(&self.prefix, call, e, missed);
         }
         reached.leases
+    }
+
+    /// A slot that could not be given back (`e`), logged and counted.
+    pub(crate) fn give_back_failed(&self, e: &StoreError) {
+        self.give_back_log.give_back_failed(&self.prefix, e);
     }
 
     pub(crate) fn keeper_slot(&self) -> &KeeperSlot {
