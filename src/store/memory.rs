@@ -293,7 +293,9 @@ impl MemoryStore {
 
         // Each state leaves its entry for the decision, a placeholder taking its place (an
         // expired one is left out: it decides like none), and goes back afterwards with its
-        // new expiry (after a peek, with the one it had).
+        // new expiry (after a peek, with the one it had). The placeholder is expired while the
+        // state is out: were the decision cut short (a panic: a bug), the next check of the
+        // key would find none rather than an empty state.
         let mut present: Inline<Option<u64>> = Inline::new();
         let mut states: SmallVec<[Option<State>; 8]> = SmallVec::new();
         for (key, &h) in keys.iter().zip(&hashes) {
@@ -301,7 +303,10 @@ impl MemoryStore {
             present.push(stored.as_ref().map(|st| st.expires_at));
             states.push(stored.and_then(|st| {
                 let live = st.expires_at > now;
-                live.then(|| std::mem::replace(&mut st.state, State::Counters(Counters::new())))
+                live.then(|| {
+                    st.expires_at = 0;
+                    std::mem::replace(&mut st.state, State::Counters(Counters::new()))
+                })
             }));
         }
         let summary = match charge {

@@ -195,17 +195,23 @@ fn decide(
         return summary;
     };
     // The state leaves its entry for the decision (an expired one is dropped: it decides like
-    // none) and goes back with its new expiry; the placeholder does not allocate.
-    let live = stored.expires_at > now;
+    // none) and goes back with its new expiry; the placeholder does not allocate, and is
+    // expired while the state is out (as the general way's: a decision cut short by a panic
+    // leaves no empty state behind).
+    let had = stored.expires_at;
+    let live = had > now;
+    stored.expires_at = 0;
     let taken = std::mem::replace(&mut stored.state, State::Counters(Counters::new()));
     let mut slot = [live.then_some(taken)];
     let summary = decide(&mut slot);
     match slot {
         [Some(state)] => {
             // A denial changes nothing (all or nothing), so a live state keeps its expiry.
-            if summary.allowed || !live {
-                stored.expires_at = algorithm::expires_at(&state, layout, limits, 0);
-            }
+            stored.expires_at = if summary.allowed || !live {
+                algorithm::expires_at(&state, layout, limits, 0)
+            } else {
+                had
+            };
             stored.state = state;
         }
         [None] => {
