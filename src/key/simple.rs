@@ -11,13 +11,39 @@ use super::{KeyExtractor, RequestView};
 ///
 /// Any bytes make a key (escaped, so that distinct values stay distinct); an empty value is
 /// missing.
+///
+/// The value is part of the store's key names, where whoever can list the store's keys
+/// (`SCAN` on Redis, a monitoring tool, a dump) reads it. For a secret such as an API key,
+/// use [`hashed`](Header::hashed).
 #[derive(Debug, Clone)]
-pub struct Header(HeaderName);
+pub struct Header {
+    name: HeaderName,
+    hashed: bool,
+}
 
 impl Header {
     /// Keys by the header `name`.
     pub fn new(name: HeaderName) -> Header {
-        Header(name)
+        Header {
+            name,
+            hashed: false,
+        }
+    }
+
+    /// Keys by the SHA-1 of the value instead of the value, `header-sha1:NAME:HEX`: the
+    /// value, a secret, does not appear in the store's key names. Distinct values stay distinct
+    /// (unless SHA-1 collides for them); a low-entropy value can still be found by hashing
+    /// guesses, which a random API key cannot.
+    ///
+    /// ```
+    /// use tollgate::key::Header;
+    ///
+    /// let api_key = Header::named("x-api-key").unwrap().hashed();
+    /// # let _ = api_key;
+    /// ```
+    pub fn hashed(mut self) -> Header {
+        self.hashed = true;
+        self
     }
 
     /// Keys by the header `name`, given as text.
@@ -26,20 +52,25 @@ impl Header {
     ///
     /// When `name` is not a valid header name.
     pub fn named(name: &str) -> Result<Header, http::header::InvalidHeaderName> {
-        Ok(Header(HeaderName::from_bytes(name.as_bytes())?))
+        Ok(Header::new(HeaderName::from_bytes(name.as_bytes())?))
     }
 }
 
 impl KeyExtractor for Header {
     fn extract(&self, req: &RequestView<'_>) -> Option<String> {
-        let value = req.headers.get(&self.0)?;
+        let value = req.headers.get(&self.name)?;
         if value.is_empty() {
             return None;
+        }
+        if self.hashed {
+            // A kind of its own, so that no plain value's key can spell a hashed one.
+            let digest = sha1_smol::Sha1::from(value.as_bytes()).digest();
+            return Some(format!("header-sha1:{}:{digest}", self.name));
         }
         // Every value escaped the same way (`\xff`, `\\`, …): an escaping that is applied to
         // some values only would let a printable value spell another one's escape.
         let text = value.as_bytes().escape_ascii();
-        Some(format!("header:{}:{text}", self.0))
+        Some(format!("header:{}:{text}", self.name))
     }
 }
 
@@ -181,6 +212,22 @@ mod tests {
             key(&by_name, &get("/", &[("x-api-key", b"k")])).as_deref(),
             Some("header:x-api-key:k")
         );
+
+        // Hashed: the value's SHA-1, never the value; distinct values stay distinct, and an
+        // empty value is still missing.
+        let hashed = Header::named("x-api-key").unwrap().hashed();
+        let secret = key(&hashed, &get("/", &[("x-api-key", b"sk_live_abc")])).unwrap();
+        assert_eq!(
+            secret,
+            format!(
+                "header-sha1:x-api-key:{}",
+                sha1_smol::Sha1::from("sk_live_abc").digest()
+            )
+        );
+        assert!(!secret.contains("sk_live"));
+        let other = key(&hashed, &get("/", &[("x-api-key", b"sk_live_abd")])).unwrap();
+        assert_ne!(secret, other);
+        assert_eq!(key(&hashed, &get("/", &[("x-api-key", b"")])), None);
     }
 
     #[test]
