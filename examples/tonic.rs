@@ -7,7 +7,7 @@
 //! ```
 //!
 //! To limit per API key sent as metadata instead, add
-//! `.key(tollgate::key::Header::named("x-api-key")?)` to the layer: gRPC metadata is HTTP
+//! `.key(tollgate::key::Header::named("x-api-key")?.hashed())` to the layer: gRPC metadata is HTTP
 //! headers.
 
 mod greeter;
