@@ -72,7 +72,11 @@ fn layer(settings: Settings) -> RateLimitLayer {
     let store = MemoryStore::new();
     let mut layer = RateLimitLayer::new(Limiter::new(store.clone(), settings.policy))
         // by the key's SHA-1: the secret stays out of the store's key names
-        .key(Header::named("x-api-key").expect("a valid header name").hashed())
+        .key(
+            Header::named("x-api-key")
+                .expect("a valid header name")
+                .hashed(),
+        )
         .with_settings(settings.layer);
     for route in settings.routes {
         let limiter = Limiter::new(store.clone(), route.policy);
