@@ -152,20 +152,31 @@ async fn requests_without_a_key_are_counted_and_shadow_mode_lets_them_through() 
             &[("limiter", name), ("action", action)],
         )
     };
-    for (name, shadow, allow, status, action) in [
+    // (in shadow mode: the layer, or its limiter alone)
+    let reject = StatusCode::INTERNAL_SERVER_ERROR;
+    for (name, layer_shadow, limiter_shadow, allow, status, action) in [
+        ("keyless-reject", false, false, false, reject, "reject"),
         (
-            "keyless-reject",
+            "keyless-shadow",
+            true,
             false,
             false,
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "reject",
+            StatusCode::OK,
+            "shadow",
         ),
-        ("keyless-shadow", true, false, StatusCode::OK, "shadow"),
-        ("keyless-allow", false, true, StatusCode::OK, "allow"),
+        (
+            "keyless-shadow-limiter",
+            false,
+            true,
+            false,
+            StatusCode::OK,
+            "shadow",
+        ),
+        ("keyless-allow", false, false, true, StatusCode::OK, "allow"),
     ] {
-        let mut layer = RateLimitLayer::new(memory_limiter("2/min", name, false))
+        let mut layer = RateLimitLayer::new(memory_limiter("2/min", name, limiter_shadow))
             .key(Header::named("x-user").unwrap())
-            .shadow(shadow);
+            .shadow(layer_shadow);
         if allow {
             layer = layer.on_missing_key(tollgate::layer::MissingKey::Allow);
         }

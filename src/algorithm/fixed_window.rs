@@ -57,18 +57,21 @@ pub(crate) fn commit(st: &mut Fixed, lim: &Limit, now: u64, cost: u64) {
 pub(crate) fn report(st: &Fixed, lim: &Limit, now: u64) -> Report {
     let w = lim.window_us();
     let i = now / w;
+    if st.idx > i {
+        // charged as of a later window (a waiting check, or a clock gone back): nothing is
+        // admitted until that window begins, as `evaluate` has it, and the quota is whole
+        // then, or once that window ends if it holds a count
+        let whole = st.idx + u64::from(st.count > 0);
+        return Report {
+            remaining: 0,
+            reset_after: whole * w - now,
+        };
+    }
     if st.idx < i || st.count == 0 {
         return Report::empty(lim);
     }
-    // a state charged as of a later window (a waiting check, or a clock gone back) admits
-    // nothing until that window begins, as `evaluate` has it
-    let remaining = if st.idx > i {
-        0
-    } else {
-        lim.count().saturating_sub(st.count)
-    };
     Report {
-        remaining,
+        remaining: lim.count().saturating_sub(st.count),
         reset_after: (st.idx + 1) * w - now,
     }
 }

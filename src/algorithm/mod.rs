@@ -800,7 +800,16 @@ mod tests {
                 for &(at, cost) in charges {
                     counter.commit(&lim, t0 + at, cost);
                 }
-                for &seen in &offsets {
+                // and the same state with its last charge given back (a split check's
+                // refund): an empty window of its own can still lie ahead of now
+                let mut refunded = counter;
+                if let Some(&(at, cost)) = charges.last() {
+                    refund_part(Part::Counter(&mut refunded), &lim, t0 + at, cost, "");
+                }
+                for (counter, seen) in [counter, refunded]
+                    .into_iter()
+                    .flat_map(|c| offsets.iter().map(move |&seen| (c, seen)))
+                {
                     let now = t0 + seen;
                     let report = counter.report(&lim, now);
                     let admitted = (1..=lim.count())

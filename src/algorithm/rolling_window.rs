@@ -217,11 +217,11 @@ fn report_of(e: u64, i: u64, ring: &[u64; SLOTS], lim: &Limit, g: u64, now: u64)
         None => 0,
     };
     // a ring charged as of a later sub-window (a waiting check, or a clock gone back) admits
-    // nothing until that sub-window begins, as `judge` has it
-    let remaining = if e > i {
-        0
+    // nothing until that sub-window begins, as `judge` has it, empty or not
+    let (remaining, reset_after) = if e > i {
+        (0, reset_after.max(e * g - now))
     } else {
-        lim.count().saturating_sub(used)
+        (lim.count().saturating_sub(used), reset_after)
     };
     Report {
         remaining,

@@ -132,7 +132,8 @@ impl RateLimitLayer {
 
     /// What to do when no extractor finds a key (default: reject with 500, so that a
     /// misconfigured deployment is loud rather than silently unlimited). In
-    /// [shadow mode](Self::shadow) such a request is let through whatever this says. Each
+    /// [shadow mode](Self::shadow) (the layer's, or that of every limiter that would check
+    /// the request) such a request is let through whatever this says. Each
     /// is counted in `tollgate_missing_key_total` (`action`: `allow`, `reject` or `shadow`)
     /// and logged at most once every 10 seconds (`info` when let through as configured,
     /// `warn` otherwise).

@@ -273,15 +273,31 @@ impl<S> RateLimit<S> {
         S: Service<Request<ReqBody>>,
     {
         let config = &self.config;
+        // In shadow mode when the layer is, or every limiter that would check the request is
+        // (`LimiterBuilder::shadow`, `Limiter::set_shadow`).
+        let shadow = config.shadow || {
+            let view = RequestView::of(&req);
+            match config
+                .rules
+                .iter()
+                .find(|r| (r.matches)(&view))
+                .map(|r| &r.action)
+            {
+                Some(Action::Replace(limiter)) => limiter.is_shadow(),
+                Some(Action::Add(limiter)) => limiter.is_shadow() && config.default.is_shadow(),
+                // (a bypassed request was passed on before its key was looked for)
+                Some(Action::Bypass) | None => config.default.is_shadow(),
+            }
+        };
         let action = match config.missing {
             MissingKey::Allow => "allow",
-            MissingKey::Reject(_) if config.shadow => "shadow",
+            MissingKey::Reject(_) if shadow => "shadow",
             MissingKey::Reject(_) => "reject",
         };
         let limiter = config.default.name();
         config.missing_log.missing_key(&limiter, action);
         match config.missing {
-            MissingKey::Reject(status) if !config.shadow => {
+            MissingKey::Reject(status) if !shadow => {
                 let grpc = RequestView::of(&req).is_grpc();
                 let res = own_response(status, "no rate-limit key found in the request", grpc);
                 ResponseFuture::answered(res, config.clone())

@@ -21,7 +21,9 @@
 //! (at most the denied limit's retry time); a reset or a policy change through this limiter
 //! empties the entries concerned at once, and a denial the store made before it but that
 //! arrives after it is not learnt (each check reads the cache's epoch before it is sent, and
-//! a reset moves the epoch on). Nor does it see a charge given back: on a Redis Cluster, a
+//! a reset moves the epoch on: for every identifier, so that the denials in flight at a
+//! reset are all left unlearnt, which costs a round trip each and happens as rarely as
+//! resets do). Nor does it see a charge given back: on a Redis Cluster, a
 //! check across slots that one slot denied gives back what the others charged, and a check
 //! that met that charge in the meantime (a round trip) may have been denied and cached until
 //! its retry time. Memory is bounded by a number of identifiers; at the bound, expired

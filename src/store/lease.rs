@@ -276,10 +276,14 @@ mod tests {
     }
 
     impl Recorder {
+        /// Which of `ids` (in the order of the call) reached the store; the call is recorded
+        /// with its ids sorted (the keeper's order of held leases is a map's).
         fn answer(&self, call: &'static str, ids: Vec<String>) -> Vec<bool> {
             let down = self.down.lock().unwrap();
             let reached = ids.iter().map(|id| !down.contains(id)).collect();
-            self.calls.lock().unwrap().push((call, ids));
+            let mut sorted = ids;
+            sorted.sort();
+            self.calls.lock().unwrap().push((call, sorted));
             reached
         }
 
@@ -290,8 +294,7 @@ mod tests {
 
     impl Backend for Recorder {
         async fn renew(&self, leases: &[&Lease]) -> Vec<bool> {
-            let mut ids: Vec<String> = leases.iter().map(|l| l.id.clone()).collect();
-            ids.sort();
+            let ids = leases.iter().map(|l| l.id.clone()).collect();
             self.answer("renew", ids)
         }
 
