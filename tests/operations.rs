@@ -203,6 +203,37 @@ async fn a_shadow_route_beside_an_enforced_one_leaves_the_enforced_answers_alone
     assert_eq!(statuses, [200, 200, 200, 429, 429]);
 }
 
+/// A layer in shadow mode charges as enforcing would: a request the route's limiter would
+/// deny spends nothing of the default one, as an enforced denial does not.
+#[tokio::test]
+async fn a_shadow_layer_spends_nothing_of_the_default_limiter_past_a_route_denial() {
+    let clock = manual_clock();
+    let store = memory(&clock);
+    let default = Limiter::new(store.clone(), policy("10/min"));
+    let login = Limiter::new(store, policy("3/min log"));
+    let layer = RateLimitLayer::new(default.clone())
+        .key(Header::named("x-user").unwrap())
+        .route_adding(
+            |req: &tollgate::key::RequestView<'_>| req.uri.path() == "/login",
+            login,
+        )
+        .shadow(true);
+    let mut svc = layer.layer(handler(Arc::new(AtomicU64::new(0))));
+    for _ in 0..10 {
+        let res = svc
+            .ready()
+            .await
+            .unwrap()
+            .call(request("a", "/login"))
+            .await
+            .unwrap();
+        assert_eq!(res.status(), StatusCode::OK, "shadow mode refuses nothing");
+    }
+    // three logins got past the route's limit: the default one was charged for those alone
+    let usage = default.usage(&[USER_A]).await.unwrap();
+    assert_eq!((usage[0].used, usage[0].remaining), (3, 7));
+}
+
 #[tokio::test]
 async fn a_shadow_generic_layer_never_fails_a_call() {
     let clock = manual_clock();

@@ -49,9 +49,11 @@ pub(super) async fn run(addr: SocketAddr, args: &Args, log: Log, title: String) 
             result
         })
     };
+    // (a run too long for the clock to hold its end has none)
     let until = args
         .seconds_given
-        .then(|| start + Duration::from_secs(args.seconds));
+        .then(|| start.checked_add(Duration::from_secs(args.seconds)))
+        .flatten();
     let screen = Screen {
         title,
         figures: figures.clone(),
@@ -121,7 +123,7 @@ fn draw_until_done(
                 let r = screen.rate.load(Ordering::Relaxed);
                 screen
                     .rate
-                    .store((r + r / 4).clamp(r + 1, 10_000), Ordering::Relaxed);
+                    .store((r + r / 4).max(r + 1).min(10_000), Ordering::Relaxed);
             }
             KeyCode::Char('-') | KeyCode::Down => {
                 let r = screen.rate.load(Ordering::Relaxed);

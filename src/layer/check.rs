@@ -32,14 +32,25 @@ pub(super) fn check_both_now(
         return AtOnce::Later(None);
     }
     let decision = match first.run_now(ids, cost, mode) {
-        Some(Ok(decision)) => decision.visible(),
+        Some(Ok(decision)) => decision,
         Some(Err(e)) => return AtOnce::Decided(Err(e)),
         None => return AtOnce::Later(None),
     };
     match then {
-        Some(then) if decision.is_allowed() => then_now(decision, then, ids, cost, mode),
-        _ => AtOnce::Decided(Ok(decision)),
+        Some(then) if checks_second(&decision, then, mode) => {
+            then_now(decision.visible(), then, ids, cost, mode)
+        }
+        _ => AtOnce::Decided(Ok(decision.visible())),
     }
+}
+
+/// Whether a request the first limiter decided (`first`) is checked by the second, `then`:
+/// when the first admits; when it denies, never; when it would deny in shadow mode, only if
+/// the second enforces. A trial of both (the layer in shadow mode, or both limiters) charges
+/// as enforcing would, nothing of the second; a trial of the first alone leaves the second's
+/// answers as they were without it.
+fn checks_second(first: &Decision, then: &Limiter, mode: Mode) -> bool {
+    !first.would_deny() || (first.is_shadow() && !(mode.shadow || then.is_shadow()))
 }
 
 /// The second limiter of [`check_both_now`], once the first allowed `decision`.
@@ -77,17 +88,14 @@ pub(super) async fn check_both(
 ) -> Result<Decision, Error> {
     let decision = match done {
         Some(decision) => decision,
-        None => first.run(ids, cost, mode).await?.visible(),
+        None => first.run(ids, cost, mode).await?,
     };
-    let Some(then) = then else {
-        return Ok(decision);
+    let Some(then) = then.filter(|then| checks_second(&decision, then, mode)) else {
+        return Ok(decision.visible());
     };
-    if !decision.is_allowed() {
-        return Ok(decision);
-    }
     // An error or a denial here drops the first decision, and with it any slot it took.
     let second = then.run(ids, cost, mode).await?.visible();
-    Ok(joined(decision, second))
+    Ok(joined(decision.visible(), second))
 }
 
 /// The decision of two limiters, the first of which allowed: the limits of both, allowed if

@@ -11,8 +11,8 @@
 //!
 //! `poll_ready` only asks the inner service, because the key is in the request (and axum
 //! expects services to be always ready). The check is made in the response future, or — for
-//! [`RateLimitLayer`] with a limiter that decides in process (a memory store, no concurrency
-//! limit) — at once in `call`.
+//! [`RateLimitLayer`] with a limiter that decides in process (a memory store, concurrency
+//! limits included) — at once in `call`.
 //!
 //! # Rules
 //!
