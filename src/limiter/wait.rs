@@ -36,8 +36,11 @@ impl Limiter {
     ///
     /// A policy with a concurrency limit cannot reserve (a slot frees when a request ends,
     /// not at a known time): its requests check again when the last denial said they might
-    /// fit, as long as that lies within `max_wait`. In shadow mode nothing waits: the request
-    /// is charged as when enforcing and let through at once.
+    /// fit, as long as that lies within `max_wait`. Nor can a check whose identifiers lie in
+    /// several Redis Cluster hash slots (no one script call touches two slots): it checks
+    /// again the same way, in the store's call, and so waits in shadow mode too. Otherwise,
+    /// in shadow mode nothing waits: the request is charged as when enforcing and let
+    /// through at once.
     ///
     /// ```
     /// # async fn run() -> Result<(), tollgate::Error> {
