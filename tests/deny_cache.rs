@@ -10,25 +10,6 @@ use std::time::{Duration, Instant};
 use common::RedisServer;
 use tollgate::{Clock, Limiter, Origin};
 
-/// How many scripts the server has run (`EVALSHA` and `EVAL` calls).
-fn script_calls(server: &RedisServer) -> u64 {
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query(&mut server.conn())
-        .unwrap();
-    info.lines()
-        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
-        .filter_map(|l| {
-            l.split("calls=")
-                .nth(1)?
-                .split(',')
-                .next()?
-                .parse::<u64>()
-                .ok()
-        })
-        .sum()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flood_is_answered_in_process_without_extra_denials() {
     let server = RedisServer::start();
@@ -39,7 +20,7 @@ async fn a_flood_is_answered_in_process_without_extra_denials() {
     let limiter = Limiter::new(store, "10/s log".parse().unwrap());
     // load the script first, so that every call counted below is one check
     let _ = limiter.check(&["warm-up"]).await.unwrap();
-    let before = script_calls(&server);
+    let before = server.script_calls();
     let (requests, allowed, cached) = (
         Arc::new(AtomicU64::new(0)),
         Arc::new(AtomicU64::new(0)),
@@ -73,7 +54,7 @@ async fn a_flood_is_answered_in_process_without_extra_denials() {
     for t in tasks {
         t.await.unwrap();
     }
-    let calls = script_calls(&server) - before;
+    let calls = server.script_calls() - before;
     let (requests, allowed, cached) = (
         requests.load(Ordering::Relaxed),
         allowed.load(Ordering::Relaxed),

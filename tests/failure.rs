@@ -345,7 +345,8 @@ async fn slots_and_leases_that_miss_the_store_are_counted_and_logged() {
         .await
         .unwrap()
         .is_allowed());
-    // placed a minute ahead, waiting
+    // placed a minute ahead, waiting (once its script has run)
+    let before = server.script_calls();
     let waiter = {
         let scheduler = scheduler.clone();
         tokio::spawn(async move {
@@ -354,7 +355,13 @@ async fn slots_and_leases_that_miss_the_store_are_counted_and_logged() {
                 .await
         })
     };
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    common::eventually(Duration::from_secs(3), || async {
+        match server.script_calls() {
+            n if n > before => Ok(()),
+            n => Err(format!("{n} scripts run: the waiter is not placed yet")),
+        }
+    })
+    .await;
     // a slot held with a 1 s lease, renewed every third of it
     let slots = limiter(
         &store,

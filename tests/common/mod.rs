@@ -102,6 +102,25 @@ impl RedisServer {
         }
     }
 
+    /// How many scripts the server has run (`EVALSHA` and `EVAL` calls).
+    pub fn script_calls(&self) -> u64 {
+        let info: String = redis::cmd("INFO")
+            .arg("commandstats")
+            .query(&mut self.conn())
+            .unwrap();
+        info.lines()
+            .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
+            .filter_map(|l| {
+                l.split("calls=")
+                    .nth(1)?
+                    .split(',')
+                    .next()?
+                    .parse::<u64>()
+                    .ok()
+            })
+            .sum()
+    }
+
     /// A plain synchronous connection, to look at what the scripts wrote.
     pub fn conn(&self) -> redis::Connection {
         redis::Client::open(self.admin_url())
