@@ -305,7 +305,7 @@ fn a_denial_from_the_deny_cache_allocates_nothing() {
 fn a_check_answered_while_the_store_is_down_allocates_only_its_future() {
     let rt = runtime();
     rt.block_on(async {
-        let dead = format!("redis://127.0.0.1:{}/", common::free_port());
+        let dead = common::dead_url();
         let store = RedisStore::builder(dead)
             .prefix(unique_prefix())
             .timeout(std::time::Duration::from_millis(100))

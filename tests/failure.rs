@@ -46,7 +46,7 @@ fn limiter(store: &RedisStore, policy: &str, name: &str, on_error: OnStoreError)
 #[tokio::test]
 async fn policies_answer_when_redis_is_down() {
     observed();
-    let dead = format!("redis://127.0.0.1:{}/", common::free_port());
+    let dead = common::dead_url();
     let store = store_at(&dead, "down", 100).await;
 
     let open = limiter(&store, "2/min", "down-open", OnStoreError::Open);

@@ -355,7 +355,7 @@ async fn redis_backed_layer_and_its_failure_policy() {
         StatusCode::TOO_MANY_REQUESTS
     );
 
-    let dead = RedisStore::builder(format!("redis://127.0.0.1:{}/", common::free_port()))
+    let dead = RedisStore::builder(common::dead_url())
         .timeout(Duration::from_millis(200))
         .build_lazy()
         .unwrap();

@@ -31,8 +31,7 @@ fn policy(text: &str) -> Policy {
 
 /// A store whose server is not there: every check fails at once (connection refused).
 fn dead_store() -> RedisStore {
-    let port = common::free_port();
-    RedisStore::builder(format!("redis://127.0.0.1:{port}/"))
+    RedisStore::builder(common::dead_url())
         .timeout(Duration::from_millis(200))
         .build_lazy()
         .unwrap()

@@ -271,8 +271,7 @@ fn closed(store: RedisStore, policy: &str) -> Limiter {
 /// Nothing listening: a typed error, fast.
 #[tokio::test]
 async fn redis_down_is_a_store_error() {
-    let port = common::free_port();
-    let url = format!("redis://127.0.0.1:{port}/");
+    let url = common::dead_url();
     assert!(RedisStore::connect(url.clone()).await.is_err());
     let store = RedisStore::builder(url).build_lazy().unwrap();
     let l = closed(store, "5/s");

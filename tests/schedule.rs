@@ -415,9 +415,8 @@ async fn a_client_waits_for_its_slot_through_the_layer() {
 #[tokio::test]
 async fn a_failed_store_answers_through_the_failure_policy() {
     // a server that is gone: connect lazily to a port nobody listens on
-    let port = common::free_port();
     let dead = || {
-        RedisStore::builder(format!("redis://127.0.0.1:{port}/"))
+        RedisStore::builder(common::dead_url())
             .timeout(Duration::from_millis(50))
             .connect_timeout(Duration::from_millis(50))
             .build_lazy()

@@ -206,7 +206,7 @@ async fn requests_without_a_key_are_counted_and_shadow_mode_lets_them_through() 
 #[tokio::test]
 async fn a_fallback_denial_is_counted_under_the_limit_it_stands_for() {
     observed();
-    let dead = format!("redis://127.0.0.1:{}/", common::free_port());
+    let dead = common::dead_url();
     let store = tollgate::RedisStore::builder(dead)
         .prefix("fallback-labels")
         .timeout(std::time::Duration::from_millis(100))

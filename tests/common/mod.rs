@@ -276,6 +276,14 @@ where
     }
 }
 
+/// The URL of a Redis server that is not there: port 1, where nothing listens on a test
+/// machine (the tests' own servers take ports the system hands out, far above it), so a
+/// connection is refused at once. A port found free a moment ago could be taken since by
+/// another test's server.
+pub fn dead_url() -> String {
+    "redis://127.0.0.1:1/".to_string()
+}
+
 pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .unwrap()
