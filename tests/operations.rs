@@ -688,11 +688,24 @@ async fn under_load_a_new_count_applies_at_once_to_what_was_counted() {
                 })
             })
             .collect();
-        tokio::time::sleep(Duration::from_millis(30)).await;
-        assert_eq!(limiter.usage(&["shared"]).await.unwrap()[0].used, 10);
+        // each phase lasts until its count is reached (on a loaded machine, 8 tasks on
+        // Redis may take a while to make their first checks)
+        let used = |n: u64| {
+            let limiter = limiter.clone();
+            async move {
+                common::eventually(Duration::from_secs(10), || async {
+                    match limiter.usage(&["shared"]).await.unwrap()[0].used {
+                        used if used == n => Ok(()),
+                        used => Err(format!("{used} used, waiting for {n}")),
+                    }
+                })
+                .await;
+            }
+        };
+        used(10).await;
         limiter.set_policy(policy("12/min"));
         phase.store(1, Ordering::SeqCst);
-        tokio::time::sleep(Duration::from_millis(30)).await;
+        used(12).await;
         limiter.set_policy(policy("6/min"));
         phase.store(2, Ordering::SeqCst);
         tokio::time::sleep(Duration::from_millis(30)).await;
