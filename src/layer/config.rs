@@ -49,8 +49,8 @@ impl Default for MissingKey {
 ///
 /// ```toml
 /// headers = "ietf"           # or "legacy", "both", "none"
-/// limited_status = 429
-/// missing_key = 500          # or "allow"
+/// limited_status = 429       # a 4xx or 5xx code
+/// missing_key = 500          # or "allow"; a code: 4xx or 5xx
 /// problem_details = false
 /// shadow = false             # true: record what the limits decide, refuse nothing
 /// ```
@@ -64,7 +64,8 @@ impl Default for MissingKey {
 pub struct LayerSettings {
     /// Which rate-limit headers responses carry (default [`HeaderStyle::Ietf`]).
     pub headers: HeaderStyle,
-    /// The status of a limited request (default 429).
+    /// The status of a limited request (default 429). Read from a file, it must be a 4xx
+    /// or 5xx code: a limited request answered `200` would look served.
     #[cfg_attr(feature = "serde", serde(with = "status_code"))]
     pub limited_status: StatusCode,
     /// What to do with a request without a key (default: reject with 500).
@@ -210,8 +211,22 @@ mod status_code {
 
     pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<StatusCode, D::Error> {
         let code = u16::deserialize(d)?;
-        StatusCode::from_u16(code)
-            .map_err(|_| de::Error::custom(format!("{code} is not an HTTP status code")))
+        refusal(code).map_err(de::Error::custom)
+    }
+
+    /// `code` as the status of a refusal: an HTTP status code of an error (4xx or 5xx). A
+    /// limited request answered `200 OK` (a slip of the pen in a file) would look served to
+    /// its client, and a 1xx or 3xx would not be a refusal at all.
+    pub(super) fn refusal(code: u16) -> Result<StatusCode, String> {
+        let status =
+            StatusCode::from_u16(code).map_err(|_| format!("{code} is not an HTTP status code"))?;
+        if status.is_client_error() || status.is_server_error() {
+            Ok(status)
+        } else {
+            Err(format!(
+                "{code} is not the status of a refusal: expected a 4xx or 5xx code"
+            ))
+        }
     }
 }
 
@@ -219,7 +234,6 @@ mod status_code {
 mod missing_key_serde {
     use std::fmt;
 
-    use http::StatusCode;
     use serde::{de, Deserialize, Deserializer, Serialize, Serializer};
 
     use super::MissingKey;
@@ -257,11 +271,11 @@ mod missing_key_serde {
         }
 
         fn visit_u64<E: de::Error>(self, v: u64) -> Result<MissingKey, E> {
-            u16::try_from(v)
-                .ok()
-                .and_then(|code| StatusCode::from_u16(code).ok())
+            let code = u16::try_from(v)
+                .map_err(|_| E::invalid_value(de::Unexpected::Unsigned(v), &self))?;
+            super::status_code::refusal(code)
                 .map(MissingKey::Reject)
-                .ok_or_else(|| E::invalid_value(de::Unexpected::Unsigned(v), &self))
+                .map_err(E::custom)
         }
 
         fn visit_i64<E: de::Error>(self, v: i64) -> Result<MissingKey, E> {
@@ -311,7 +325,10 @@ mod tests {
     fn bad_settings_are_refused() {
         for bad in [
             "limited_status = 42",
+            "limited_status = 200",
+            "limited_status = 302",
             "missing_key = 1000",
+            "missing_key = 204",
             "missing_key = \"maybe\"",
             "headers = \"x\"",
             "limited_statuss = 429",
