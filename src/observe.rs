@@ -365,19 +365,13 @@ impl BoundedLog {
         let _ = (limiter, limit);
     }
 
-    /// A lease call (`renew` or `release`) to the store `store` failed with `e`, for
-    /// `leases` leases: a renewal missed lets a lease expire while its request runs (its
-    /// slot is then free for another: over-admission, until the next renewal that reaches
-    /// the store); a release missed holds a slot until the release is retried or the lease
-    /// expires (under-admission). The keeper retries both on its next tick.
+    /// A lease call (`renew` or `release`) to the store `store` failed with `e`: a renewal
+    /// missed lets a lease expire while its request runs (its slot is then free for
+    /// another: over-admission, until the next renewal that reaches the store); a release
+    /// missed holds a slot until the release is retried or the lease expires
+    /// (under-admission). The keeper retries both on its next tick.
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
-    pub(crate) fn lease_call_failed(
-        &self,
-        store: &str,
-        call: &'static str,
-        e: &StoreError,
-        leases: usize,
-    ) {
+    pub(crate) fn lease_call_failed(&self, store: &str, call: &'static str, e: &StoreError) {
         #[cfg(feature = "metrics")]
         metrics::counter!(
             "tollgate_lease_failures_total",
@@ -386,21 +380,12 @@ impl BoundedLog {
             "kind" => e.kind_label()
         )
         .increment(1);
-        #[cfg(feature = "tracing")]
-        if let Some((count, since)) = self.count(Instant::now()) {
-            tracing::warn!(
-                target: "tollgate",
-                store,
-                call,
-                leases,
-                failed_calls = count,
-                since_s = since.map(|d| d.as_secs()),
-                kind = e.kind_label(),
-                error = %chain(e),
-                "rate-limit store could not renew or release concurrency slots: a slot not renewed may expire while its request runs, one not released stays taken until its lease ends; retried every tick"
-            );
-        }
-        let _ = (store, call, e, leases);
+        self.warn_store_failed(
+            store,
+            call,
+            e,
+            "rate-limit store could not renew or release concurrency slots: a slot not renewed may expire while its request runs, one not released stays taken until its lease ends; retried every tick",
+        );
     }
 
     /// A scheduler's slot whose waiter gave up could not be given back to the store `store`
@@ -414,19 +399,32 @@ impl BoundedLog {
             "kind" => e.kind_label()
         )
         .increment(1);
+        self.warn_store_failed(
+            store,
+            "give_back",
+            e,
+            "rate-limit store could not give back scheduled slots whose waiters gave up: they stay taken",
+        );
+    }
+
+    /// The bounded warning of a call (`call`) to the store `store` that failed with `e`,
+    /// saying `message`, with the number of failures since the previous line.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    fn warn_store_failed(&self, store: &str, call: &str, e: &StoreError, message: &str) {
         #[cfg(feature = "tracing")]
         if let Some((count, since)) = self.count(Instant::now()) {
             tracing::warn!(
                 target: "tollgate",
                 store,
-                failed = count,
+                call,
+                failed_calls = count,
                 since_s = since.map(|d| d.as_secs()),
                 kind = e.kind_label(),
                 error = %chain(e),
-                "rate-limit store could not give back scheduled slots whose waiters gave up: they stay taken"
+                "{message}"
             );
         }
-        let _ = (store, e);
+        let _ = (store, call, e, message);
     }
 
     /// An HTTP layer whose default limiter is `limiter` found no key in a request, and

@@ -355,13 +355,9 @@ async fn slots_and_leases_that_miss_the_store_are_counted_and_logged() {
                 .await
         })
     };
-    common::eventually(Duration::from_secs(3), || async {
-        match server.script_calls() {
-            n if n > before => Ok(()),
-            n => Err(format!("{n} scripts run: the waiter is not placed yet")),
-        }
-    })
-    .await;
+    server
+        .ran_scripts_past(before, "the waiter's placement")
+        .await;
     // a slot held with a 1 s lease, renewed every third of it
     let slots = limiter(
         &store,

@@ -223,6 +223,16 @@ mod tests {
         }
     }
 
+    /// A denied check's outcome, with these entries.
+    fn denial<const N: usize>(entries: [Pair; N]) -> Outcome {
+        Outcome {
+            allowed: false,
+            wait_us: 0,
+            entries: entries.into_iter().collect(),
+            at_us: 0,
+        }
+    }
+
     fn allowed() -> Pair {
         Pair {
             allowed: true,
@@ -241,17 +251,7 @@ mod tests {
         ];
         let ids = ["a".to_string(), "b".to_string()];
         // a: denied by the rate limit for 1 s; b: denied by the concurrency limit only.
-        let outcome = Outcome {
-            allowed: false,
-            wait_us: 0,
-            entries: smallvec::smallvec![
-                denied(1_000_000),
-                allowed(),
-                allowed(),
-                denied(1_000_000)
-            ],
-            at_us: 0,
-        };
+        let outcome = denial([denied(1_000_000), allowed(), allowed(), denied(1_000_000)]);
         cache.record(&ids, &limits, &outcome, 2, Instant::now(), 0, 0);
         assert_eq!(cache.len(), 1);
         let d = cache
@@ -283,12 +283,7 @@ mod tests {
     fn entries_expire_and_stay_bounded() {
         let cache = DenyCache::new(2);
         let limits = ["10/s".parse::<Limit>().unwrap()];
-        let outcome = Outcome {
-            allowed: false,
-            wait_us: 0,
-            entries: smallvec::smallvec![denied(1)],
-            at_us: 0,
-        };
+        let outcome = denial([denied(1)]);
         for id in ["a", "b", "c"] {
             cache.record(
                 &[id.to_string()],
@@ -306,12 +301,7 @@ mod tests {
             cache.lookup(&["a".to_string()], &[0], 1, 0).is_none(),
             "expired"
         );
-        let long = Outcome {
-            allowed: false,
-            wait_us: 0,
-            entries: smallvec::smallvec![denied(10_000_000)],
-            at_us: 0,
-        };
+        let long = denial([denied(10_000_000)]);
         cache.record(&["d".to_string()], &limits, &long, 1, Instant::now(), 0, 0);
         assert!(
             cache.lookup(&["d".to_string()], &[0], 1, 0).is_some(),
@@ -323,12 +313,7 @@ mod tests {
     fn a_policy_change_empties_it_and_keeps_no_older_denial() {
         let cache = DenyCache::new(10);
         let limits = ["10/s".parse::<Limit>().unwrap()];
-        let outcome = Outcome {
-            allowed: false,
-            wait_us: 0,
-            entries: smallvec::smallvec![denied(10_000_000)],
-            at_us: 0,
-        };
+        let outcome = denial([denied(10_000_000)]);
         let ids = ["a".to_string()];
         cache.record(&ids, &limits, &outcome, 1, Instant::now(), 0, 0);
         assert!(cache.lookup(&ids, &[0], 1, 0).is_some());
@@ -347,12 +332,7 @@ mod tests {
     fn a_reset_keeps_no_denial_of_a_check_sent_before_it() {
         let cache = DenyCache::new(10);
         let limits = ["10/h fixed".parse::<Limit>().unwrap()];
-        let outcome = Outcome {
-            allowed: false,
-            wait_us: 0,
-            entries: smallvec::smallvec![denied(3_600_000_000)],
-            at_us: 0,
-        };
+        let outcome = denial([denied(3_600_000_000)]);
         let ids = ["x".to_string()];
         // two checks of x are sent; x is reset while they run; their denials come back
         let epoch = cache.epoch();

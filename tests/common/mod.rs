@@ -121,6 +121,18 @@ impl RedisServer {
             .sum()
     }
 
+    /// Waits (up to 3 s) until the server has run more scripts than `before`
+    /// ([`script_calls`](Self::script_calls)): a call on its way has arrived and run.
+    pub async fn ran_scripts_past(&self, before: u64, what: &str) {
+        eventually(Duration::from_secs(3), || async {
+            match self.script_calls() {
+                n if n > before => Ok(()),
+                n => Err(format!("{n} scripts run: {what} has not run yet")),
+            }
+        })
+        .await;
+    }
+
     /// A plain synchronous connection, to look at what the scripts wrote.
     pub fn conn(&self) -> redis::Connection {
         redis::Client::open(self.admin_url())

@@ -503,9 +503,7 @@ impl RedisStore {
     /// is logged and counted (`observe`'s `lease_call_failed`).
     pub(crate) fn reached(&self, call: &'static str, reached: Reached<StoreError>) -> Vec<bool> {
         if let Some(e) = &reached.error {
-            let missed = reached.leases.iter().filter(|r| !**r).count();
-            self.lease_log
-                .lease_call_failed(&self.prefix, call, e, missed);
+            self.lease_log.lease_call_failed(&self.prefix, call, e);
         }
         reached.leases
     }
