@@ -242,8 +242,9 @@ impl RedisStoreBuilder {
 impl RedisStore {
     /// Configures a store for the server at `url`:
     ///
-    /// * `redis://[[USER]:PASSWORD@]HOST[:PORT][/DB]` (`rediss://` for TLS when the `redis`
-    ///   crate is built with it), `redis+unix:///PATH[?db=DB&user=USER&pass=PASSWORD]`;
+    /// * `redis://[[USER]:PASSWORD@]HOST[:PORT][/DB]` (`rediss://` for TLS, once one of the
+    ///   `redis` crate's TLS features is on in the application's `Cargo.toml`, e.g.
+    ///   `tokio-rustls-comp`), `redis+unix:///PATH[?db=DB&user=USER&pass=PASSWORD]`;
     /// * `redis+sentinel://[[USER]:PASSWORD@]HOST[:PORT][,HOST[:PORT]...]/SERVICE[/DB]`: the
     ///   master of `SERVICE`, asked of the sentinels (port 26379 by default), followed across
     ///   failovers. The credentials are the master's; the sentinels' own are given with
