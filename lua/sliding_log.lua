@@ -6,7 +6,8 @@
 --
 -- Fragments of the generated check script (see check.lua), for the limit $x: $n its count,
 -- $w its window (µs), $key its sorted set, $life the key's TTL in ms after a charge (the
--- window, rounded up, plus 1 ms: see `expires` in check.lua's header). The key outlives its
+-- window, rounded up, plus 1 ms: see `expires` in check.lua's header; with a caller's clock
+-- at least a minute, as check.lua's header says of every key). The key outlives its
 -- newest entry by the window: a charge sets the TTL to the window, never shortening it (GT)
 -- when the key already holds live entries.
 --
@@ -85,8 +86,10 @@ local L$x = {''}
           m = m + 500
         end
       end
-      -- $life: the TTL, longer by the wait for a check admitted as of a later time; a key
-      -- that holds entries keeps a longer TTL (a charge admitted as of a later time set it)
+      -- $life: the TTL, longer by the wait for a check admitted as of a later time, and
+      -- with a caller's clock at least a minute (Redis' clock, on which the TTL runs, does
+      -- not follow it); a key that holds entries keeps a longer TTL (a charge admitted as of
+      -- a later time set it)
       if held then
         redis.call('PEXPIRE', $key, $life, 'GT')
       else

@@ -105,6 +105,38 @@ async fn ttls_cover_the_state_lifetime() {
     }
 }
 
+/// With a caller's clock, every key lives at least a minute of Redis' time, the sorted set of
+/// a short sliding log too: Redis' clock, on which TTLs run, does not follow the caller's, so
+/// a state must not vanish while the caller's clock stands still. (A `3/200ms log` key with
+/// a TTL of its window was gone 201 ms of real time later, and the next check at the same
+/// instant of the caller's clock admitted three more.)
+#[tokio::test]
+async fn with_a_callers_clock_a_short_log_outlives_real_time() {
+    let server = RedisServer::start();
+    let clock = manual_clock();
+    let store = server.store(Clock::Manual(clock.clone())).await;
+    let prefix = store.prefix().to_string();
+    let mut conn = server.conn();
+    for policy in ["3/200ms log", "3/200ms log, 5/200ms"] {
+        let l = Limiter::new(store.clone(), policy.parse().unwrap());
+        let id = format!("short-{}", policy.len());
+        for _ in 0..3 {
+            assert!(l.check(&[&id]).await.unwrap().is_allowed(), "{policy}");
+        }
+        assert!(!l.check(&[&id]).await.unwrap().is_allowed(), "{policy}");
+        let keys: Vec<String> = conn.keys(format!("{prefix}:{{{id}}}:*")).unwrap();
+        assert!(!keys.is_empty(), "{policy}");
+        for key in &keys {
+            let pttl: i64 = conn.pttl(key).unwrap();
+            assert!(pttl > 59_000, "{policy}: {key} lives {pttl} ms");
+        }
+        // real time passes, the caller's clock does not: still denied
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let d = l.check(&[&id]).await.unwrap();
+        assert!(!d.is_allowed(), "{policy}: {d:?}");
+    }
+}
+
 /// Later checks never leave the packed key a TTL shorter than its state's life.
 #[tokio::test]
 async fn ttls_are_never_shortened() {

@@ -181,7 +181,8 @@ fn limit_vars(
     } else {
         (
             format!("string.format('%d', now - {w})"),
-            format!("'{ttl}'"),
+            // with a caller's clock at least a minute, as a packed key's (see above)
+            format!("(realtime and '{ttl}' or '{}')", ttl.max(60_000)),
         )
     };
     let mut vars = vec![
