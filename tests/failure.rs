@@ -116,7 +116,10 @@ async fn an_outage_under_load() {
     observed();
     let server = RedisServer::start();
     let port = server.port;
-    let timeout = Duration::from_millis(150);
+    // A kill fails calls at once (the connection drops, then is refused), so the breaker
+    // opens within milliseconds whatever the timeout; a timeout this long keeps a stall of
+    // the test machine before the kill from opening it too (the warnings are counted below).
+    let timeout = Duration::from_secs(1);
     let store = RedisStore::builder(server.url())
         .prefix("outage")
         .timeout(timeout)
@@ -215,8 +218,10 @@ async fn an_outage_under_load() {
         .filter(|(at, _, _)| *at > killed + Duration::from_secs(1))
         .all(|(_, _, o)| *o == Origin::FailOpen));
     let back_after = back.saturating_duration_since(restarted);
+    // (about 0.7 s at most: a reconnection's backoff, then the breaker's probe; a store that
+    // stopped reconnecting would never be back)
     assert!(
-        back_after < Duration::from_secs(2),
+        back_after < Duration::from_secs(5),
         "checks went through Redis {back_after:?} after the restart"
     );
     assert!(

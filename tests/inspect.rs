@@ -77,14 +77,15 @@ async fn a_peek_foretells_the_check_and_charges_nothing() {
                 guards.clear();
                 // Redis slots are given back by the store's keeper task, in the background:
                 // wait until it has, so that both stores start the next step alike.
-                for _ in 0..500 {
-                    let usage = limiters[1].usage(&["ip:1", "user:1"]).await.unwrap();
-                    let held = usage.iter().any(|u| u.limit.is_concurrency() && u.used > 0);
-                    if !held {
-                        break;
+                let redis = &limiters[1];
+                common::eventually(Duration::from_secs(5), || async move {
+                    let usage = redis.usage(&["ip:1", "user:1"]).await.unwrap();
+                    match usage.iter().any(|u| u.limit.is_concurrency() && u.used > 0) {
+                        true => Err(format!("{text} step {step}: slots still held")),
+                        false => Ok(()),
                     }
-                    tokio::time::sleep(Duration::from_millis(2)).await;
-                }
+                })
+                .await;
             }
             clock.advance(Duration::from_millis(90));
         }

@@ -198,6 +198,9 @@ async fn a_ttl_that_covers_the_state_is_kept() {
     );
 }
 
+/// On Redis' clock, every key gets a TTL of about its state's life (at most two windows) and
+/// is gone once its state no longer matters. (Windows of a second: the reads of the TTLs
+/// after the checks have most of a second to be made on a busy machine.)
 #[tokio::test]
 async fn keys_disappear_once_their_state_no_longer_matters() {
     let server = RedisServer::start();
@@ -205,20 +208,20 @@ async fn keys_disappear_once_their_state_no_longer_matters() {
     let prefix = store.prefix().to_string();
     let l = Limiter::new(
         store,
-        "5/150ms log, 5/150ms, 5/150ms fixed, 5/150ms gcra, 5/150ms bucket"
+        "5/s log, 5/s, 5/s fixed, 5/s gcra, 5/s bucket"
             .parse()
             .unwrap(),
     );
+    let mut conn = server.conn();
     for _ in 0..3 {
         assert!(l.check(&["ip:9", "user:9"]).await.unwrap().is_allowed());
     }
-    let mut conn = server.conn();
     let keys: Vec<String> = conn.keys(format!("{prefix}:*")).unwrap();
     // per identifier: the packed key of the four window and GCRA limits, and the log
     assert_eq!(keys.len(), 4);
     for k in &keys {
         let pttl: i64 = conn.pttl(k).unwrap();
-        assert!(pttl > 0 && pttl <= 301, "{k}: {pttl}");
+        assert!(pttl > 0 && pttl <= 2001, "{k}: {pttl}");
     }
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {

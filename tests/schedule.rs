@@ -14,13 +14,14 @@ use tollgate::{
 use tower::{service_fn, ServiceExt};
 
 /// Three schedulers at `rate` on three stores with their own connections to `server`, all
-/// under one prefix: three processes of a fleet.
-async fn fleet(server: &RedisServer, rate: &str) -> Vec<Scheduler> {
+/// under one prefix: three processes of a fleet, reading `clock`.
+async fn fleet(server: &RedisServer, rate: &str, clock: &Clock) -> Vec<Scheduler> {
     let prefix = unique_prefix();
     let mut schedulers = Vec::new();
     for _ in 0..3 {
         let store = RedisStore::builder(server.url())
             .prefix(prefix.clone())
+            .clock(clock.clone())
             .timeout(Duration::from_secs(2))
             .build()
             .await
@@ -31,8 +32,8 @@ async fn fleet(server: &RedisServer, rate: &str) -> Vec<Scheduler> {
 }
 
 /// Runs `events` calls of `id` at once, spread over the schedulers in turn, each waiting up
-/// to `max_wait`: per event, when it returned (from the common start), how long its call
-/// took, and its decision.
+/// to `max_wait`: per event, when it returned (from a common start taken before any call),
+/// how long its call took, and its decision.
 async fn burst(
     schedulers: &[Scheduler],
     id: &str,
@@ -62,161 +63,198 @@ async fn burst(
     out
 }
 
-/// The starts of the admitted events, in order.
-fn starts(results: &[(Duration, Duration, Decision)]) -> Vec<Duration> {
-    let mut s: Vec<Duration> = results
-        .iter()
-        .filter(|(_, _, d)| d.is_allowed())
-        .map(|(t, _, _)| *t)
-        .collect();
-    s.sort();
-    s
+/// An admitted event's `reset_after`: the time from its placement until the queue is empty
+/// again, its own slot's interval included.
+fn queue_after(d: &Decision) -> Duration {
+    assert!(d.is_allowed(), "{d:?}");
+    d.statuses()[0].reset_after
 }
 
-/// How far a start may be from `interval` after the one before. Every slot is exact on
-/// Redis' clock; a caller starts its slot's wait only once the reply has reached it, and
-/// wakes at the next timer tick (1 ms) or later when the machine is busy. So a start lies
-/// a little after its slot, by the reply's way back plus the wake-up's lateness: a few
-/// milliseconds on loopback, more under a loaded test machine. 25 ms is a tenth of the
-/// 250 ms interval: a scheduler that raced (re-checking, as a retry loop does) or drifted
-/// would be off by whole intervals, and one that let two go together by 250 ms.
-const TOLERANCE: Duration = Duration::from_millis(25);
+/// How late a caller may wake after its slot: the reply's way back, then the timer's wake-up
+/// on a test machine that may be busy with other tests. Only bounds from above: a caller never
+/// goes early (a sleep never ends before its time), and the slots themselves are checked
+/// exactly, from what the store reports, not from when callers woke.
+const LATE: Duration = Duration::from_millis(250);
 
-fn assert_spaced(starts: &[Duration], interval: Duration) {
-    for pair in starts.windows(2) {
-        let gap = pair[1] - pair[0];
+/// Asserts that the admitted events of a burst on a caller's clock that stood still took
+/// the slots 0, `interval`, 2 × `interval`… once each — one queue across the processes, no
+/// slot given twice or skipped — and that each caller returned no earlier than its slot.
+fn assert_slots_on_a_still_clock(results: &[(Duration, Duration, Decision)], interval: Duration) {
+    let mut admitted: Vec<(Duration, Duration)> = results
+        .iter()
+        .filter(|(_, _, d)| d.is_allowed())
+        .map(|(at, _, d)| (queue_after(d) - interval, *at))
+        .collect();
+    admitted.sort();
+    for (k, (slot, at)) in admitted.iter().enumerate() {
+        assert_eq!(*slot, interval * k as u32, "{admitted:?}");
         assert!(
-            gap + TOLERANCE >= interval && gap <= interval + TOLERANCE,
-            "a gap of {gap:?}, not {interval:?} ± {TOLERANCE:?}: {starts:?}"
+            *at >= *slot && *at < *slot + LATE,
+            "slot {slot:?}, went at {at:?}"
         );
     }
 }
 
+/// On Redis' own clock: 40 events at once, all willing to wait, from three processes, go
+/// one every 250 ms, about 10 s in all.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_processes_share_four_per_second_250_ms_apart() {
     let server = RedisServer::start();
-    let schedulers = fleet(&server, "4/s").await;
-    // 40 events at once, all willing to wait: one every 250 ms, about 10 s in all
+    let schedulers = fleet(&server, "4/s", &Clock::Real).await;
+    let interval = Duration::from_millis(250);
     let results = burst(&schedulers, "psp:acme", 40, Duration::from_secs(11)).await;
-    let starts = starts(&results);
-    assert_eq!(starts.len(), 40);
-    assert_spaced(&starts, Duration::from_millis(250));
-    let total = starts[39] - starts[0];
-    assert!(
-        total >= Duration::from_millis(9750) - TOLERANCE
-            && total <= Duration::from_millis(9750) + 2 * TOLERANCE,
-        "{total:?}"
-    );
+    // Each event's queue is measured from its own placement on Redis' clock, all of them
+    // within a few milliseconds of the first (far less than an interval): the event of the
+    // slot k·250 ms sees the queue empty in (k·250, (k+1)·250] ms.
+    let interval_us = interval.as_micros();
+    let mut slots: Vec<(u128, Duration)> = results
+        .iter()
+        .map(|(at, _, d)| {
+            let after = queue_after(d).as_micros();
+            (after.div_ceil(interval_us) - 1, *at)
+        })
+        .collect();
+    slots.sort();
+    let taken: Vec<u128> = slots.iter().map(|(k, _)| *k).collect();
+    assert_eq!(taken, (0..40).collect::<Vec<u128>>(), "each slot once");
+    // and each caller went at its slot on the wall clock too (it started after `start`;
+    // 10 ms for the two clocks and the timer's whole milliseconds)
+    for (k, at) in &slots {
+        let slot = interval * *k as u32;
+        assert!(
+            *at + Duration::from_millis(10) >= slot && *at < slot + LATE,
+            "slot {slot:?}, went at {at:?}"
+        );
+    }
 }
 
+/// On a caller's clock that stands still, the slots are exact: 40 events from three
+/// processes take the slots 50 ms apart, each once, and go at them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_processes_share_twenty_per_second_50_ms_apart() {
     let server = RedisServer::start();
-    let schedulers = fleet(&server, "20/s").await;
+    let clock = Clock::Manual(manual_clock());
+    let schedulers = fleet(&server, "20/s", &clock).await;
     let results = burst(&schedulers, "psp:acme", 40, Duration::from_secs(3)).await;
-    let starts = starts(&results);
-    assert_eq!(starts.len(), 40);
-    // the same tolerance as at 4/s, half the interval here: the same bound on lateness
-    assert_spaced(&starts, Duration::from_millis(50));
+    assert_eq!(results.iter().filter(|r| r.2.is_allowed()).count(), 40);
+    assert_slots_on_a_still_clock(&results, Duration::from_millis(50));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn past_the_longest_wait_the_excess_is_rejected_at_once() {
     let server = RedisServer::start();
-    let schedulers = fleet(&server, "4/s").await;
+    let clock = Clock::Manual(manual_clock());
+    let schedulers = fleet(&server, "4/s", &clock).await;
     let results = burst(&schedulers, "psp:acme", 40, Duration::from_secs(1)).await;
     // slots at 0, 250, 500, 750 and 1000 ms are within a second; the other 35 are rejected
-    let starts = starts(&results);
-    assert_eq!(starts.len(), 5, "{starts:?}");
-    assert_spaced(&starts, Duration::from_millis(250));
+    assert_eq!(results.iter().filter(|r| r.2.is_allowed()).count(), 5);
+    assert_slots_on_a_still_clock(&results, Duration::from_millis(250));
     let mut rejected: Vec<Duration> = Vec::new();
     for (_, took, d) in &results {
         if !d.is_allowed() {
-            // told the wait it would have needed: to the sixth slot, 1250 ms after the first
-            // one, from a moment after the first was placed
-            let wait = d.retry_after().unwrap();
-            assert!(
-                wait > Duration::from_secs(1) && wait <= Duration::from_millis(1250),
-                "{wait:?}"
-            );
+            // told the wait it would have needed: to the sixth slot
+            assert_eq!(d.retry_after(), Some(Duration::from_millis(1250)));
             rejected.push(*took);
         }
     }
     assert_eq!(rejected.len(), 35);
-    // Rejected without waiting: one script call each, from the call to its answer, 40 of
-    // them together on two threads.
-    // A rejection that waited would take a second; the slowest of these takes a round trip
-    // and its turn among the others. Most take well under 10 ms; the bound on the slowest
-    // leaves room for a busy test machine.
-    rejected.sort();
+    // Rejected without waiting: one script call each, 40 of them together on two threads,
+    // most in well under 10 ms. A rejection that waited would take its 1.25 s; half a
+    // second leaves room for a busy test machine and still tells the two apart.
     assert!(
-        rejected[rejected.len() / 2] < Duration::from_millis(10),
+        rejected.iter().all(|t| *t < Duration::from_millis(500)),
         "{rejected:?}"
     );
-    assert!(
-        rejected[rejected.len() - 1] < Duration::from_millis(100),
-        "{rejected:?}"
-    );
+}
+
+/// The wait the next event would need, as a zero-wait placement is told (it is refused and
+/// takes no slot while the queue holds one); polled until it is `expected`.
+async fn next_slot_is(scheduler: &Scheduler, expected: Duration) {
+    common::eventually(Duration::from_secs(5), || async move {
+        let probe = scheduler
+            .schedule("psp:acme", Duration::ZERO)
+            .await
+            .unwrap();
+        match probe.retry_after() {
+            Some(wait) if wait == expected => Ok(()),
+            other => Err(format!("the next slot is {other:?} away, not {expected:?}")),
+        }
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dropped_waiters_do_not_stall_the_rest() {
     let server = RedisServer::start();
-    let schedulers = fleet(&server, "4/s").await;
-    let start = Instant::now();
-    // eight waiters, placed in turn (5 ms apart), so waiter i has the slot at i × 250 ms
-    let mut waiters = Vec::new();
-    for i in 0..8 {
-        let s = schedulers[i % 3].clone();
-        waiters.push(tokio::spawn(async move {
+    // a caller's clock that stands still: every slot is an exact multiple of 250 ms
+    let clock = Clock::Manual(manual_clock());
+    let schedulers = fleet(&server, "4/s", &clock).await;
+    let interval = Duration::from_millis(250);
+    // eight waiters, each placed before the next (the probe sees its slot taken), so
+    // waiter i has the slot at i × 250 ms; the first goes at once. Each measures its own
+    // wait, from its call: the clock standing still, waiter i waits i × 250 ms whenever it
+    // was placed.
+    let first = schedulers[0]
+        .schedule("psp:acme", Duration::from_secs(5))
+        .await
+        .unwrap();
+    assert_eq!(queue_after(&first), interval);
+    let mut waiters = vec![None];
+    for i in 1..8u32 {
+        let s = schedulers[i as usize % 3].clone();
+        waiters.push(Some(tokio::spawn(async move {
+            let called = Instant::now();
             let turn = s.schedule("psp:acme", Duration::from_secs(5)).await;
-            assert!(turn.unwrap().is_allowed());
-            start.elapsed()
-        }));
-        tokio::time::sleep(Duration::from_millis(5)).await;
+            (turn.unwrap(), called.elapsed())
+        })));
+        next_slot_is(&schedulers[1], interval * (i + 1)).await;
     }
+    let abort = |i: usize| waiters[i].as_ref().map(|w| w.abort());
     // waiters 3 and 4 give up in the middle of the queue: their slots stay used
-    waiters[3].abort();
-    waiters[4].abort();
+    abort(3);
+    abort(4);
     // the last two give up, the last first: each is the last one placed when it gives up,
     // so both slots come back
-    tokio::time::sleep(Duration::from_millis(50)).await;
-    waiters[7].abort();
-    tokio::time::sleep(Duration::from_millis(50)).await;
-    waiters[6].abort();
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    abort(7);
+    next_slot_is(&schedulers[2], interval * 7).await;
+    abort(6);
+    next_slot_is(&schedulers[2], interval * 6).await;
     // a newcomer goes right after waiter 5 (1500 ms), not after the dropped 7 (2000 ms)
     let newcomer = {
         let s = schedulers[1].clone();
         tokio::spawn(async move {
+            let called = Instant::now();
             let turn = s.schedule("psp:acme", Duration::from_secs(5)).await;
-            assert!(turn.unwrap().is_allowed());
-            start.elapsed()
+            (turn.unwrap(), called.elapsed())
         })
     };
     let mut kept = Vec::new();
-    for (i, w) in waiters.into_iter().enumerate() {
-        match w.await {
-            Ok(at) => kept.push((i, at)),
+    for (i, w) in waiters.into_iter().enumerate().skip(1) {
+        match w.unwrap().await {
+            Ok(turn) => kept.push((i as u32, turn)),
             Err(e) => assert!(e.is_cancelled() && [3, 4, 6, 7].contains(&i), "{i}: {e}"),
         }
     }
-    let newcomer = newcomer.await.unwrap();
-    let kept_at: Vec<usize> = kept.iter().map(|(i, _)| *i).collect();
-    assert_eq!(kept_at, [0, 1, 2, 5]);
-    // the ones that stayed start at their own slots, no later for the others' leaving
-    let first = kept[0].1;
-    for (i, at) in &kept {
-        let slot = Duration::from_millis(250 * *i as u64);
-        let off = (*at - first).abs_diff(slot);
-        assert!(
-            off <= TOLERANCE,
-            "waiter {i} at {:?}, slot {slot:?}",
-            *at - first
-        );
+    let kept_at: Vec<u32> = kept.iter().map(|(i, _)| *i).collect();
+    assert_eq!(kept_at, [1, 2, 5]);
+    // the ones that stayed keep their own slots, and go no earlier, and not much later, for
+    // the others' leaving
+    for (i, (turn, at)) in kept {
+        let slot = interval * i;
+        assert_eq!(queue_after(&turn), slot + interval, "waiter {i}");
+        assert!(at >= slot && at < slot + LATE, "waiter {i} went at {at:?}");
     }
-    let off = (newcomer - first).abs_diff(Duration::from_millis(1500));
-    assert!(off <= TOLERANCE, "the newcomer at {:?}", newcomer - first);
+    let (turn, at) = newcomer.await.unwrap();
+    assert_eq!(
+        queue_after(&turn),
+        interval * 7,
+        "the newcomer's slot is 1500 ms"
+    );
+    let slot = interval * 6;
+    assert!(
+        at >= slot && at < slot + LATE,
+        "the newcomer went at {at:?}"
+    );
 }
 
 /// A caller that gives up while its placement is on its way to Redis (the server silent

@@ -3,6 +3,8 @@
 mod common;
 
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::routing::get;
@@ -11,12 +13,23 @@ use bytes::Bytes;
 use common::{unique_prefix, RedisServer};
 use http::StatusCode;
 use http_body_util::Empty;
+use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
+use tokio::sync::watch;
 use tollgate::shed::{FleetShedder, Priority};
 use tollgate::RedisStore;
 
-async fn server(store: RedisStore) -> SocketAddr {
+/// Holds non-critical requests in their handler until the test lets them go, so that their
+/// slots stay taken for as long as the test needs, whatever the machine's speed.
+#[derive(Clone)]
+struct Gate {
+    /// Non-critical requests that reached the handler (were admitted).
+    entered: Arc<AtomicUsize>,
+    open: watch::Receiver<bool>,
+}
+
+async fn server(store: RedisStore, gate: Gate) -> SocketAddr {
     let shed = FleetShedder::new(store, 10)
         .reserve_for_critical(0.2)
         .classify(|req| match req.headers.get("x-priority") {
@@ -28,9 +41,15 @@ async fn server(store: RedisStore) -> SocketAddr {
     let app = Router::new()
         .route(
             "/slow",
-            get(|| async {
-                tokio::time::sleep(Duration::from_millis(400)).await;
-                "done"
+            get(move |headers: http::HeaderMap| {
+                let mut gate = gate.clone();
+                async move {
+                    if headers.get("x-priority").is_none() {
+                        gate.entered.fetch_add(1, Ordering::SeqCst);
+                        let _ = gate.open.wait_for(|open| *open).await;
+                    }
+                    "done"
+                }
             }),
         )
         .layer(shed);
@@ -40,10 +59,35 @@ async fn server(store: RedisStore) -> SocketAddr {
     addr
 }
 
+/// Sends a request to `/slow` at `addr`; its status and `Retry-After`.
+async fn call(
+    client: &Client<HttpConnector, Empty<Bytes>>,
+    addr: SocketAddr,
+    critical: bool,
+) -> (StatusCode, Option<http::HeaderValue>) {
+    let mut req = http::Request::get(format!("http://{addr}/slow"));
+    if critical {
+        req = req.header("x-priority", "critical");
+    }
+    let res = client
+        .request(req.body(Empty::new()).unwrap())
+        .await
+        .unwrap();
+    (res.status(), res.headers().get("retry-after").cloned())
+}
+
+/// Two servers share 8 slots for non-critical traffic (10 minus 20%): of 40 non-critical
+/// requests at once, 8 are admitted and the rest shed; with those 8 still in their handlers,
+/// every critical request goes through.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn critical_traffic_always_passes_while_the_rest_is_shed() {
     let redis = RedisServer::start();
     let prefix = unique_prefix();
+    let (let_go, open) = watch::channel(false);
+    let gate = Gate {
+        entered: Arc::default(),
+        open,
+    };
     let mut addrs = Vec::new();
     for _ in 0..2 {
         let store = RedisStore::builder(redis.url())
@@ -53,46 +97,50 @@ async fn critical_traffic_always_passes_while_the_rest_is_shed() {
             .build()
             .await
             .unwrap();
-        addrs.push(server(store).await);
+        addrs.push(server(store, gate.clone()).await);
     }
     let client = Client::builder(TokioExecutor::new()).build_http::<Empty<Bytes>>();
-    let mut calls = Vec::new();
-    for i in 0..60 {
-        let critical = i % 3 == 0;
-        let addr = addrs[i % 2];
-        let client = client.clone();
-        calls.push(tokio::spawn(async move {
-            let mut req = http::Request::get(format!("http://{addr}/slow"));
-            if critical {
-                req = req.header("x-priority", "critical");
+    let shed = Arc::new(AtomicUsize::new(0));
+    let mut others = Vec::new();
+    for i in 0..40 {
+        let (client, addr, shed) = (client.clone(), addrs[i % 2], shed.clone());
+        others.push(tokio::spawn(async move {
+            let (status, retry) = call(&client, addr, false).await;
+            if status == StatusCode::SERVICE_UNAVAILABLE {
+                assert_eq!(retry.unwrap(), "1");
+                shed.fetch_add(1, Ordering::SeqCst);
             }
-            let res = client
-                .request(req.body(Empty::new()).unwrap())
-                .await
-                .unwrap();
-            let retry = res.headers().get("retry-after").cloned();
-            (critical, res.status(), retry)
+            status
         }));
     }
-    let (mut critical_ok, mut other_ok, mut shed) = (0, 0, 0);
-    for c in calls {
-        match c.await.unwrap() {
-            (true, StatusCode::OK, _) => critical_ok += 1,
-            (true, status, _) => panic!("critical request answered {status}"),
-            (false, StatusCode::OK, _) => other_ok += 1,
-            (false, StatusCode::SERVICE_UNAVAILABLE, retry) => {
-                assert_eq!(retry.unwrap(), "1");
-                shed += 1;
-            }
-            (false, status, _) => panic!("unexpected {status}"),
+    // every non-critical request decided: in its handler, or shed
+    let decided = || gate.entered.load(Ordering::SeqCst) + shed.load(Ordering::SeqCst);
+    common::eventually(Duration::from_secs(20), || async {
+        match decided() {
+            40 => Ok(()),
+            n => Err(format!("{n} of 40 decided")),
+        }
+    })
+    .await;
+    assert_eq!(gate.entered.load(Ordering::SeqCst), 8, "the fleet's share");
+    // the share full, critical traffic goes through all the same: 100% success
+    let critical: Vec<_> = (0..20)
+        .map(|i| {
+            let (client, addr) = (client.clone(), addrs[i % 2]);
+            tokio::spawn(async move { call(&client, addr, true).await.0 })
+        })
+        .collect();
+    for c in critical {
+        assert_eq!(c.await.unwrap(), StatusCode::OK, "a critical request");
+    }
+    let_go.send(true).unwrap();
+    let mut ok = 0;
+    for o in others {
+        match o.await.unwrap() {
+            StatusCode::OK => ok += 1,
+            StatusCode::SERVICE_UNAVAILABLE => {}
+            status => panic!("unexpected {status}"),
         }
     }
-    assert_eq!(critical_ok, 20, "critical traffic: 100% success");
-    // 40 non-critical requests at once against a share of 8 slots (10 minus 20%) for the
-    // whole fleet of two servers
-    assert!(
-        (1..=8).contains(&other_ok),
-        "{other_ok} non-critical admitted"
-    );
-    assert_eq!(other_ok + shed, 40);
+    assert_eq!((ok, shed.load(Ordering::SeqCst)), (8, 32));
 }
