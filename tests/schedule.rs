@@ -394,7 +394,9 @@ async fn namespaces_keep_queues_apart_on_redis() {
 #[tokio::test]
 async fn a_client_waits_for_its_slot_through_the_layer() {
     let server = RedisServer::start();
-    let store = server.store(Clock::Real).await;
+    // a caller's clock that stands still: the slots lie exactly 0, 50, 100… ms ahead, however
+    // far apart in real time the five calls are placed
+    let store = server.store(Clock::Manual(manual_clock())).await;
     let scheduler = Scheduler::new(store, "20/s".parse().unwrap());
     let client = KeyedRateLimitLayer::scheduled(scheduler, |c: &String| format!("psp:{c}").into())
         .wait_up_to(Duration::from_millis(120));
@@ -417,7 +419,8 @@ async fn a_client_waits_for_its_slot_through_the_layer() {
             (Ok(_), at) => sent.push(at),
             (Err(e), at) => {
                 let limited_by = e.downcast_ref::<RateLimited>().expect("RateLimited");
-                assert!(limited_by.retry_after() > Duration::from_millis(120));
+                // the next free slot, which a refusal does not take
+                assert_eq!(limited_by.retry_after(), Duration::from_millis(150));
                 assert!(at < Duration::from_millis(100), "rejected after {at:?}");
                 limited += 1;
             }

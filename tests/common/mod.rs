@@ -79,7 +79,7 @@ impl RedisServer {
             password,
             dir,
         };
-        if server.wait_ready() {
+        if server.wait_ready() && server.answers_itself() {
             return Some(server);
         }
         None
@@ -88,6 +88,25 @@ impl RedisServer {
     fn wait_ready(&mut self) -> bool {
         let url = self.admin_url();
         wait_ready(&mut self.child, self.port, &url)
+    }
+
+    /// Whether the server answering on the port is this process, not another test's that
+    /// took the port meanwhile (then this one fails to bind and exits, but the other answers
+    /// `PING` first). A server that will not say (`INFO` refused) is taken as this one.
+    fn answers_itself(&self) -> bool {
+        let Ok(mut conn) = redis::Client::open(self.admin_url()).and_then(|c| c.get_connection())
+        else {
+            return false;
+        };
+        match redis::cmd("INFO").arg("server").query::<String>(&mut conn) {
+            Ok(info) => {
+                info.lines()
+                    .find_map(|l| l.strip_prefix("process_id:"))
+                    .and_then(|p| p.trim().parse::<u32>().ok())
+                    == Some(self.child.id())
+            }
+            Err(_) => true,
+        }
     }
 
     pub fn url(&self) -> String {
