@@ -16,18 +16,20 @@
 //!   can predict;
 //! * it is used only with the real clock (a manual clock can jump).
 //!
-//! What it gives up: a reset of the identifier made elsewhere (another process's
-//! `Limiter::reset`, or in Redis by hand) is seen by this process only when its entry expires
-//! (at most the denied limit's retry time); a reset or a policy change through this limiter
-//! empties the entries concerned at once, and a denial the store made before it but that
-//! arrives after it is not learnt (each check reads the cache's epoch before it is sent, and
-//! a reset moves the epoch on: for every identifier, so that the denials in flight at a
-//! reset are all left unlearnt, which costs a round trip each and happens as rarely as
-//! resets do). Nor does it see a charge given back: on a Redis Cluster, a
-//! check across slots that one slot denied gives back what the others charged, and a check
-//! that met that charge in the meantime (a round trip) may have been denied and cached until
-//! its retry time. Memory is bounded by a number of identifiers; at the bound, expired
-//! entries are swept, and new denials are not cached until there is room.
+//! What it gives up: quota given back where this process cannot see it. A reset of the
+//! identifier made elsewhere (another process's `Limiter::reset`, or in Redis by hand), or a
+//! charge given back — on a Redis Cluster, a check across slots that one slot denied gives
+//! back what the others charged, and a check that met that charge in the meantime (a round
+//! trip) may have been denied by it. So an entry is kept for at most [`MAX_AGE`] (a second),
+//! whatever the retry time it reports: past that, the store is asked again. A flood costs the
+//! store one check a second per identifier and process, and nothing given back goes unseen
+//! for longer (the retry time of a `100/h` denial can be most of an hour). A reset or a policy
+//! change through this limiter empties the entries concerned at once, and a denial the store
+//! made before it but that arrives after it is not learnt (each check reads the cache's epoch
+//! before it is sent, and a reset moves the epoch on: for every identifier, so that the
+//! denials in flight at a reset are all left unlearnt, which costs a round trip each and
+//! happens as rarely as resets do). Memory is bounded by a number of identifiers; at the
+//! bound, expired entries are swept, and new denials are not cached until there is room.
 
 use std::collections::HashMap;
 use std::sync::{Mutex, PoisonError};
@@ -39,6 +41,11 @@ use crate::store::Outcome;
 
 /// The default bound on the identifiers the cache holds.
 pub(crate) const DEFAULT_CAPACITY: usize = 10_000;
+
+/// The longest an entry is kept, whatever the retry time it reports: how long quota given
+/// back where this process cannot see it (a reset elsewhere, a refund of a check across
+/// Cluster slots) may go unseen, and how often a flooding identifier reaches the store.
+pub(crate) const MAX_AGE: Duration = Duration::from_secs(1);
 
 #[derive(Debug)]
 pub(crate) struct DenyCache {
@@ -60,6 +67,8 @@ struct Entries {
 struct Entry {
     /// Until when a cost of at least `cost` is denied.
     until: Instant,
+    /// Until when the entry answers: `until`, or [`MAX_AGE`] after the check was sent.
+    kept_until: Instant,
     cost: u64,
     /// When the limit's full quota is back (for headers).
     reset: Instant,
@@ -105,7 +114,7 @@ impl DenyCache {
             let Some(e) = entries.get(id).copied() else {
                 continue;
             };
-            if e.until <= now {
+            if e.kept_until <= now {
                 entries.remove(id);
                 continue;
             }
@@ -166,15 +175,17 @@ impl DenyCache {
                 continue;
             };
             if !entries.contains_key(id) && entries.len() >= self.capacity {
-                entries.retain(|_, e| e.until > sent);
+                entries.retain(|_, e| e.kept_until > sent);
                 if entries.len() >= self.capacity {
                     continue;
                 }
             }
+            let until = sent + Duration::from_micros(e.retry_after_us);
             entries.insert(
                 id.clone(),
                 Entry {
-                    until: sent + Duration::from_micros(e.retry_after_us),
+                    until,
+                    kept_until: until.min(sent + MAX_AGE),
                     cost,
                     reset: sent + Duration::from_micros(e.reset_after_us),
                     limit_index,
@@ -307,6 +318,25 @@ mod tests {
             cache.lookup(&["d".to_string()], &[0], 1, 0).is_some(),
             "room was swept"
         );
+    }
+
+    /// A denial for most of an hour answers for a second, with its whole retry time, then
+    /// goes back to the store, which may have been given quota back meanwhile.
+    #[test]
+    fn an_entry_answers_for_a_second_at_most() {
+        let cache = DenyCache::new(10);
+        let limits = ["100/h".parse::<Limit>().unwrap()];
+        let hour = denial([denied(3_000_000_000)]);
+        let now = Instant::now();
+        let ids = ["fresh".to_string(), "older".to_string()];
+        cache.record(&ids[..1], &limits, &hour, 1, now, 0, 0);
+        let d = cache.lookup(&ids[..1], &[0], 1, 0).expect("cached");
+        assert!(d.retry_after().unwrap() > Duration::from_secs(2_999));
+        // sent just over a second ago: no longer answered
+        let older = now.checked_sub(MAX_AGE + Duration::from_millis(1)).unwrap();
+        cache.record(&ids[1..], &limits, &hour, 1, older, 0, 0);
+        assert!(cache.lookup(&ids[1..], &[0], 1, 0).is_none());
+        assert_eq!(cache.len(), 1, "and forgotten");
     }
 
     #[test]

@@ -164,10 +164,11 @@ impl LimiterBuilder {
     /// the limiter answers that identifier's requests (of at least the same cost) in process
     /// until then, without a round trip: a client flooding the fleet is answered without
     /// touching Redis. It never denies a request Redis would allow (others' requests only
-    /// use quota; concurrency limits are never cached); what it gives up is that resetting
-    /// the identifier elsewhere (another process's [`Limiter::reset`], or in Redis by hand) is
-    /// seen here only when the entry expires. The memory store and a manual clock never use
-    /// it.
+    /// use quota; concurrency limits are never cached). What it gives up is quota given back
+    /// where this process cannot see it — the identifier reset elsewhere (another process's
+    /// [`Limiter::reset`], or in Redis by hand), a charge given back after a check across
+    /// Redis Cluster slots —, so an entry answers for a second at most, then the store is
+    /// asked again. The memory store and a manual clock never use it.
     pub fn deny_cache(mut self, max_identifiers: usize) -> Self {
         self.deny_cache = max_identifiers;
         self
