@@ -6,18 +6,27 @@
 //! cargo run --example axum -- redis://127.0.0.1/
 //! curl -i localhost:3000/ -H 'authorization: Bearer alice'
 //! ```
+//!
+//! With Redis, the server starts even while Redis is down: checks then follow the limiter's
+//! failure policy (by default, requests go through, counted and logged) until it is back.
+
+mod report;
 
 use std::net::SocketAddr;
+use std::process::ExitCode;
 
 use axum::extract::Request;
 use axum::middleware::{self, Next};
 use axum::response::Response;
 use axum::routing::{get, post};
 use axum::Router;
-use tollgate::key::{ClientIp, Extension, IpCidr, RequestView};
+use tollgate::key::{Extension, PeerIp, RequestView};
 use tollgate::{Limiter, MemoryStore, RateLimitLayer, RedisStore, Store};
 
-/// Set by the (toy) authentication middleware below, read by the rate limiter.
+/// Set by the authentication middleware below, read by the rate limiter. A real one inserts
+/// it only once the credentials are verified — anyone can send `Bearer alice`, and would use
+/// up alice's quota — and holds a stable id that is no secret (a session token would end up
+/// in the store's key names).
 #[derive(Clone, Debug)]
 struct UserId(String);
 
@@ -41,9 +50,18 @@ async fn authenticate(mut req: Request, next: Next) -> Response {
 }
 
 #[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
+async fn main() -> ExitCode {
+    match run().await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => report::failure(&*e),
+    }
+}
+
+async fn run() -> Result<(), Box<dyn std::error::Error>> {
     let store: Store = match std::env::args().nth(1) {
-        Some(url) => RedisStore::connect(url).await?.into(),
+        // Connects in the background (`RedisStore::connect(url).await?` would wait for Redis
+        // and stop here, with the message naming the fix, while it cannot serve the store).
+        Some(url) => RedisStore::builder(url).build_lazy()?.into(),
         None => MemoryStore::new().into(),
     };
     let general = Limiter::new(store.clone(), "10/s, 120/min, 240/h".parse()?);
@@ -54,8 +72,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .build();
 
     let limits = RateLimitLayer::new(general)
-        // the client IP as seen through our own proxies (here: any private address)…
-        .key(ClientIp::trusted_proxies(IpCidr::private_networks()))
+        // the client IP: the peer's address, as nothing stands in front of this server.
+        // Behind reverse proxies, `ClientIp::trusted_proxies([their networks])` reads the
+        // forwarding headers they add; never trust an address clients can connect from (a
+        // client sending its own `X-Forwarded-For` would pick its key)…
+        .key(PeerIp::new())
         // …and the user, when there is one: both are checked, all-or-nothing
         .key(Extension::<UserId>::new())
         // `/login` is held to 5 a minute as well as to the general limits…

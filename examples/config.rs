@@ -9,15 +9,18 @@
 //!
 //! Policies deserialize from their text (`"10/s, 120/min"`) and
 //! [`LayerSettings`] from plain values, so an application's own settings struct can hold
-//! them directly.
+//! them directly. `TOLLGATE_LAYER` overrides the settings it names, one by one.
+
+mod report;
 
 use std::error::Error;
+use std::process::ExitCode;
 
 use axum::body::Body;
 use axum::routing::get;
 use axum::Router;
 use serde::Deserialize;
-use tollgate::key::{Header, RequestView};
+use tollgate::key::{Header, PeerIp, RequestView};
 use tollgate::layer::LayerSettings;
 use tollgate::{Limiter, MemoryStore, Policy, RateLimitLayer};
 use tower::ServiceExt;
@@ -54,32 +57,48 @@ fn load() -> Result<Settings, Box<dyn Error>> {
         concat!(env!("CARGO_MANIFEST_DIR"), "/examples/tollgate.toml").to_string()
     });
     let text = std::fs::read_to_string(&path).map_err(|e| format!("{path}: {e}"))?;
-    let mut settings: Settings = toml::from_str(&text).map_err(|e| format!("{path}: {e}"))?;
-    // The environment overrides the file: a whole policy as text…
+    let mut file: toml::Table = toml::from_str(&text).map_err(|e| format!("{path}:\n{e}"))?;
+    // The environment overrides the file: layer settings as TOML, each one it names (the
+    // file's others stay)…
+    if let Ok(layer) = std::env::var("TOLLGATE_LAYER") {
+        let over: toml::Table =
+            toml::from_str(&layer).map_err(|e| format!("TOLLGATE_LAYER:\n{e}"))?;
+        let table = file
+            .entry("layer")
+            .or_insert_with(|| toml::Table::new().into())
+            .as_table_mut()
+            .ok_or(format!("{path}: `layer` is not a table"))?;
+        table.extend(over);
+    }
+    let mut settings: Settings = toml::Value::Table(file)
+        .try_into()
+        .map_err(|e| format!("{path}:\n{e}"))?;
+    // …or a whole policy as text.
     if let Ok(policy) = std::env::var("TOLLGATE_POLICY") {
         settings.policy = policy
             .parse()
             .map_err(|e| format!("TOLLGATE_POLICY: {e}"))?;
     }
-    // …or layer settings, as TOML.
-    if let Ok(layer) = std::env::var("TOLLGATE_LAYER") {
-        settings.layer = toml::from_str(&layer).map_err(|e| format!("TOLLGATE_LAYER: {e}"))?;
-    }
     Ok(settings)
 }
 
-fn layer(settings: Settings) -> RateLimitLayer {
+fn layer(settings: Settings) -> Result<RateLimitLayer, Box<dyn Error>> {
     let store = MemoryStore::new();
     let mut layer = RateLimitLayer::new(Limiter::new(store.clone(), settings.policy))
+        // The client's address and its API key, both checked. The key alone would let a
+        // client that sends a new value each time start afresh each time (the layer runs
+        // before anything checks the key), and a request without one would have no key.
+        .key(PeerIp::new())
         // by the key's SHA-1: the secret stays out of the store's key names
-        .key(
-            Header::named("x-api-key")
-                .expect("a valid header name")
-                .hashed(),
-        )
+        .key(Header::named("x-api-key")?.hashed())
         .with_settings(settings.layer);
-    for route in settings.routes {
-        let limiter = Limiter::new(store.clone(), route.policy);
+    for (i, route) in settings.routes.into_iter().enumerate() {
+        // A namespace of its own: a route's limits would otherwise count together with the
+        // default ones of the same algorithm and window (by index: a path may hold
+        // characters a namespace may not).
+        let limiter = Limiter::builder(store.clone(), route.policy)
+            .namespace(format!("route{i}").parse()?)
+            .build();
         let path = route.path;
         let matches = move |req: &RequestView<'_>| req.uri.path() == path;
         layer = match route.mode {
@@ -87,11 +106,18 @@ fn layer(settings: Settings) -> RateLimitLayer {
             Mode::Replacing => layer.route_replacing(matches, limiter),
         };
     }
-    layer
+    Ok(layer)
 }
 
 #[tokio::main]
-async fn main() -> Result<(), Box<dyn Error>> {
+async fn main() -> ExitCode {
+    match run().await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => report::failure(&*e),
+    }
+}
+
+async fn run() -> Result<(), Box<dyn Error>> {
     let settings = load()?;
     println!("policy: {}", settings.policy);
     println!("layer:  {:?}", settings.layer);
@@ -99,7 +125,7 @@ async fn main() -> Result<(), Box<dyn Error>> {
         .route("/", get(|| async { "ok" }))
         .route("/login", get(|| async { "welcome" }))
         .route("/export", get(|| async { "exported" }))
-        .layer(layer(settings));
+        .layer(layer(settings)?);
 
     for path in ["/", "/login", "/login", "/login", "/login", "/export"] {
         let req = http::Request::get(path)

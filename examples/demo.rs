@@ -348,10 +348,11 @@ async fn send(
         .await
         .map(|b| b.to_bytes())
         .unwrap_or_default();
-    // "rate limit exceeded: 10/s (retry in 1 s)"
+    // "rate limit exceeded: 10/s (retry in 1 s)", "too many concurrent requests: 5 concurrent…"
     let text = String::from_utf8_lossy(&body);
-    let limit = text
-        .strip_prefix("rate limit exceeded: ")
+    let limit = ["rate limit exceeded: ", "too many concurrent requests: "]
+        .iter()
+        .find_map(|prefix| text.strip_prefix(prefix))
         .and_then(|t| t.split(" (").next())
         .unwrap_or(status.as_str());
     Ok(Outcome::Limited(limit.to_string(), fields))

@@ -12,7 +12,10 @@
 //! lies further ahead than `--max-wait` are `rejected` at once. Each line is
 //! `LABEL-<n> start_ms=<unix ms>` or `LABEL-<n> rejected`.
 
+mod report;
+
 use std::convert::Infallible;
+use std::process::ExitCode;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tollgate::{KeyedRateLimitLayer, MemoryStore, RateLimited, RedisStore, Scheduler, Store};
@@ -27,7 +30,8 @@ struct Args {
     label: String,
 }
 
-fn parse_args() -> Result<Args, BoxError> {
+/// The arguments; `None` for `--help`.
+fn parse_args() -> Result<Option<Args>, BoxError> {
     let mut args = Args {
         redis: None,
         rate: "4/s".into(),
@@ -37,24 +41,31 @@ fn parse_args() -> Result<Args, BoxError> {
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
+        if flag == "--help" || flag == "-h" {
+            return Ok(None);
+        }
         let value = it.next().ok_or(format!("{flag} needs a value"))?;
+        let bad = |e: &dyn std::fmt::Display| format!("{flag} {value}: {e}");
         match flag.as_str() {
             "--redis" => args.redis = Some(value),
             "--rate" => args.rate = value,
-            "--events" => args.events = value.parse()?,
-            "--max-wait" => args.max_wait = parse_duration(&value)?,
+            "--events" => args.events = value.parse().map_err(|e| bad(&e))?,
+            "--max-wait" => args.max_wait = parse_duration(&value).map_err(|e| bad(&e))?,
             "--label" => args.label = value,
-            other => return Err(format!("unknown flag {other}").into()),
+            other => return Err(format!("unknown flag {other} (see --help)").into()),
         }
     }
-    Ok(args)
+    Ok(Some(args))
 }
+
+const USAGE: &str = "usage: outbound [--redis URL] [--rate 4/s] [--events 12] \
+    [--max-wait 3s|500ms] [--label A]";
 
 /// `3s`, `500ms` or a number of seconds.
 fn parse_duration(text: &str) -> Result<Duration, BoxError> {
     Ok(match text.strip_suffix("ms") {
         Some(ms) => Duration::from_millis(ms.parse()?),
-        None => Duration::from_secs_f64(text.trim_end_matches('s').parse()?),
+        None => Duration::try_from_secs_f64(text.trim_end_matches('s').parse()?)?,
     })
 }
 
@@ -74,8 +85,18 @@ async fn call_provider(charge: Charge) -> Result<String, Infallible> {
 }
 
 #[tokio::main]
-async fn main() -> Result<(), BoxError> {
-    let args = parse_args()?;
+async fn main() -> ExitCode {
+    match run().await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => report::failure(&*e),
+    }
+}
+
+async fn run() -> Result<(), BoxError> {
+    let Some(args) = parse_args()? else {
+        println!("{USAGE}");
+        return Ok(());
+    };
     let store: Store = match &args.redis {
         Some(url) => RedisStore::connect(url.clone()).await?.into(),
         None => MemoryStore::new().into(),

@@ -6,9 +6,12 @@
 //! cargo run --example tonic
 //! ```
 //!
-//! To limit per API key sent as metadata instead, add
-//! `.key(tollgate::key::Header::named("x-api-key")?.hashed())` to the layer: gRPC metadata is HTTP
-//! headers.
+//! To limit per API key sent as metadata as well, add
+//! `.key(tollgate::key::PeerIp::new()).key(tollgate::key::Header::named("x-api-key")?.hashed())`
+//! to the layer (gRPC metadata is HTTP headers). Keep the address: the layer runs before
+//! anything checks the key, so a client sending a new key each time would start afresh each
+//! time. Behind a gRPC proxy (Envoy, an ingress) the peer is the proxy, shared by every
+//! client: key by `tollgate::key::ClientIp::trusted_proxies([its network])` instead.
 
 mod greeter;
 
