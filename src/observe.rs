@@ -7,7 +7,7 @@
 //!
 //! | metric | kind | labels |
 //! |---|---|---|
-//! | `tollgate_decisions_total` | counter | `limiter`, `outcome` (`allowed`, `denied`, `shadow_denied`), `limit` (the denying limit, or empty) |
+//! | `tollgate_decisions_total` | counter | `limiter` (a limiter's or a scheduler's name), `outcome` (`allowed`, `denied`, `shadow_denied`), `limit` (the denying limit, or empty) |
 //! | `tollgate_deny_cache_hits_total` | counter | `limiter` |
 //! | `tollgate_failure_policy_total` | counter | `limiter`, `action` (`open`, `closed`, `fallback`) |
 //! | `tollgate_store_errors_total` | counter | `store`, `kind` ([`StoreError::kind_label`]) |

@@ -226,3 +226,78 @@ async fn a_fallback_denial_is_counted_under_the_limit_it_stands_for() {
     assert_eq!(denied, 1.0);
     assert_eq!(by_limit.get("1/s"), Some(&1.0), "{by_limit:?}");
 }
+
+/// A scheduled client layer counts its placements as a limiter counts its checks; in shadow
+/// mode every call goes at once, a would-be rejection is counted and logged as one, and a
+/// call the enforcing layer would fail (a cost above the burst, a store failing closed) goes
+/// too, as a would-be rejection.
+#[tokio::test]
+async fn a_scheduled_layer_counts_its_placements_and_shadow_mode_refuses_nothing() {
+    use tollgate::{KeyedRateLimitLayer, OnStoreError, RateLimited, Scheduler};
+    observed();
+    let clock = manual_clock();
+    let memory = || {
+        MemoryStore::builder()
+            .clock(Clock::Manual(clock.clone()))
+            .build()
+    };
+    let service = |scheduler: Scheduler, cost: u64, shadow: bool| {
+        let ids = move |_: &()| tollgate::service::Identifiers::from((vec!["psp:x".into()], cost));
+        KeyedRateLimitLayer::scheduled(scheduler, ids)
+            .shadow(shadow)
+            .layer(service_fn(|()| async { Ok::<_, Infallible>(()) }))
+    };
+    // enforcing: one call goes, the next is rejected
+    let enforcing = Scheduler::builder(memory(), "1/min".parse().unwrap())
+        .name("sched-enforcing")
+        .build();
+    let mut svc = service(enforcing, 1, false);
+    svc.ready().await.unwrap().call(()).await.unwrap();
+    let err = svc.ready().await.unwrap().call(()).await.unwrap_err();
+    assert!(err.downcast_ref::<RateLimited>().is_some(), "{err}");
+    assert_eq!(decisions("sched-enforcing", "allowed").0, 1.0);
+    let (denied, by_limit) = decisions("sched-enforcing", "denied");
+    assert_eq!(denied, 1.0);
+    assert_eq!(by_limit.get("1/min"), Some(&1.0), "{by_limit:?}");
+
+    // in shadow mode: every call goes, would-be rejections counted and logged once
+    let trial = Scheduler::builder(memory(), "1/min".parse().unwrap())
+        .name("sched-shadow")
+        .build();
+    let mut svc = service(trial.clone(), 1, true);
+    for _ in 0..3 {
+        svc.ready().await.unwrap().call(()).await.unwrap();
+    }
+    assert_eq!(decisions("sched-shadow", "allowed").0, 1.0);
+    let (shadow_denied, by_limit) = decisions("sched-shadow", "shadow_denied");
+    assert_eq!(shadow_denied, 2.0);
+    assert_eq!(by_limit.get("1/min"), Some(&2.0), "{by_limit:?}");
+    assert_eq!(decisions("sched-shadow", "denied").0, 0.0);
+    let lines = log_lines("limiter=\"sched-shadow\"");
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    // a cost above the burst: an error when enforcing, a would-be rejection in shadow mode
+    let mut svc = service(trial, 2, true);
+    svc.ready().await.unwrap().call(()).await.unwrap();
+    assert_eq!(decisions("sched-shadow", "shadow_denied").0, 3.0);
+    // a store failing closed: the same
+    let dead = tollgate::RedisStore::builder(common::dead_url())
+        .prefix("sched-dead")
+        .build_lazy()
+        .unwrap();
+    let closed = Scheduler::builder(dead, "1/min".parse().unwrap())
+        .name("sched-closed")
+        .on_store_error(OnStoreError::Closed)
+        .build();
+    let mut svc = service(closed.clone(), 1, false);
+    let err = svc.ready().await.unwrap().call(()).await.unwrap_err();
+    assert!(
+        matches!(
+            err.downcast_ref::<tollgate::Error>(),
+            Some(tollgate::Error::Store(_))
+        ),
+        "{err}"
+    );
+    let mut svc = service(closed, 1, true);
+    svc.ready().await.unwrap().call(()).await.unwrap();
+    assert_eq!(decisions("sched-closed", "shadow_denied").0, 1.0);
+}

@@ -7,7 +7,7 @@ use std::time::Duration;
 use super::{Error, OnStoreError};
 use crate::algorithm::schedule::{Placement, Rate};
 use crate::decision::{Decision, LimitStatus, Origin};
-use crate::observe::{self, Action, LimiterKeys};
+use crate::observe::{self, Action, BoundedLog, LimiterKeys};
 use crate::policy::{Algorithm, Limit};
 use crate::store::{keyspace, MemoryStore, Namespace, Store, StoreError};
 
@@ -89,6 +89,8 @@ struct Inner {
     name: Arc<str>,
     /// The keys of what its requests count in the metrics.
     keys: LimiterKeys,
+    /// The would-be rejections of a scheduled layer in shadow mode, logged at a bounded rate.
+    shadow_log: BoundedLog,
 }
 
 impl fmt::Debug for Scheduler {
@@ -168,7 +170,8 @@ impl SchedulerBuilder {
         let name: Arc<str> = self.name.unwrap_or_else(|| self.rate.to_string()).into();
         Scheduler {
             inner: Arc::new(Inner {
-                keys: LimiterKeys::new(&name, &[], &[]),
+                keys: LimiterKeys::new(&name, &[self.rate], &[]),
+                shadow_log: BoundedLog::default(),
                 name,
                 rate: rate_of(&self.rate),
                 limit: self.rate,
@@ -262,7 +265,7 @@ impl Scheduler {
         cost: u64,
         max_wait: Duration,
     ) -> Result<Decision, Error> {
-        let (decision, pending) = self.place(identifier, cost, max_wait).await?;
+        let (decision, pending) = self.place(identifier, cost, max_wait, false).await?;
         if let Some(mut pending) = pending {
             tokio::time::sleep(Duration::from_micros(pending.placement.wait_us)).await;
             // the slot has come: it is the caller's, whatever it does next
@@ -272,8 +275,37 @@ impl Scheduler {
     }
 
     /// Places the event without waiting: the decision, and when its slot lies ahead the
-    /// pending slot, given back if dropped.
+    /// pending slot, given back if dropped. Counted in the decision metrics as a limiter's
+    /// checks are; in `shadow` mode (a scheduled layer's) as a would-be rejection when the
+    /// event would be rejected, logged at a bounded rate, and never an error for want of a
+    /// store or for a cost above the burst: the event goes, as a would-be rejection.
     pub(crate) async fn place(
+        &self,
+        identifier: &str,
+        cost: u64,
+        max_wait: Duration,
+        shadow: bool,
+    ) -> Result<(Decision, Option<Pending>), Error> {
+        let placed = match self.place_enforcing(identifier, cost, max_wait).await {
+            Ok(placed) => placed,
+            Err(Error::Cost { .. } | Error::Store(_)) if shadow => {
+                (Decision::refused_unchecked(cost), None)
+            }
+            Err(e) => return Err(e),
+        };
+        let (mut decision, pending) = placed;
+        decision.shadow |= shadow;
+        let inner = &*self.inner;
+        observe::decision(&inner.keys, &decision);
+        if decision.shadow && decision.would_deny() {
+            let rate = decision.would_deny_by().map(|s| &s.limit);
+            inner.shadow_log.would_deny(&inner.name, rate);
+        }
+        Ok((decision, pending))
+    }
+
+    /// [`place`](Self::place) as when enforcing, not counted.
+    async fn place_enforcing(
         &self,
         identifier: &str,
         cost: u64,
@@ -461,7 +493,7 @@ mod tests {
         let mut out = Vec::new();
         for i in 0..events {
             let s = &schedulers[i % schedulers.len()];
-            let (decision, pending) = s.place("psp:acme", 1, max_wait).await.unwrap();
+            let (decision, pending) = s.place("psp:acme", 1, max_wait, false).await.unwrap();
             let wait = pending.as_ref().map_or(0, |p| p.placement.wait_us);
             if let Some(mut p) = pending {
                 p.store = None;
@@ -545,14 +577,14 @@ mod tests {
         let clock = ManualClock::new(1_767_225_600_000_000);
         let s = scheduler(&clock, "4/s");
         let long = Duration::from_secs(5);
-        let (_, first) = s.place("psp:acme", 1, long).await.unwrap();
+        let (_, first) = s.place("psp:acme", 1, long, false).await.unwrap();
         assert!(first.is_none(), "the first goes at once");
-        let (_, second) = s.place("psp:acme", 1, long).await.unwrap();
-        let (_, third) = s.place("psp:acme", 1, long).await.unwrap();
+        let (_, second) = s.place("psp:acme", 1, long, false).await.unwrap();
+        let (_, third) = s.place("psp:acme", 1, long, false).await.unwrap();
         // the second is not the last one placed: its slot stays used
         drop(second);
         let next = |s: Scheduler| async move {
-            let (d, p) = s.place("psp:acme", 1, Duration::ZERO).await.unwrap();
+            let (d, p) = s.place("psp:acme", 1, Duration::ZERO, false).await.unwrap();
             drop(p);
             d.retry_after()
         };
@@ -561,7 +593,7 @@ mod tests {
         drop(third);
         assert_eq!(next(s.clone()).await, Some(Duration::from_millis(500)));
         // a caller that waited out its slot keeps it
-        let (_, p) = s.place("psp:acme", 1, long).await.unwrap();
+        let (_, p) = s.place("psp:acme", 1, long, false).await.unwrap();
         let mut p = p.unwrap();
         p.store = None;
         drop(p);

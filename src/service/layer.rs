@@ -197,9 +197,13 @@ impl<F> KeyedRateLimitLayer<F> {
 }
 
 impl<F> KeyedRateLimitLayer<F> {
-    /// Shadow mode (default: off): every call goes through, and what the limiter decides is
-    /// recorded, as with [`LimiterBuilder::shadow`](crate::LimiterBuilder::shadow) — to try
-    /// a limit before enforcing it. Calls are charged as when enforcing; none waits.
+    /// Shadow mode (default: off): every call goes through, and what the limiter or the
+    /// [scheduler](Self::scheduled) decides is recorded, as with
+    /// [`LimiterBuilder::shadow`](crate::LimiterBuilder::shadow) — to try a limit before
+    /// enforcing it: would-be refusals count as `outcome="shadow_denied"` in
+    /// `tollgate_decisions_total` and are logged at most once every 10 s. Calls are charged
+    /// (or placed) as when enforcing; none waits, and none fails for a cost the limit never
+    /// admits or a store that fails closed.
     pub fn shadow(mut self, shadow: bool) -> Self {
         self.shadow = shadow;
         self

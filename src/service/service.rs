@@ -110,7 +110,8 @@ where
 
 /// Waits for the request's slot in `scheduler`'s queue of its one identifier, when it lies at
 /// most `max_wait` ahead. In shadow mode the request is placed as when enforcing and goes at
-/// once, rejected or not.
+/// once, rejected or not, and a placement the store or the cost would fail lets it go too
+/// (see `Scheduler::place`).
 ///
 /// # Errors
 ///
@@ -138,11 +139,10 @@ async fn wait_for_slot(
     if !shadow {
         return scheduler.schedule_n(id, cost, max_wait).await;
     }
-    let (mut decision, pending) = scheduler.place(id, cost, max_wait).await?;
+    let (decision, pending) = scheduler.place(id, cost, max_wait, true).await?;
     if let Some(mut pending) = pending {
         // charged as when enforcing: the slot stays taken
         pending.store = None;
     }
-    decision.shadow = true;
     Ok(decision)
 }
