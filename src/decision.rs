@@ -9,7 +9,8 @@ use crate::policy::Limit;
 /// The decision of one check: allowed or not, and for every (identifier, limit) pair its
 /// remaining quota and reset time.
 ///
-/// A denied check charged nothing anywhere; [`Decision::retry_after`] says when the same
+/// A denied check charged nothing anywhere (on a Redis Cluster, a check across hash slots
+/// gives back what the admitting slots charged); [`Decision::retry_after`] says when the same
 /// request would be allowed if nothing else happened in between.
 ///
 /// When the policy has a concurrency limit, an allowed decision holds the request's slots
@@ -161,7 +162,8 @@ pub struct LimitStatus {
     pub remaining: u64,
     /// Time until this limit's full quota is available again (zero when it already is).
     pub reset_after: Duration,
-    /// When this limit denied: time until it would admit the same cost.
+    /// When this limit denied: time until it would admit the same cost (for a concurrency
+    /// limit a hint: the earliest lease deadline, or a second).
     pub retry_after: Option<Duration>,
 }
 
@@ -253,7 +255,8 @@ impl Decision {
     }
 
     /// When denied: the earliest time from the decision at which the same request would be
-    /// allowed if nothing else happens — the longest wait among the limits that denied.
+    /// allowed if nothing else happens — the longest wait among the limits that denied (a
+    /// concurrency limit's being a hint: slots free when requests finish).
     /// `None` when allowed (in shadow mode too: see
     /// [`would_deny_by`](Decision::would_deny_by)).
     pub fn retry_after(&self) -> Option<Duration> {

@@ -2,8 +2,8 @@
 //!
 //! Distributed rate limiting: multi-limit policies such as `10/s, 120/min, 240/h`, checked
 //! for several identifiers at once (the client IP *and* the user), decided all-or-nothing in
-//! one atomic Redis script call — or in process, with the same algorithms and the same
-//! decisions.
+//! one atomic Redis script call (on a Redis Cluster, one per hash slot: see below) — or in
+//! process, with the same algorithms and the same decisions.
 //!
 //! ```no_run
 //! use std::net::SocketAddr;
@@ -62,6 +62,8 @@
 //! | `redis` | yes | [`RedisStore`] |
 //! | `axum` | yes | the peer address from axum's `ConnectInfo`, route templates from `MatchedPath` |
 //! | `tonic` | yes | the peer address from tonic's `TcpConnectInfo` |
+//! | `tracing` | yes | log events: a store failing and recovering, would-be denials in shadow mode, requests without a key |
+//! | `metrics` | no | counters, a gauge and a histogram through the `metrics` facade (decisions, failure-policy answers, store errors and latency) |
 //! | `serde` | no | `Serialize`/`Deserialize` for [`Policy`] and [`Limit`] (as their text) and [`LayerSettings`](layer::LayerSettings) |
 //!
 //! ## Without tower
@@ -102,11 +104,21 @@
 //! Guarantees, for both stores:
 //!
 //! * **All-or-nothing.** Every limit is evaluated for every identifier before anything is
-//!   written; a denied request charges nothing anywhere.
+//!   written; a denied request charges nothing anywhere. On a Redis Cluster, identifiers in
+//!   different hash slots are checked one call per slot: when one slot denies, what the others
+//!   charged is given back by a second call, and may deny other requests until then
+//!   ([`RedisStore::builder`] says more).
 //! * **One clock.** The Redis store reads the time from Redis `TIME`, so application servers'
 //!   clock drift does not matter. A manual [`Clock`] exists for tests and replays.
 //! * **Exact retry times.** [`Decision::retry_after`] is the earliest moment at which the
-//!   same request would be admitted if nothing else happened, to the microsecond.
+//!   same request would be admitted if nothing else happened, to the microsecond, for every
+//!   rate limit. A concurrency limit cannot know when a slot frees: its retry time is a hint,
+//!   the earliest lease deadline or a second, whichever comes first.
+//! * **A Tokio runtime, for what waits.** Checks that wait
+//!   ([`Limiter::check_n_waiting`], [`Scheduler::schedule_n`]) sleep on Tokio's timer (they
+//!   panic outside a runtime with its time driver), and a concurrency slot's lease is renewed
+//!   by a task on the runtime of its first check: a slot taken outside a runtime is not
+//!   renewed, and lapses after its lease.
 //! * **Bounded state.** Every Redis key has a TTL no shorter than its state's lifetime; the
 //!   memory store evicts expired state and holds a bounded number of keys.
 

@@ -54,8 +54,8 @@ pub enum HeaderStyle {
     /// them (the default).
     #[default]
     Ietf,
-    /// `X-RateLimit-Limit`, `X-RateLimit-Remaining` and `X-RateLimit-Reset`, for the limit
-    /// closest to exhaustion.
+    /// `X-RateLimit-Limit`, `X-RateLimit-Remaining` and `X-RateLimit-Reset`, for the rate
+    /// limit closest to exhaustion (concurrency limits are not reported in this style).
     Legacy,
     /// Both sets.
     Both,

@@ -20,10 +20,13 @@ use crate::{Decision, Limiter};
 ///
 /// let store = MemoryStore::new();
 /// let limiter = Limiter::new(store.clone(), "10/s, 120/min".parse().unwrap());
-/// let login = Limiter::new(store, "5/min log".parse().unwrap());
+/// // a namespace of its own: its counts stay apart from the default limiter's
+/// let login = Limiter::builder(store, "5/min log".parse().unwrap())
+///     .namespace("login".parse().unwrap())
+///     .build();
 /// let layer = RateLimitLayer::new(limiter)
 ///     .key(PeerIp::default())                                   // the client IP…
-///     .key(Header::named("x-api-key").unwrap())                 // …and the API key, together
+///     .key(Header::named("x-api-key").unwrap().hashed())        // …and the API key, together
 ///     // `/login` is also held to 5 a minute, on top of the default limits
 ///     .route_adding(|req: &RequestView<'_>| req.uri.path() == "/login", login)
 ///     .bypass(|req: &RequestView<'_>| req.uri.path() == "/health");
@@ -146,8 +149,9 @@ impl RateLimitLayer {
         self.edit(|c| c.missing = missing)
     }
 
-    /// The cost (weight) of a request, default 1. A cost no limit could ever admit is
-    /// answered with `400 Bad Request`.
+    /// The cost (weight) of a request, default 1. A cost of 0, or more than some limit of the
+    /// policy could ever admit ([`Policy::max_cost`](crate::Policy::max_cost)), is answered
+    /// with `400 Bad Request` (let through in shadow mode).
     pub fn cost<F>(self, cost: F) -> Self
     where
         F: Fn(&RequestView<'_>) -> u64 + Send + Sync + 'static,
@@ -271,9 +275,10 @@ impl RateLimitLayer {
         self.edit(|c| c.shadow = shadow)
     }
 
-    /// Builds the response to a limited HTTP request (gRPC requests always get
-    /// `RESOURCE_EXHAUSTED`). `Retry-After` and the rate-limit headers are added unless the
-    /// handler set them.
+    /// Builds the response to a limited HTTP request. gRPC requests do not reach it: they get
+    /// the gRPC code of the [status](Self::limited_status) (`RESOURCE_EXHAUSTED` for 429,
+    /// `UNAVAILABLE` for 503). `Retry-After` is added unless the handler set it, and the
+    /// layer's rate-limit items are merged into any the handler wrote.
     pub fn on_limited<F>(self, handler: F) -> Self
     where
         F: Fn(&RequestView<'_>, &Decision) -> http::Response<Bytes> + Send + Sync + 'static,

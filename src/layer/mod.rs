@@ -40,7 +40,7 @@
 //!
 //! ```text
 //! RateLimit-Policy: "10/s";q=10;w=1, "120/min";q=120;w=60, "5 concurrent";q=5;qu="concurrent-requests"
-//! RateLimit: "10/s";r=0;t=1, "120/min";r=104;t=60, "5 concurrent";r=4
+//! RateLimit: "10/s";r=0;t=1, "120/min";r=104;t=1, "5 concurrent";r=4
 //! Retry-After: 1
 //! ```
 //!
@@ -71,7 +71,7 @@
 //! carries `pk`, a keyed hash of the identifier it describes (never the identifier).
 //!
 //! [`HeaderStyle::Legacy`] sends `X-RateLimit-Limit`, `X-RateLimit-Remaining` (the `q` and `r`
-//! of the limit closest to exhaustion) and `X-RateLimit-Reset` (the seconds until its whole
+//! of the rate limit closest to exhaustion; concurrency limits are not reported in this style) and `X-RateLimit-Reset` (the seconds until its whole
 //! quota is back) instead.
 
 mod check;

@@ -5,8 +5,10 @@
 /// [`LimiterBuilder::on_store_error`](crate::LimiterBuilder::on_store_error).
 ///
 /// Whatever the choice, the failure is visible: with the `tracing` feature a warning when the
-/// store starts failing and when it recovers, with the `metrics` feature a counter of the
-/// checks each policy answered (see the crate's `observe` documentation in the README).
+/// store's circuit breaker opens (three failures in a row) and when it closes again, each
+/// failed call at `debug`; with the `metrics` feature every failed call
+/// (`tollgate_store_errors_total`) and every answer of the policy
+/// (`tollgate_failure_policy_total`) is counted — the README's failures table lists them.
 /// While Redis is down the store's circuit breaker answers at once, so a request does not pay
 /// the store's timeout for rate limiting.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
@@ -24,7 +26,8 @@ pub enum OnStoreError {
     Closed,
     /// Decide with a limiter in this process, on the same policy scaled to this process's
     /// share of the fleet. Its counts start empty when the store fails and are its own: what
-    /// was counted in Redis is not known to it, and what it counts is not written back.
+    /// was counted in Redis is not known to it, and what it counts is not written back. A
+    /// cost the scaled policy cannot hold fails as when closed.
     Fallback(Fallback),
 }
 

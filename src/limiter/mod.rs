@@ -478,8 +478,10 @@ impl Limiter {
     /// [`Error::Cost`] when `cost` is 0 or more than some limit could ever admit
     /// (a request that can never fit is an error, not an eternal denial),
     /// [`Error::NoIdentifiers`] / [`Error::TooManyIdentifiers`], and [`Error::Store`] when
-    /// the store could not decide and the limiter fails closed ([`OnStoreError::Closed`]).
-    /// In shadow mode, only the identifier errors.
+    /// the store could not decide and the limiter fails closed ([`OnStoreError::Closed`]),
+    /// or falls back to a scaled policy that cannot hold `cost` ([`OnStoreError::Fallback`]:
+    /// `10/s` at a tenth of the fleet is `1/s`, which no cost above 1 fits). In shadow mode,
+    /// only the identifier errors.
     pub async fn check_n<I: AsRef<str>>(
         &self,
         identifiers: &[I],

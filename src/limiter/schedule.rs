@@ -258,7 +258,13 @@ impl Scheduler {
     ///
     /// [`Error::Cost`] when `cost` is 0 or more than the [burst](Scheduler::burst), and
     /// [`Error::Store`] when the store could not place the event and the scheduler fails
-    /// closed ([`OnStoreError::Closed`]).
+    /// closed ([`OnStoreError::Closed`]), or falls back to a scaled rate whose burst is below
+    /// `cost` ([`OnStoreError::Fallback`]).
+    ///
+    /// # Panics
+    ///
+    /// Outside a Tokio runtime with its time driver, when the slot lies ahead (the wait is
+    /// Tokio's timer).
     pub async fn schedule_n(
         &self,
         identifier: &str,

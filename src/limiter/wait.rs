@@ -12,6 +12,10 @@ impl Limiter {
     /// # Errors
     ///
     /// As [`Limiter::check_n`].
+    ///
+    /// # Panics
+    ///
+    /// As [`Limiter::check_n_waiting`].
     pub async fn check_waiting<I: AsRef<str>>(
         &self,
         identifiers: &[I],
@@ -62,6 +66,11 @@ impl Limiter {
     /// # Errors
     ///
     /// As [`Limiter::check_n`].
+    ///
+    /// # Panics
+    ///
+    /// Outside a Tokio runtime with its time driver, when the request waits (the wait is
+    /// Tokio's timer).
     pub async fn check_n_waiting<I: AsRef<str>>(
         &self,
         identifiers: &[I],

@@ -93,8 +93,8 @@ pub(super) enum Gate {
 ///
 /// struct Charge { provider: &'static str, cents: u64 }
 ///
-/// // The payment provider allows 100 calls per second to the whole fleet; wait up to 2 s
-/// // for a slot rather than fail.
+/// // The payment provider allows 100 calls per second (with a RedisStore, to the whole
+/// // fleet); wait up to 2 s for a slot rather than fail.
 /// let limiter = Limiter::new(MemoryStore::new(), "100/s log".parse().unwrap());
 /// let layer = KeyedRateLimitLayer::new(limiter, |c: &Charge| format!("psp:{}", c.provider).into())
 ///     .wait_up_to(Duration::from_secs(2));

@@ -23,8 +23,10 @@ type BoxError = Box<dyn std::error::Error + Send + Sync>;
 /// * [`RateLimited`](crate::RateLimited) when the limit refuses the call (after waiting up to
 ///   [`wait_up_to`](KeyedRateLimitLayer::wait_up_to), if set);
 /// * the limiter's [`Error`](crate::Error) when the check cannot be made: an impossible
-///   cost, no identifiers, or a failed store when the limiter fails closed
-///   ([`OnStoreError::Closed`](crate::OnStoreError::Closed));
+///   cost, no identifiers or too many, several for a [scheduled](KeyedRateLimitLayer::scheduled)
+///   layer ([`Error::NotOneIdentifier`](crate::Error::NotOneIdentifier)), or a failed store
+///   when the limiter fails closed ([`OnStoreError::Closed`](crate::OnStoreError::Closed)) or
+///   its fallback cannot hold the cost (in shadow mode, only the identifier errors);
 /// * otherwise the inner service's own error, unchanged.
 pub struct KeyedRateLimit<S, F> {
     inner: S,

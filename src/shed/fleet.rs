@@ -28,7 +28,8 @@ use crate::store::Store;
 /// use tollgate::shed::{FleetShedder, Priority};
 /// use tollgate::MemoryStore;
 ///
-/// // 500 requests in flight across the fleet; 20% of that kept for critical traffic.
+/// // 500 requests in flight (with a RedisStore, across the fleet); 20% of that kept for
+/// // critical traffic.
 /// let layer = FleetShedder::new(MemoryStore::new(), 500)
 ///     .reserve_for_critical(0.2)
 ///     .classify(|req| {

@@ -6,9 +6,11 @@ use std::time::Duration;
 
 /// A store could not decide: it is unreachable, too slow, or answered nonsense.
 ///
-/// The limiter returns it as is; what to do then (admit, deny, fall back) is the caller's
-/// choice. The details of a backend failure are in [`source()`](std::error::Error::source),
-/// for the application's logs; the message itself names only the kind of failure.
+/// What a check does then is its limiter's [`OnStoreError`](crate::OnStoreError) (by
+/// default, admit): a check returns it, as [`Error::Store`](crate::Error::Store), when the
+/// limiter fails closed (or its fallback cannot hold the cost); `usage` and `reset` always do.
+/// The details of a backend failure are in [`source()`](std::error::Error::source), for the
+/// application's logs; the message itself names only the kind of failure.
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum StoreError {

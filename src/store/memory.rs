@@ -103,8 +103,12 @@ impl MemoryStoreBuilder {
 
     /// The most states the store keeps (default 1,000,000): per identifier and policy, one
     /// for its window and GCRA limits together and one per sliding log or concurrency limit,
-    /// as the Redis store keeps keys. At the bound the states closest to expiry are evicted
-    /// first (see the module documentation).
+    /// as the Redis store keeps keys. The bound holds per shard, each of the 64 keeping
+    /// `max_keys / 64` (rounded up, at least 1): at a shard's bound, the states of that shard
+    /// closest to expiry are evicted first (see the module documentation), so a store may
+    /// evict before the total reaches `max_keys` (noticeably for small values), and holds at
+    /// most 63 more. An evicted state starts again empty; for a concurrency limit, that frees
+    /// the slots it held.
     pub fn max_keys(mut self, max_keys: usize) -> Self {
         self.max_keys = Some(max_keys);
         self
