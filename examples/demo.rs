@@ -27,9 +27,13 @@
 //! slots, so each check runs one call per slot). The demo's client sends `demo-client` in every
 //! header named by a `--key`.
 //!
-//! With `--redis`, stop Redis while the demo runs: the store's warnings go to stderr, and
+//! With `--redis`, stop Redis while the demo runs (with `--serve`, `--chart`, or a longer
+//! `--seconds`; Redis must answer when it starts): the store's warnings go to stderr, and
 //! `--on-store-error` decides what requests get meanwhile (`open`: allowed, `closed`: 503,
 //! `fallback:0.5`: half the policy, counted in this process).
+//!
+//! `--concurrency N` adds a limit of N requests in flight; the demo's own client sends one
+//! request at a time, so it shows with `--serve` and requests of your own (see above).
 
 mod chart;
 
@@ -80,7 +84,8 @@ enum Key {
     Header(Header, String),
 }
 
-fn parse_args() -> Result<Args, String> {
+/// The arguments; `None` for `--help`.
+fn parse_args() -> Result<Option<Args>, String> {
     let mut args = Args {
         serve: false,
         chart: false,
@@ -95,6 +100,7 @@ fn parse_args() -> Result<Args, String> {
         store_timeout: None,
     };
     let mut concurrency = None;
+    let mut listen_given = false;
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
         let mut value = || it.next().ok_or_else(|| format!("{flag} needs a value"));
@@ -103,6 +109,7 @@ fn parse_args() -> Result<Args, String> {
             "--chart" => args.chart = true,
             "--listen" => {
                 args.listen = value()?.parse().map_err(|e| format!("--listen: {e}"))?;
+                listen_given = true;
             }
             "--redis" => args.redis = Some(value()?),
             "--policy" => args.policy = value()?.parse().map_err(|e| format!("--policy: {e}"))?,
@@ -154,12 +161,22 @@ fn parse_args() -> Result<Args, String> {
                     .map_err(|e| format!("--store-timeout: {e}"))?;
                 args.store_timeout = Some(Duration::from_millis(ms));
             }
-            "-h" | "--help" => return Err(String::new()),
+            "-h" | "--help" => return Ok(None),
             other => return Err(format!("unknown argument {other:?}")),
         }
     }
     if args.rate == 0 || args.rate > 10_000 {
         return Err("--rate must be between 1 and 10000".into());
+    }
+    // options that would otherwise be ignored without a word
+    if args.store_timeout.is_some() && args.redis.is_none() {
+        return Err("--store-timeout applies to --redis only".into());
+    }
+    if listen_given && !args.serve {
+        return Err("--listen applies to --serve only (the burst uses an ephemeral port)".into());
+    }
+    if args.chart && args.serve {
+        return Err("--chart and --serve are two ways to run: pick one".into());
     }
     if let Some(slots) = concurrency {
         let mut limits = args.policy.limits().to_vec();
@@ -170,7 +187,7 @@ fn parse_args() -> Result<Args, String> {
     if args.keys.is_empty() {
         args.keys.push(Key::Ip);
     }
-    Ok(args)
+    Ok(Some(args))
 }
 
 fn app(limiter: Limiter, keys: &[Key]) -> Router {
@@ -197,11 +214,13 @@ fn app(limiter: Limiter, keys: &[Key]) -> Router {
 #[tokio::main]
 async fn main() -> ExitCode {
     let args = match parse_args() {
-        Ok(a) => a,
+        Ok(Some(a)) => a,
+        Ok(None) => {
+            println!("{USAGE}");
+            return ExitCode::SUCCESS;
+        }
         Err(e) => {
-            if !e.is_empty() {
-                eprintln!("{e}");
-            }
+            eprintln!("{e}");
             eprintln!("{USAGE}");
             return ExitCode::from(2);
         }
