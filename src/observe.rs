@@ -328,10 +328,21 @@ pub(crate) fn decision(keys: &LimiterKeys, decision: &Decision) {
 }
 
 /// A limiter's policy changed.
-pub(crate) fn policy_changed(limiter: &str, old: &Policy, new: &Policy) {
+/// `afresh`: the limit parts of the store keys whose counts the new policy does not carry over
+/// (`r1s,r1m`): a warning, since requests counted there are admitted again.
+pub(crate) fn policy_changed(limiter: &str, old: &Policy, new: &Policy, afresh: &[String]) {
     #[cfg(feature = "tracing")]
-    tracing::info!(target: "tollgate", limiter, old = %old, new = %new, "rate-limit policy changed");
-    let _ = (limiter, old, new);
+    if afresh.is_empty() {
+        tracing::info!(target: "tollgate", limiter, old = %old, new = %new, "rate-limit policy changed; every count carries over");
+    } else {
+        let afresh = afresh
+            .iter()
+            .map(|t| t.trim_start_matches("}:"))
+            .collect::<Vec<_>>()
+            .join(" ");
+        tracing::warn!(target: "tollgate", limiter, old = %old, new = %new, afresh, "rate-limit policy changed; the counts of these keys start afresh");
+    }
+    let _ = (limiter, old, new, afresh);
 }
 
 /// Events logged at a bounded rate: the first at once, then at most one line every

@@ -301,3 +301,37 @@ async fn a_scheduled_layer_counts_its_placements_and_shadow_mode_refuses_nothing
     svc.ready().await.unwrap().call(()).await.unwrap();
     assert_eq!(decisions("sched-closed", "shadow_denied").0, 1.0);
 }
+
+/// A policy change says which counts start afresh: none when only counts change, the packed
+/// key's when a rolling window crosses 1,550 (its counters take another form above it).
+#[tokio::test]
+async fn a_policy_change_says_which_counts_start_afresh() {
+    observed();
+    let limiter = memory_limiter("10/min", "policy-afresh", false);
+    for _ in 0..8 {
+        assert!(limiter.check(&["user:1"]).await.unwrap().is_allowed());
+    }
+    limiter.set_policy("12/min".parse().unwrap());
+    let usage = limiter.usage(&["user:1"]).await.unwrap();
+    assert_eq!(usage[0].used, 8, "carried over");
+    let lines = log_lines("limiter=\"policy-afresh\"");
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert!(
+        lines[0].contains("INFO") && lines[0].contains("every count carries over"),
+        "{}",
+        lines[0]
+    );
+
+    let limiter = memory_limiter("10/s, 1000/min", "policy-crossing", false);
+    assert!(limiter.check_n(&["user:1"], 10).await.unwrap().is_allowed());
+    limiter.set_policy("10/s, 2000/min".parse().unwrap());
+    let usage = limiter.usage(&["user:1"]).await.unwrap();
+    assert_eq!(usage[0].used, 0, "started afresh: {usage:?}");
+    let lines = log_lines("limiter=\"policy-crossing\"");
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert!(
+        lines[0].contains("WARN") && lines[0].contains("afresh=\"r1s,r1m\""),
+        "{}",
+        lines[0]
+    );
+}

@@ -12,7 +12,7 @@ use arc_swap::ArcSwap;
 use crate::decision::Decision;
 use crate::observe::{self, BoundedLog, LimiterKeys};
 use crate::policy::Policy;
-use crate::store::{MemoryStore, Namespace, OneKey, Store};
+use crate::store::{keyspace, MemoryStore, Namespace, OneKey, Store};
 
 mod check;
 mod deny_cache;
@@ -344,9 +344,12 @@ impl Limiter {
     /// process of a fleet and every restart agree; the limiter's
     /// [namespace](LimiterBuilder::namespace) stays):
     ///
-    /// * a sliding window, fixed window or sliding log whose count alone changes keeps what
-    ///   was counted for it: `10/min` raised to `12/min` with 8 used admits 4 more, not 12;
-    ///   lowered to `5/min`, it denies until the usage has fallen below 5;
+    /// * a rolling window (the default), sliding window, fixed window or sliding log whose
+    ///   count alone changes keeps what was counted for it: `10/min` raised to `12/min` with
+    ///   8 used admits 4 more, not 12; lowered to `5/min`, it denies until the usage has
+    ///   fallen below 5. A rolling window whose count crosses 1,550 (`1000/min` to
+    ///   `2000/min`, or back) is the exception: its counters take another form above it, so
+    ///   it starts afresh, with the limits that share its key (see below);
     /// * a concurrency limit keeps its held slots whatever its count or lease;
     /// * a token bucket or GCRA keeps its usage when its burst (capacity) changes, and starts
     ///   afresh when its rate (count or window) does: its state is a time measured in steps
@@ -356,6 +359,9 @@ impl Limiter {
     /// * the window, fixed-window, bucket and GCRA limits of a policy keep their state
     ///   together (one store key per identifier): they carry over when each of them does, and
     ///   all start afresh when one of them starts afresh, is added or is removed.
+    ///
+    /// The change is logged (with the `tracing` feature): at `info` when every count carries
+    /// over, at `warn` naming the store keys whose counts start afresh.
     ///
     /// ```
     /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
@@ -390,7 +396,13 @@ impl Limiter {
             generation,
             (&self.inner.store, self.inner.namespace.as_ref()),
         );
-        observe::policy_changed(&old.name, &old.policy, &version.policy);
+        // the store keys of the old policy the new one does not use: their counts are left
+        // to expire, and the new policy's limits on them start afresh
+        let namespace = self.inner.namespace.as_ref().map(Namespace::as_str);
+        let kept = keyspace::tails_of(namespace, version.policy.limits());
+        let mut afresh = keyspace::tails_of(namespace, old.policy.limits());
+        afresh.retain(|tail| !kept.contains(tail));
+        observe::policy_changed(&old.name, &old.policy, &version.policy, &afresh);
         self.inner.version.store(Arc::new(version));
         if let Some(cache) = &self.inner.deny_cache {
             cache.reset(generation);
