@@ -403,3 +403,39 @@ async fn slots_and_leases_that_miss_the_store_are_counted_and_logged() {
     proxy.freeze(false);
     drop(held);
 }
+
+/// A concurrency check the store never received (its breaker open) took no slot, and none is
+/// released: the keeper is not sent one release per check of the outage, to retry and warn
+/// of until its lease runs out.
+#[tokio::test]
+async fn slots_the_store_never_saw_are_not_released() {
+    observed();
+    let dead = common::dead_url();
+    let store = store_at(&dead, "phantom-slots", 100).await;
+    // the breaker opened by checks of another limiter on the store
+    let rate = limiter(&store, "5/s", "phantom-rate", OnStoreError::Open);
+    for _ in 0..5 {
+        let _ = rate.check(&["job"]).await.unwrap();
+    }
+    let unavailable = || {
+        metric(
+            "tollgate_store_errors_total",
+            &[("store", "phantom-slots"), ("kind", "unavailable")],
+        )
+    };
+    assert!(unavailable() >= 1.0, "the breaker is open");
+    let slots = limiter(&store, "1 concurrent", "phantom-slots", OnStoreError::Open);
+    let before = unavailable();
+    for _ in 0..20 {
+        let d = slots.check(&["job"]).await.unwrap();
+        assert_eq!(d.origin(), Origin::FailOpen);
+    }
+    assert_eq!(unavailable() - before, 20.0, "none of them sent");
+    // the keeper's release ticks (every 250 ms)
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let releases = metric(
+        "tollgate_lease_failures_total",
+        &[("store", "phantom-slots"), ("call", "release")],
+    );
+    assert_eq!(releases, 0.0, "releases of slots never taken");
+}

@@ -40,6 +40,13 @@ impl StoreError {
         KIND_LABELS[self.kind_index()]
     }
 
+    /// Whether the call that failed may have run on the server before the failure (its
+    /// answer lost, or it answered nonsense): not when the store was not called at all (its
+    /// breaker open, reconnecting) or its configuration is unusable.
+    pub(crate) fn may_have_run(&self) -> bool {
+        !matches!(self, StoreError::Unavailable | StoreError::Config(_))
+    }
+
     /// The place of this kind in [`KIND_LABELS`].
     pub(crate) fn kind_index(&self) -> usize {
         match self {
