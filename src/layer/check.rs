@@ -38,9 +38,25 @@ pub(super) fn check_both_now(
     };
     match then {
         Some(then) if checks_second(&decision, then, mode) => {
-            then_now(decision.visible(), then, ids, cost, mode)
+            then_now(decision, then, ids, cost, mode)
         }
         _ => AtOnce::Decided(Ok(decision.visible())),
+    }
+}
+
+/// The first limiter's decision, as the layer shows it, and whether it was a trial (shadow
+/// mode), which [`Decision::visible`] no longer says.
+struct First {
+    decision: Decision,
+    trial: bool,
+}
+
+impl First {
+    fn of(decision: Decision) -> First {
+        First {
+            trial: decision.is_shadow(),
+            decision: decision.visible(),
+        }
     }
 }
 
@@ -53,7 +69,8 @@ fn checks_second(first: &Decision, then: &Limiter, mode: Mode) -> bool {
     !first.would_deny() || (first.is_shadow() && !(mode.shadow || then.is_shadow()))
 }
 
-/// The second limiter of [`check_both_now`], once the first allowed `decision`.
+/// The second limiter of [`check_both_now`], once the first allowed `decision` (or would deny
+/// it in a trial of its own).
 // Out of line: a layer has one limiter per request far more often than two, and inlining
 // a second check here would double the code the usual request runs through.
 #[inline(never)]
@@ -65,7 +82,7 @@ fn then_now(
     mode: Mode,
 ) -> AtOnce {
     match then.run_now(ids, cost, mode) {
-        Some(Ok(second)) => AtOnce::Decided(Ok(joined(decision, second.visible()))),
+        Some(Ok(second)) => AtOnce::Decided(Ok(joined(First::of(decision), second))),
         // An error drops the first decision, and with it any slot it took.
         Some(Err(e)) => AtOnce::Decided(Err(e)),
         None => AtOnce::Later(Some(decision)),
@@ -93,14 +110,25 @@ pub(super) async fn check_both(
     let Some(then) = then.filter(|then| checks_second(&decision, then, mode)) else {
         return Ok(decision.visible());
     };
+    let first = First::of(decision);
     // An error or a denial here drops the first decision, and with it any slot it took.
-    let second = then.run(ids, cost, mode).await?.visible();
-    Ok(joined(decision.visible(), second))
+    let second = then.run(ids, cost, mode).await?;
+    Ok(joined(first, second))
 }
 
-/// The decision of two limiters, the first of which allowed: the limits of both, allowed if
-/// the second allowed, holding the slots of both then.
-fn joined(mut decision: Decision, mut second: Decision) -> Decision {
+/// The decision of two limiters, the first of which allowed (or would deny in a trial of its
+/// own): the limits of both, allowed if the second allowed, holding the slots of both then.
+/// When both are trials and the second would deny, the first's slot is given back: enforcing,
+/// the request is refused and holds none, and a trial holds the slots enforcing would.
+fn joined(first: First, second: Decision) -> Decision {
+    let First {
+        mut decision,
+        trial,
+    } = first;
+    if trial && second.is_shadow() && second.would_deny() {
+        drop(decision.take_guard());
+    }
+    let mut second = second.visible();
     let offset = decision
         .statuses
         .iter()
@@ -246,5 +274,44 @@ mod tests {
         assert!(matches!(denied, AtOnce::Decided(Ok(ref d)) if !d.is_allowed()));
         // the second limiter was not asked once the first denied
         assert_eq!(other.peek(&ids).await.unwrap().statuses()[0].remaining, 2);
+    }
+
+    /// A trial of a route's limiter and the default one holds the slots enforcing would: the
+    /// default would refuse the request, so enforcing it takes no slot of the route's, and
+    /// neither does the trial (in the layer's shadow mode, or both limiters' own). A trial of
+    /// the default alone leaves the route's enforced slot as it is.
+    #[tokio::test]
+    async fn a_trial_holds_the_slots_enforcing_would() {
+        let ids = [Identifier::Owned("ip:192.0.2.9".into())];
+        let store = MemoryStore::new();
+        let build = |policy: &str, namespace: &str, shadow: bool| {
+            Limiter::builder(store.clone(), policy.parse().unwrap())
+                .namespace(namespace.parse().unwrap())
+                .shadow(shadow)
+                .build()
+        };
+        // (route's shadow mode, default's, the layer's, whether the route's slot is held)
+        for (route_trial, default_trial, layer_trial, held) in [
+            (false, false, false, false), // enforcing: refused, no slot
+            (false, false, true, false),  // the layer's trial
+            (true, true, false, false),   // both limiters' trials
+            (false, true, false, true),   // the default's trial alone: the route's slot stays
+        ] {
+            let ns = format!("{route_trial}{default_trial}{layer_trial}");
+            let route = build("1 concurrent", &format!("r{ns}"), route_trial);
+            let default = build("1/min", &format!("d{ns}"), default_trial);
+            // the default's quota used up
+            let _ = default.check(&ids).await.unwrap();
+            let mode = Mode::CHECK.shadowed(layer_trial);
+            let decided = check_both_now(&route, Some(&default), &ids, 1, mode);
+            let AtOnce::Decided(Ok(decision)) = &decided else {
+                panic!("decided at once");
+            };
+            let trial = route_trial || default_trial || layer_trial;
+            assert_eq!(decision.is_allowed(), trial, "{ns}");
+            let used = route.usage(&ids).await.unwrap()[0].used;
+            assert_eq!(used, u64::from(held), "{ns}: the route's slot");
+            drop(decided);
+        }
     }
 }
