@@ -198,7 +198,10 @@ impl RateLimitLayer {
     /// Where that matters, add a concurrency limit for the client on a layer of its own.
     ///
     /// No concurrency slot is held: a peek takes none, and a charge gives back at once the
-    /// one it takes. Under [shadow mode](Self::shadow) both steps run, and nothing is refused.
+    /// one it takes. A concurrency limit in the policy still holds charges back: a charge made
+    /// while another request's charge holds the slot for its moment is refused whole, its rate
+    /// limits uncharged. Put concurrency limits on a layer of their own. Under
+    /// [shadow mode](Self::shadow) both steps run, and nothing is refused.
     pub fn charge_if<F>(self, selects: F) -> Self
     where
         F: Fn(&http::response::Parts) -> bool + Send + Sync + 'static,
