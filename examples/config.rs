@@ -16,7 +16,10 @@ mod report;
 use std::error::Error;
 use std::process::ExitCode;
 
+use std::net::SocketAddr;
+
 use axum::body::Body;
+use axum::extract::ConnectInfo;
 use axum::routing::get;
 use axum::Router;
 use serde::Deserialize;
@@ -94,8 +97,9 @@ fn layer(settings: Settings) -> Result<RateLimitLayer, Box<dyn Error>> {
         .with_settings(settings.layer);
     for (i, route) in settings.routes.into_iter().enumerate() {
         // A namespace of its own: a route's limits would otherwise count together with the
-        // default ones of the same algorithm and window (by index: a path may hold
-        // characters a namespace may not).
+        // default ones wherever their store keys have the same name (`10/min` beside a
+        // default `100/min`, say); by index, as a path may hold characters a namespace may
+        // not.
         let limiter = Limiter::builder(store.clone(), route.policy)
             .namespace(format!("route{i}").parse()?)
             .build();
@@ -128,8 +132,12 @@ async fn run() -> Result<(), Box<dyn Error>> {
         .layer(layer(settings)?);
 
     for path in ["/", "/login", "/login", "/login", "/login", "/export"] {
+        // the peer's address, as a server built with `into_make_service_with_connect_info`
+        // records it (here, calling the router directly, the example puts it in)
+        let peer = SocketAddr::from(([203, 0, 113, 7], 40_000));
         let req = http::Request::get(path)
             .header("x-api-key", "demo")
+            .extension(ConnectInfo(peer))
             .body(Body::empty())?;
         let res = app.clone().oneshot(req).await?;
         println!("\nGET {path} -> {}", res.status());

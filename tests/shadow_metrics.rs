@@ -335,3 +335,28 @@ async fn a_policy_change_says_which_counts_start_afresh() {
         lines[0]
     );
 }
+
+/// A scheduler's rejection by its fallback's scaled rate is counted under the rate it stands
+/// for, as a limiter's fallback denials are.
+#[tokio::test]
+async fn a_scheduler_fallback_rejection_is_counted_under_its_rate() {
+    observed();
+    let dead = tollgate::RedisStore::builder(common::dead_url())
+        .prefix("sched-fallback")
+        .timeout(std::time::Duration::from_millis(100))
+        .build_lazy()
+        .unwrap();
+    let scheduler = tollgate::Scheduler::builder(dead, "2/min".parse().unwrap())
+        .name("sched-fallback")
+        .on_store_error(tollgate::OnStoreError::fallback(0.5).unwrap())
+        .build();
+    let wait = std::time::Duration::ZERO;
+    let first = scheduler.schedule("psp:x", wait).await.unwrap();
+    assert_eq!(first.origin(), tollgate::Origin::Fallback);
+    assert!(first.is_allowed());
+    let second = scheduler.schedule("psp:x", wait).await.unwrap();
+    assert!(!second.is_allowed());
+    let (denied, by_limit) = decisions("sched-fallback", "denied");
+    assert_eq!(denied, 1.0);
+    assert_eq!(by_limit.get("2/min"), Some(&1.0), "{by_limit:?}");
+}

@@ -636,9 +636,11 @@ async fn take_slot(
         Err(e) => {
             // The script may have run and taken the slot before the answer was lost (a
             // timeout, a dropped connection): give it back, as a guard dropped at once would.
-            // Not when the store was not called (its breaker open, reconnecting): there is
-            // no slot, and a release of it would be retried, and warned of, until its lease
-            // ran out, for every check of the outage.
+            // Not when the store was known not to be called (its breaker open, its
+            // configuration unusable): there is no slot, and a release of it would be
+            // retried, and warned of, until its lease ran out, for every check of the outage.
+            // (A failure while connecting is a backend failure like any other, and releases
+            // to be safe.)
             if e.may_have_run() {
                 drop(ConcurrencyGuard::new(lease, store));
             }

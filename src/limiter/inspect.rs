@@ -81,8 +81,8 @@ impl Limiter {
     /// Exactly the state of these identifiers under this policy goes, and nothing else: on
     /// Redis one `DEL` of their keys (the ACL user needs `+del`), in the memory store their
     /// entries. The limiter's fallback store forgets them too, and so does this process's
-    /// deny cache; another process's deny cache sees the reset when its entry expires (at
-    /// most the retry time it was given).
+    /// deny cache; another process's deny cache sees the reset within a second (its entries
+    /// answer for a second at most).
     ///
     /// ```
     /// # async fn run() -> Result<(), tollgate::Error> {

@@ -170,7 +170,12 @@ impl SchedulerBuilder {
         let name: Arc<str> = self.name.unwrap_or_else(|| self.rate.to_string()).into();
         Scheduler {
             inner: Arc::new(Inner {
-                keys: LimiterKeys::new(&name, &[self.rate], &[]),
+                // (a fallback's rejections are labelled with the rate they stand for)
+                keys: LimiterKeys::new(
+                    &name,
+                    &[self.rate],
+                    if fallback.is_some() { &[0] } else { &[] },
+                ),
                 shadow_log: BoundedLog::default(),
                 name,
                 rate: rate_of(&self.rate),

@@ -41,8 +41,9 @@ impl StoreError {
     }
 
     /// Whether the call that failed may have run on the server before the failure (its
-    /// answer lost, or it answered nonsense): not when the store was not called at all (its
-    /// breaker open, reconnecting) or its configuration is unusable.
+    /// answer lost, or it answered nonsense): not when the store is known not to have been
+    /// called (its breaker open, or answering at once while it reconnects) or its
+    /// configuration is unusable. Other failures are taken as possibly run.
     pub(crate) fn may_have_run(&self) -> bool {
         !matches!(self, StoreError::Unavailable | StoreError::Config(_))
     }

@@ -9,9 +9,10 @@
 //!
 //! Every state knows when it stops mattering (the same instant the Redis store uses for its
 //! TTL). Expired states are swept whenever a shard has doubled since its last sweep, so memory
-//! follows the live key count. On top of that the store holds at most `max_keys` states
-//! (default 1,000,000, split evenly over the shards). A flood of distinct keys that reaches the
-//! bound evicts, among a sample of states of the full shard, the one closest to expiry — the
+//! follows the live key count. On top of that each of the 64 shards holds at most its share of
+//! `max_keys` states (default 1,000,000 in all, rounded up per shard). A flood of distinct keys
+//! that reaches a shard's bound evicts, among a sample of states of the full shard, the one
+//! closest to expiry — the
 //! policy Redis calls `volatile-ttl`. An evicted key starts again from an empty state: at the
 //! bound the store errs on the side of admitting a client it no longer remembers, rather than
 //! refusing clients it has never seen. A sliding-log state holds one `u64` per admitted cost

@@ -92,8 +92,10 @@ impl RedisServer {
 
     /// Whether the server answering on the port is this process, not another test's that
     /// took the port meanwhile (then this one fails to bind and exits, but the other answers
-    /// `PING` first). A server that will not say (`INFO` refused) is taken as this one.
-    fn answers_itself(&self) -> bool {
+    /// `PING` first). A server that will not say (`INFO` refused: another's password, say) is
+    /// this one if this process is still running a moment later: one that lost the port has
+    /// exited by then.
+    fn answers_itself(&mut self) -> bool {
         let Ok(mut conn) = redis::Client::open(self.admin_url()).and_then(|c| c.get_connection())
         else {
             return false;
@@ -105,7 +107,10 @@ impl RedisServer {
                     .and_then(|p| p.trim().parse::<u32>().ok())
                     == Some(self.child.id())
             }
-            Err(_) => true,
+            Err(_) => {
+                std::thread::sleep(Duration::from_millis(100));
+                matches!(self.child.try_wait(), Ok(None))
+            }
         }
     }
 
