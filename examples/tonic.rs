@@ -14,13 +14,23 @@
 //! client: key by `tollgate::key::ClientIp::trusted_proxies([its network])` instead.
 
 mod greeter;
+mod report;
+
+use std::process::ExitCode;
 
 use greeter::{GreeterClient, GreeterServer, HelloRequest};
 use tollgate::{Limiter, MemoryStore, RateLimitLayer};
 use tonic::transport::server::TcpIncoming;
 
 #[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
+async fn main() -> ExitCode {
+    match run().await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => report::failure(&*e),
+    }
+}
+
+async fn run() -> Result<(), Box<dyn std::error::Error>> {
     let limiter = Limiter::new(MemoryStore::new(), "3/s, 20/min".parse()?);
     let layer = RateLimitLayer::new(limiter);
 
