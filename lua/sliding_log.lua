@@ -89,11 +89,13 @@ local L$x = {''}
       -- $life: the TTL, longer by the wait for a check admitted as of a later time, and
       -- with a caller's clock at least a minute (Redis' clock, on which the TTL runs, does
       -- not follow it); a key that holds entries keeps a longer TTL (a charge admitted as of
-      -- a later time set it)
-      if held then
-        redis.call('PEXPIRE', $key, $life, 'GT')
-      else
+      -- a later time set it). GT leaves a key without a TTL as it is, and the trim above can
+      -- have emptied the set (Redis then deletes it) before the ZADD made it anew, without
+      -- one: NX gives it its TTL then.
+      if not held then
         redis.call('PEXPIRE', $key, $life)
+      elseif redis.call('PEXPIRE', $key, $life, 'GT') == 0 then
+        redis.call('PEXPIRE', $key, $life, 'NX')
       end
     end
 

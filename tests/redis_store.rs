@@ -137,6 +137,30 @@ async fn with_a_callers_clock_a_short_log_outlives_real_time() {
     }
 }
 
+/// A check that finds a log's entries all out of its window, the key not expired yet, trims
+/// them (the set empties, and Redis deletes it) and charges anew: the key it makes again has
+/// a TTL. (It had none, and stayed in Redis for good.)
+#[tokio::test]
+async fn a_log_emptied_and_charged_again_keeps_a_ttl() {
+    let server = RedisServer::start();
+    let clock = manual_clock();
+    let store = server.store(Clock::Manual(clock.clone())).await;
+    let prefix = store.prefix().to_string();
+    let mut conn = server.conn();
+    for policy in ["1/s log", "2/s log, 5/s"] {
+        let l = Limiter::new(store.clone(), policy.parse().unwrap());
+        let id = format!("emptied-{}", policy.len());
+        assert!(l.check(&[&id]).await.unwrap().is_allowed(), "{policy}");
+        // the entry leaves the window (an entry at exactly now - 1 s is out of it)
+        clock.advance(Duration::from_secs(1));
+        assert!(l.check(&[&id]).await.unwrap().is_allowed(), "{policy}");
+        let keys: Vec<String> = conn.keys(format!("{prefix}:{{{id}}}:l*")).unwrap();
+        assert_eq!(keys.len(), 1, "{policy}: {keys:?}");
+        let pttl: i64 = conn.pttl(&keys[0]).unwrap();
+        assert!(pttl > 0, "{policy}: {} has no TTL ({pttl})", keys[0]);
+    }
+}
+
 /// Later checks never leave the packed key a TTL shorter than its state's life.
 #[tokio::test]
 async fn ttls_are_never_shortened() {
