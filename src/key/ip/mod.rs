@@ -7,7 +7,7 @@
 //! The networks are in `cidr`, the parsing of the forwarding headers in `forwarded`.
 
 use std::fmt;
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::ops::ControlFlow;
 
 use http::header::HeaderMap;
@@ -107,14 +107,32 @@ const OCTET_TEXT: &str = match std::str::from_utf8(&OCTET_SLOTS) {
     Err(_) => "",
 };
 
+/// The IPv6 prefix a client is keyed by unless told otherwise: a `/64`, the network one
+/// subscriber or host is given and can rotate through (one address per request would be a new
+/// key each time).
+pub(crate) const DEFAULT_IPV6_PREFIX: u8 = 64;
+
+/// Whether `v6` carries an IPv4 client's address in its last bits, so that grouping it by its
+/// prefix would put many IPv4 clients under one key: the NAT64 prefixes (`64:ff9b::/96`, and
+/// the local-use `64:ff9b:1::/48`) and Teredo (`2001::/32`). (6to4, `2002::/16`, carries its
+/// IPv4 address in bits 16 to 48: a `/64` keeps it.)
+fn embeds_ipv4(v6: Ipv6Addr) -> bool {
+    let s = v6.segments();
+    let nat64 = s[0] == 0x64 && s[1] == 0xff9b && (s[2..6] == [0; 4] || s[2] == 1);
+    let teredo = s[0] == 0x2001 && s[1] == 0;
+    nat64 || teredo
+}
+
 /// Writes the key of `ip` (see [`ip_key`]).
 fn write_ip_key(out: &mut impl fmt::Write, ip: IpAddr, ipv6_prefix: u8) -> fmt::Result {
     match ip {
         IpAddr::V4(v4) => write_v4_key(out, v4),
-        IpAddr::V6(v6) if ipv6_prefix < 128 => match Ipv6Net::new(v6, ipv6_prefix) {
-            Ok(net) => write!(out, "ip:{}", net.trunc()),
-            Err(_) => write!(out, "ip:{v6}"),
-        },
+        IpAddr::V6(v6) if ipv6_prefix < 128 && !embeds_ipv4(v6) => {
+            match Ipv6Net::new(v6, ipv6_prefix) {
+                Ok(net) => write!(out, "ip:{}", net.trunc()),
+                Err(_) => write!(out, "ip:{v6}"),
+            }
+        }
         IpAddr::V6(v6) => write!(out, "ip:{v6}"),
     }
 }
@@ -164,7 +182,7 @@ fn peer_addr(extensions: &Extensions) -> Option<IpAddr> {
 // PeerIp
 // ---------------------------------------------------------------------------------------------
 
-/// The TCP peer's IP address: `ip:192.0.2.1`, `ip:2001:db8::1`.
+/// The TCP peer's IP address: `ip:192.0.2.1`, or for IPv6 its `/64`, `ip:2001:db8::/64`.
 ///
 /// The address comes from the request extensions, the first found of:
 ///
@@ -178,21 +196,26 @@ fn peer_addr(extensions: &Extensions) -> Option<IpAddr> {
 /// [`ClientIp`] there.
 ///
 /// An IPv6 client usually controls a whole `/64` (or more) and can rotate through its
-/// addresses; [`PeerIp::ipv6_prefix`] keys IPv6 clients by their network instead.
+/// addresses, so IPv6 peers are keyed by their `/64` (`ip:2001:db8:1:2::/64`);
+/// [`PeerIp::ipv6_prefix`] picks another prefix. Addresses that carry an IPv4 client's
+/// (NAT64, Teredo) are keyed whole.
 #[derive(Debug, Clone, Copy)]
 pub struct PeerIp {
     ipv6_prefix: u8,
 }
 
 impl PeerIp {
-    /// Keys by the full peer address.
+    /// Keys by the peer address: an IPv4 address whole, an IPv6 one by its `/64`.
     pub fn new() -> PeerIp {
-        PeerIp { ipv6_prefix: 128 }
+        PeerIp {
+            ipv6_prefix: DEFAULT_IPV6_PREFIX,
+        }
     }
 
-    /// Keys IPv6 peers by their network of `bits` bits instead: with `64`,
-    /// `2001:db8:1:2::7` is `ip:2001:db8:1:2::/64`. IPv4 peers are not grouped. `bits` above
-    /// 128 are taken as 128 (no grouping).
+    /// Keys IPv6 peers by their network of `bits` bits (default 64): with `56`,
+    /// `2001:db8:1:2::7` is `ip:2001:db8:1::/56`. IPv4 peers are not grouped, nor IPv6
+    /// addresses that carry an IPv4 client's (NAT64's `64:ff9b::/96` and `64:ff9b:1::/48`,
+    /// Teredo's `2001::/32`). `bits` of 128 and above key every address whole.
     pub fn ipv6_prefix(mut self, bits: u8) -> PeerIp {
         self.ipv6_prefix = bits.min(128);
         self
@@ -334,7 +357,7 @@ impl ClientIp {
         ClientIp {
             trust: Trust::Proxies(proxies.into_iter().collect()),
             source: Source::Any,
-            ipv6_prefix: 128,
+            ipv6_prefix: DEFAULT_IPV6_PREFIX,
         }
     }
 
@@ -354,13 +377,13 @@ impl ClientIp {
         ClientIp {
             trust: Trust::Hops(n),
             source: Source::Any,
-            ipv6_prefix: 128,
+            ipv6_prefix: DEFAULT_IPV6_PREFIX,
         }
     }
 
-    /// Keys IPv6 clients by their network of `bits` bits, like [`PeerIp::ipv6_prefix`].
-    /// `bits` above 128 are taken as 128 (no grouping). Trust decisions always use full
-    /// addresses.
+    /// Keys IPv6 clients by their network of `bits` bits (default 64), like
+    /// [`PeerIp::ipv6_prefix`]. `bits` of 128 and above key every address whole. Trust
+    /// decisions always use full addresses.
     pub fn ipv6_prefix(mut self, bits: u8) -> ClientIp {
         self.ipv6_prefix = bits.min(128);
         self

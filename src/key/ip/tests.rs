@@ -207,7 +207,10 @@ fn peer_ip_reads_socket_addr_then_ip_addr() {
 
     let mut req = request(None, &[]);
     req.extensions_mut().insert(ip("2001:db8::5"));
-    assert_eq!(key(&PeerIp::new(), &req).as_deref(), Some("ip:2001:db8::5"));
+    assert_eq!(
+        key(&PeerIp::new(), &req).as_deref(),
+        Some("ip:2001:db8::/64")
+    );
 
     // A SocketAddr wins over an IpAddr.
     req.extensions_mut()
@@ -243,32 +246,44 @@ fn peer_ip_prefers_axum_connect_info() {
     assert_eq!(ip_of(&behind_proxies(), &req), Some(ip(CLIENT)));
 }
 
+/// IPv6 clients are keyed by their /64 unless told otherwise: a client rotating through the
+/// addresses of its /64 has one key, not a new one each request.
 #[test]
 fn ipv6_prefix_groups_ipv6_only() {
-    let grouped = PeerIp::new().ipv6_prefix(64);
+    let grouped = PeerIp::new();
     let a = request(Some("[2001:db8:1:2:aaaa::1]:443"), &[]);
     let b = request(Some("[2001:db8:1:2:ffff:ffff:ffff:ffff]:80"), &[]);
     let c = request(Some("[2001:db8:1:3::1]:443"), &[]);
     assert_eq!(key(&grouped, &a).as_deref(), Some("ip:2001:db8:1:2::/64"));
     assert_eq!(key(&grouped, &a), key(&grouped, &b));
     assert_ne!(key(&grouped, &a), key(&grouped, &c));
+    assert_eq!(key(&PeerIp::new().ipv6_prefix(64), &a), key(&grouped, &a));
     // Without grouping, the full address.
+    let whole = PeerIp::new().ipv6_prefix(128);
+    assert_eq!(key(&whole, &a).as_deref(), Some("ip:2001:db8:1:2:aaaa::1"));
+    // Addresses that carry an IPv4 client's are keyed whole: NAT64 (the well-known and the
+    // local-use prefix) and Teredo; 6to4 keeps its IPv4 address within a /64.
+    for (peer, whole_key) in [
+        ("[64:ff9b::c000:201]:1", "ip:64:ff9b::c000:201"),
+        ("[64:ff9b:1::c000:201]:1", "ip:64:ff9b:1::c000:201"),
+        (
+            "[2001:0:4136:e378:8000:63bf:3fff:fdd2]:1",
+            "ip:2001:0:4136:e378:8000:63bf:3fff:fdd2",
+        ),
+    ] {
+        let req = request(Some(peer), &[]);
+        assert_eq!(key(&grouped, &req).as_deref(), Some(whole_key), "{peer}");
+    }
+    let six_to_four = request(Some("[2002:c000:201:1::5]:1"), &[]);
     assert_eq!(
-        key(&PeerIp::new(), &a).as_deref(),
-        Some("ip:2001:db8:1:2:aaaa::1")
+        key(&grouped, &six_to_four).as_deref(),
+        Some("ip:2002:c000:201:1::/64")
     );
     // IPv4 untouched.
     let v4 = request(Some("192.0.2.1:1"), &[]);
     assert_eq!(key(&grouped, &v4).as_deref(), Some("ip:192.0.2.1"));
     // 128 and above: no grouping; 0: one group for all of IPv6.
-    assert_eq!(
-        key(&PeerIp::new().ipv6_prefix(128), &a),
-        key(&PeerIp::new(), &a)
-    );
-    assert_eq!(
-        key(&PeerIp::new().ipv6_prefix(255), &a),
-        key(&PeerIp::new(), &a)
-    );
+    assert_eq!(key(&PeerIp::new().ipv6_prefix(255), &a), key(&whole, &a));
     assert_eq!(
         key(&PeerIp::new().ipv6_prefix(0), &a).as_deref(),
         Some("ip:::/0")
@@ -368,8 +383,13 @@ fn x_forwarded_for_through_a_trusted_proxy_is_used() {
     for value in ["2001:db8::1", "[2001:db8::1]", "[2001:db8::1]:443"] {
         let req = request(Some("10.0.0.2:1"), &[("x-forwarded-for", value.as_bytes())]);
         assert_eq!(
+            ip_of(&behind_proxies(), &req),
+            Some(ip("2001:db8::1")),
+            "{value:?}"
+        );
+        assert_eq!(
             key(&behind_proxies(), &req).as_deref(),
-            Some("ip:2001:db8::1"),
+            Some("ip:2001:db8::/64"),
             "{value:?}"
         );
     }
