@@ -561,3 +561,32 @@ async fn partition_keys_are_byte_sequences_that_hide_the_identifier() {
     let plain = call(&app(keyed(limiter(&store, "10/s"))), "/").await;
     assert!(!plain.headers["ratelimit"].to_str().unwrap().contains("pk="));
 }
+
+/// A refusal is an HTTP answer no cache keeps, whatever the request says of itself: a `GET`
+/// claiming `content-type: application/grpc` gets the HTTP `429`, not gRPC's `200` (a shared
+/// cache keeping that `200` for the path would serve an empty body to everyone).
+#[tokio::test]
+async fn a_refusal_is_never_a_200_a_cache_keeps() {
+    let clock = manual_clock();
+    let store = memory(&clock);
+    let app = app(keyed(limiter(&store, "1/min")));
+    assert_eq!(call(&app, "/").await.status, StatusCode::OK);
+    let req = Request::get("/")
+        .header("x-key", "k")
+        .header("content-type", "application/grpc")
+        .body(Body::empty())
+        .unwrap();
+    let res = app.clone().oneshot(req).await.unwrap();
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert!(res.headers().get("grpc-status").is_none());
+    assert_eq!(res.headers()["cache-control"], "no-store");
+    // a gRPC call (a POST) is answered in gRPC's form, not kept either
+    let req = Request::post("/")
+        .header("x-key", "k")
+        .header("content-type", "Application/GRPC")
+        .body(Body::empty())
+        .unwrap();
+    let res = app.clone().oneshot(req).await.unwrap();
+    assert_eq!(res.headers()["grpc-status"], "8");
+    assert_eq!(res.headers()["cache-control"], "no-store");
+}

@@ -4,7 +4,7 @@
 use std::fmt::{self, Write};
 
 use bytes::{Bytes, BytesMut};
-use http::header::{HeaderValue, CONTENT_TYPE};
+use http::header::{HeaderValue, CACHE_CONTROL, CONTENT_TYPE};
 use http::{Response, StatusCode};
 
 use super::chunk;
@@ -49,6 +49,7 @@ pub(crate) fn own_response(
         let code = GrpcCode::for_status(status) as u16;
         let h = res.headers_mut();
         h.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+        h.insert(CACHE_CONTROL, NO_STORE);
         h.insert(GRPC_STATUS, HeaderValue::from(code));
         let encoded = chunk::text(|out| write!(GrpcMessage(out), "{message}").ok());
         if let Some(v) = encoded.and_then(|text| HeaderValue::from_maybe_shared(text).ok()) {
@@ -59,12 +60,17 @@ pub(crate) fn own_response(
     let text = chunk::text(|out| writeln!(out, "{message}").ok()).unwrap_or_default();
     let mut res = Response::new(text);
     *res.status_mut() = status;
-    res.headers_mut().insert(
+    let h = res.headers_mut();
+    h.insert(
         CONTENT_TYPE,
         HeaderValue::from_static("text/plain; charset=utf-8"),
     );
+    h.insert(CACHE_CONTROL, NO_STORE);
     res
 }
+
+/// The middlewares' own answers are about one request at one moment: no cache keeps them.
+const NO_STORE: HeaderValue = HeaderValue::from_static("no-store");
 
 /// Text written in gRPC's `grpc-message` encoding: bytes outside printable ASCII, and `%`,
 /// percent-encoded.
@@ -166,10 +172,12 @@ fn problem(status: StatusCode, detail: &str, violated: Option<&[String]>) -> Res
     body.push_str("}\n");
     let mut res = Response::new(Bytes::from(body));
     *res.status_mut() = status;
-    res.headers_mut().insert(
+    let h = res.headers_mut();
+    h.insert(
         CONTENT_TYPE,
         HeaderValue::from_static("application/problem+json"),
     );
+    h.insert(CACHE_CONTROL, NO_STORE);
     res
 }
 

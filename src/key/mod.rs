@@ -57,11 +57,18 @@ impl<'a> RequestView<'a> {
         }
     }
 
-    /// Whether this is a gRPC request (`content-type: application/grpc…`).
+    /// Whether this is a gRPC request: a `POST` (gRPC calls always are) with
+    /// `content-type: application/grpc…` (in any case). The middlewares answer such a request
+    /// in gRPC's form (HTTP 200 with a `grpc-status`); any other request as HTTP, so that a
+    /// client cannot turn a refusal of a `GET` into a `200` a cache might keep.
     pub fn is_grpc(&self) -> bool {
-        self.headers
-            .get(http::header::CONTENT_TYPE)
-            .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"))
+        const GRPC: &[u8] = b"application/grpc";
+        self.method == http::Method::POST
+            && self
+                .headers
+                .get(http::header::CONTENT_TYPE)
+                .and_then(|v| v.as_bytes().get(..GRPC.len()))
+                .is_some_and(|prefix| prefix.eq_ignore_ascii_case(GRPC))
     }
 }
 

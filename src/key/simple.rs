@@ -148,16 +148,18 @@ impl KeyExtractor for Route {
     }
 }
 
-/// The gRPC method of a gRPC request (`grpc:/package.Service/Method`); missing on other
-/// requests. The method is read from the path before any service answers, so a made-up
-/// method (which the server will answer with `UNIMPLEMENTED`) is a key of its own, as a
-/// made-up path is for [`Route`].
+/// The gRPC method of a request (`grpc:/package.Service/Method`): the path of every `POST`,
+/// whatever its `content-type`, which the client chooses and tonic does not check (a call sent
+/// with another would otherwise go by unkeyed); missing on other requests. On a server that
+/// also answers HTTP, its `POST`s are keyed by their path the same way. The method is read
+/// from the path before any service answers, so a made-up method (which the server will
+/// answer with `UNIMPLEMENTED`) is a key of its own, as a made-up path is for [`Route`].
 #[derive(Debug, Clone, Copy, Default)]
 pub struct GrpcMethod;
 
 impl KeyExtractor for GrpcMethod {
     fn extract(&self, req: &RequestView<'_>) -> Option<String> {
-        req.is_grpc().then(|| format!("grpc:{}", req.uri.path()))
+        (req.method == http::Method::POST).then(|| format!("grpc:{}", req.uri.path()))
     }
 }
 
@@ -260,14 +262,42 @@ mod tests {
         assert_eq!(key(&GrpcMethod, &req), None);
         assert_eq!(key(&Global, &req).as_deref(), Some("global"));
 
+        // a gRPC call, and a POST that does not say it is one (tonic serves it all the same)
+        for content_type in [&b"application/grpc+proto"[..], b"application/octet-stream"] {
+            let mut req = get("/pkg.Service/Method", &[("content-type", content_type)]);
+            *req.method_mut() = http::Method::POST;
+            assert_eq!(
+                key(&GrpcMethod, &req).as_deref(),
+                Some("grpc:/pkg.Service/Method")
+            );
+        }
+        // a GET is no gRPC call, whatever it says
         let req = get(
             "/pkg.Service/Method",
             &[("content-type", b"application/grpc+proto")],
         );
-        assert_eq!(
-            key(&GrpcMethod, &req).as_deref(),
-            Some("grpc:/pkg.Service/Method")
-        );
+        assert_eq!(key(&GrpcMethod, &req), None);
+    }
+
+    /// A request is answered in gRPC's form (a `200` with a `grpc-status`) only when it is a
+    /// `POST` saying `application/grpc…`, in any case: a client cannot turn the refusal of a
+    /// `GET` into a `200`.
+    #[test]
+    fn grpc_requests_are_posts_of_grpc_content() {
+        let request = |method: http::Method, content_type: &[u8]| {
+            let mut req = get("/pkg.Service/Method", &[("content-type", content_type)]);
+            *req.method_mut() = method;
+            req
+        };
+        let is_grpc = |req: &http::Request<()>| RequestView::of(req).is_grpc();
+        assert!(is_grpc(&request(http::Method::POST, b"application/grpc")));
+        assert!(is_grpc(&request(
+            http::Method::POST,
+            b"Application/GRPC+proto"
+        )));
+        assert!(!is_grpc(&request(http::Method::GET, b"application/grpc")));
+        assert!(!is_grpc(&request(http::Method::POST, b"application/json")));
+        assert!(!is_grpc(&request(http::Method::POST, b"application/grp")));
     }
 
     #[cfg(feature = "axum")]
