@@ -61,7 +61,14 @@ struct Entries {
     /// Moved on by every reset and policy change: a store's answer to a check sent before
     /// one is not learnt.
     epoch: u64,
+    /// When the entries were last swept for room, at the bound.
+    swept: Option<Instant>,
 }
+
+/// How often at most a full cache is swept for room: a sweep visits every entry under the
+/// lock, and a flood of new identifiers denied at the bound would otherwise sweep once per
+/// denial. Entries answer for a second at most, so few expire between two sweeps this close.
+const SWEEP_EVERY: Duration = Duration::from_millis(100);
 
 #[derive(Debug, Clone, Copy)]
 struct Entry {
@@ -163,7 +170,11 @@ impl DenyCache {
         if entries.generation != generation || entries.epoch != epoch {
             return;
         }
-        let entries = &mut entries.map;
+        let Entries {
+            map: entries,
+            swept,
+            ..
+        } = &mut *entries;
         for (id, pairs) in ids.iter().zip(outcome.entries.chunks(limits.len())) {
             // The denying rate limit that holds this identifier back longest.
             let Some((limit_index, e)) = pairs
@@ -175,7 +186,13 @@ impl DenyCache {
                 continue;
             };
             if !entries.contains_key(id) && entries.len() >= self.capacity {
-                entries.retain(|_, e| e.kept_until > sent);
+                // at the bound: swept for room at most every SWEEP_EVERY; else not learnt
+                let now = Instant::now();
+                if swept.is_some_and(|at| now.saturating_duration_since(at) < SWEEP_EVERY) {
+                    continue;
+                }
+                *swept = Some(now);
+                entries.retain(|_, e| e.kept_until > now);
                 if entries.len() >= self.capacity {
                     continue;
                 }
@@ -337,6 +354,27 @@ mod tests {
         cache.record(&ids[1..], &limits, &hour, 1, older, 0, 0);
         assert!(cache.lookup(&ids[1..], &[0], 1, 0).is_none());
         assert_eq!(cache.len(), 1, "and forgotten");
+    }
+
+    /// A full cache is swept for room at most every `SWEEP_EVERY`: a flood of new identifiers
+    /// denied at the bound does not sweep every entry, under the lock, once per denial.
+    #[test]
+    fn a_full_cache_is_swept_at_most_so_often() {
+        let cache = DenyCache::new(1);
+        let limits = ["10/s".parse::<Limit>().unwrap()];
+        let long = denial([denied(10_000_000)]);
+        let record = |id: &str| {
+            cache.record(&[id.to_string()], &limits, &long, 1, Instant::now(), 0, 0);
+        };
+        let swept = || cache.entries.lock().unwrap().swept;
+        record("a");
+        assert_eq!(swept(), None, "room enough");
+        record("b");
+        let first = swept().expect("swept for room");
+        assert_eq!(cache.len(), 1, "a is live: b not learnt");
+        record("c");
+        assert_eq!(swept(), Some(first), "not swept again so soon");
+        assert!(cache.lookup(&["a".to_string()], &[0], 1, 0).is_some());
     }
 
     #[test]
