@@ -9,7 +9,7 @@
 -- window, rounded up, plus 1 ms: see `expires` in check.lua's header; with a caller's clock
 -- at least a minute, as check.lua's header says of every key). The key outlives its
 -- newest entry by the window: a charge sets the TTL to the window, never shortening it (GT)
--- when the key already holds live entries.
+-- when the key keeps entries through the charge's trim.
 --
 -- What a check costs Redis is mostly its calls: a denied check makes two reads by rank (the
 -- newest entry, and the one that must leave the window before the cost fits) and converts
@@ -89,13 +89,13 @@ local L$x = {''}
       -- $life: the TTL, longer by the wait for a check admitted as of a later time, and
       -- with a caller's clock at least a minute (Redis' clock, on which the TTL runs, does
       -- not follow it); a key that holds entries keeps a longer TTL (a charge admitted as of
-      -- a later time set it). GT leaves a key without a TTL as it is, and the trim above can
-      -- have emptied the set (Redis then deletes it) before the ZADD made it anew, without
-      -- one: NX gives it its TTL then.
-      if not held then
+      -- a later time set it). The trim above empties the set when even its newest entry is
+      -- out (Redis then deletes it, TTL and all), and the ZADD made it anew without a TTL,
+      -- which GT would leave so: such a key takes its TTL as a new one does.
+      if held and string.match(record, ',(%d+)%-%d+;') + 0 > $cut + 0 then
+        redis.call('PEXPIRE', $key, $life, 'GT')
+      else
         redis.call('PEXPIRE', $key, $life)
-      elseif redis.call('PEXPIRE', $key, $life, 'GT') == 0 then
-        redis.call('PEXPIRE', $key, $life, 'NX')
       end
     end
 

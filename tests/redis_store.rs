@@ -158,6 +158,19 @@ async fn a_log_emptied_and_charged_again_keeps_a_ttl() {
         assert_eq!(keys.len(), 1, "{policy}: {keys:?}");
         let pttl: i64 = conn.pttl(&keys[0]).unwrap();
         assert!(pttl > 0, "{policy}: {} has no TTL ({pttl})", keys[0]);
+        // the same through the script of a check that may wait (admitted at once)
+        clock.advance(Duration::from_secs(1));
+        let d = l
+            .check_waiting(&[&id], Duration::from_secs(2))
+            .await
+            .unwrap();
+        assert!(d.is_allowed(), "{policy}");
+        let pttl: i64 = conn.pttl(&keys[0]).unwrap();
+        assert!(
+            pttl > 0,
+            "{policy}: waiting: {} has no TTL ({pttl})",
+            keys[0]
+        );
     }
 }
 

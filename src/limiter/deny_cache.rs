@@ -29,7 +29,8 @@
 //! before it is sent, and a reset moves the epoch on: for every identifier, so that the
 //! denials in flight at a reset are all left unlearnt, which costs a round trip each and
 //! happens as rarely as resets do). Memory is bounded by a number of identifiers; at the
-//! bound, expired entries are swept, and new denials are not cached until there is room.
+//! bound, expired entries are swept (at most every [`SWEEP_EVERY`]), and a new denial that
+//! finds no room is not cached: the store answers its identifier's next check.
 
 use std::collections::HashMap;
 use std::sync::{Mutex, PoisonError};
@@ -67,7 +68,8 @@ struct Entries {
 
 /// How often at most a full cache is swept for room: a sweep visits every entry under the
 /// lock, and a flood of new identifiers denied at the bound would otherwise sweep once per
-/// denial. Entries answer for a second at most, so few expire between two sweeps this close.
+/// denial. A denial that comes between two sweeps is not cached, even if entries expired
+/// meanwhile: its identifier's next check goes to the store, which answers it as exactly.
 const SWEEP_EVERY: Duration = Duration::from_millis(100);
 
 #[derive(Debug, Clone, Copy)]
@@ -375,6 +377,22 @@ mod tests {
         record("c");
         assert_eq!(swept(), Some(first), "not swept again so soon");
         assert!(cache.lookup(&["a".to_string()], &[0], 1, 0).is_some());
+        // past SWEEP_EVERY, a denial that finds no room sweeps again, and takes the place of
+        // an entry that expired
+        let earlier = first.checked_sub(SWEEP_EVERY).unwrap();
+        cache.entries.lock().unwrap().swept = Some(earlier);
+        let old = Instant::now().checked_sub(MAX_AGE * 2).unwrap();
+        cache
+            .entries
+            .lock()
+            .unwrap()
+            .map
+            .get_mut("a")
+            .unwrap()
+            .kept_until = old;
+        record("d");
+        assert!(swept().is_some_and(|at| at > first), "swept again");
+        assert!(cache.lookup(&["d".to_string()], &[0], 1, 0).is_some());
     }
 
     #[test]
