@@ -87,8 +87,9 @@ where
 enum Checked {
     /// Passed on unchecked (a rule bypasses the layer).
     Bypassed,
-    /// No key found in the request.
-    NoKey,
+    /// No key found in the request; `shadow`: every limiter that would have checked it is
+    /// in shadow mode (or the layer is).
+    NoKey { shadow: bool },
     /// Admitted at once; with `pending`, the charge to make if the response is selected.
     Admitted {
         decision: Decision,
@@ -131,7 +132,10 @@ fn check_request<B>(config: &Config, req: &Request<B>) -> Checked {
         }
     }
     if ids.is_empty() {
-        return Checked::NoKey;
+        // in shadow mode when the layer is, or every limiter that would check the request is
+        // (`LimiterBuilder::shadow`, `Limiter::set_shadow`)
+        let shadow = config.shadow || (limiter.is_shadow() && also.is_none_or(Limiter::is_shadow));
+        return Checked::NoKey { shadow };
     }
     let cost = config.cost.as_ref().map_or(1, |f| f(&view));
     let pks = config
@@ -237,7 +241,7 @@ impl<S> RateLimit<S> {
                 ResponseFuture::refused(&req, outcome, config, pks)
             }
             Checked::Bypassed => ResponseFuture::called(self.inner.call(req), self.config.clone()),
-            Checked::NoKey => self.without_key(req),
+            Checked::NoKey { shadow } => self.without_key(req, shadow),
             Checked::Later {
                 later,
                 pending,
@@ -268,27 +272,15 @@ impl<S> RateLimit<S> {
     /// through in shadow mode, which refuses nothing), and recorded.
     #[cold]
     #[inline(never)]
-    fn without_key<ReqBody>(&mut self, req: Request<ReqBody>) -> ResponseFuture<S, ReqBody>
+    fn without_key<ReqBody>(
+        &mut self,
+        req: Request<ReqBody>,
+        shadow: bool,
+    ) -> ResponseFuture<S, ReqBody>
     where
         S: Service<Request<ReqBody>>,
     {
         let config = &self.config;
-        // In shadow mode when the layer is, or every limiter that would check the request is
-        // (`LimiterBuilder::shadow`, `Limiter::set_shadow`).
-        let shadow = config.shadow || {
-            let view = RequestView::of(&req);
-            match config
-                .rules
-                .iter()
-                .find(|r| (r.matches)(&view))
-                .map(|r| &r.action)
-            {
-                Some(Action::Replace(limiter)) => limiter.is_shadow(),
-                Some(Action::Add(limiter)) => limiter.is_shadow() && config.default.is_shadow(),
-                // (a bypassed request was passed on before its key was looked for)
-                Some(Action::Bypass) | None => config.default.is_shadow(),
-            }
-        };
         let action = match config.missing {
             MissingKey::Allow => "allow",
             MissingKey::Reject(_) if shadow => "shadow",
