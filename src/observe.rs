@@ -300,9 +300,18 @@ fn count(key: &metrics::Key) {
     metrics::with_recorder(|recorder| recorder.register_counter(key, &METADATA)).increment(1);
 }
 
-/// A decision (from the store or the fallback, enforced or in shadow mode) of the limiter whose
-/// keys are `keys`.
-pub(crate) fn decision(keys: &LimiterKeys, decision: &Decision) {
+/// A decision (from the store or the fallback, enforced or in shadow mode) of the limiter (or
+/// scheduler) named `name`, whose keys are `keys`: counted, and a would-be denial in shadow
+/// mode logged in `shadow_log`.
+pub(crate) fn decision(
+    keys: &LimiterKeys,
+    decision: &Decision,
+    shadow_log: &BoundedLog,
+    name: &str,
+) {
+    if decision.is_shadow() && decision.would_deny() {
+        shadow_log.would_deny(name, decision.would_deny_by().map(|s| &s.limit));
+    }
     #[cfg(feature = "metrics")]
     {
         let by_limit = match (decision.would_deny(), decision.is_shadow()) {

@@ -201,12 +201,8 @@ impl Limiter {
             Err(_) => return,
         }
         if let (true, Ok((answer, _))) = (mode.record, &*answer) {
-            observe::decision(&version.keys, answer);
-            if answer.shadow && answer.would_deny() {
-                self.inner
-                    .shadow_log
-                    .would_deny(&version.name, answer.would_deny_by().map(|s| &s.limit));
-            }
+            let log = &self.inner.shadow_log;
+            observe::decision(&version.keys, answer, log, &version.name);
         }
     }
 

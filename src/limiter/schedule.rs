@@ -307,11 +307,7 @@ impl Scheduler {
         let (mut decision, pending) = placed;
         decision.shadow |= shadow;
         let inner = &*self.inner;
-        observe::decision(&inner.keys, &decision);
-        if decision.shadow && decision.would_deny() {
-            let rate = decision.would_deny_by().map(|s| &s.limit);
-            inner.shadow_log.would_deny(&inner.name, rate);
-        }
+        observe::decision(&inner.keys, &decision, &inner.shadow_log, &inner.name);
         Ok((decision, pending))
     }
 
