@@ -14,7 +14,7 @@ pub struct PolicyError {
 }
 
 impl PolicyError {
-    pub(super) fn new(kind: PolicyErrorKind, part: impl Into<String>) -> Self {
+    pub(crate) fn new(kind: PolicyErrorKind, part: impl Into<String>) -> Self {
         PolicyError {
             kind,
             part: part.into(),
@@ -79,6 +79,9 @@ pub enum PolicyErrorKind {
     LogTooLarge,
     /// A concurrency lease shorter than [`MIN_LEASE`].
     LeaseTooShort,
+    /// The share of a [fleet shedder](crate::shed::FleetShedder)'s capacity reserved for
+    /// critical traffic is not a number from 0 up to (not including) 1.
+    ReservedShare,
 }
 
 impl fmt::Display for PolicyError {
@@ -128,6 +131,10 @@ impl fmt::Display for PolicyError {
                 f,
                 "a concurrency lease must be at least {} s",
                 MIN_LEASE.as_secs()
+            ),
+            PolicyErrorKind::ReservedShare => f.write_str(
+                "the share reserved for critical traffic must be from 0 up to (not including) 1, \
+                 e.g. 0.2 for 20%",
             ),
         }
     }

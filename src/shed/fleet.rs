@@ -19,7 +19,7 @@ use super::Priority;
 use crate::key::RequestView;
 use crate::layer::RateLimitLayer;
 use crate::limiter::Limiter;
-use crate::policy::{Limit, Policy, PolicyError, DEFAULT_LEASE};
+use crate::policy::{Limit, Policy, PolicyError, PolicyErrorKind, DEFAULT_LEASE};
 use crate::store::Store;
 
 /// Builds a fleet-usage load shedder (a [`RateLimitLayer`]). See the module documentation.
@@ -74,7 +74,8 @@ impl FleetShedder {
         }
     }
 
-    /// The share of the capacity kept for critical traffic, between 0 and 1 (default 0.2).
+    /// The share of the capacity kept for critical traffic, from 0 up to (not including) 1
+    /// (default 0.2, i.e. 20%); [`build`](Self::build) refuses any other value.
     pub fn reserve_for_critical(mut self, share: f64) -> Self {
         self.reserved = share;
         self
@@ -102,14 +103,20 @@ impl FleetShedder {
     }
 
     /// The number of slots non-critical traffic may hold: `capacity × (1 − reserved)`,
-    /// rounded down, at least 1.
+    /// rounded down, at least 1 (a reserved share out of range counts as 0 here, and
+    /// [`build`](Self::build) refuses it).
     pub fn share(&self) -> u64 {
-        let reserved = if self.reserved.is_finite() {
-            self.reserved.clamp(0.0, 1.0)
+        let reserved = if (0.0..1.0).contains(&self.reserved) {
+            self.reserved
         } else {
             0.0
         };
-        ((self.capacity as f64 * (1.0 - reserved)).floor() as u64).max(1)
+        let exact = self.capacity as f64 * (1.0 - reserved);
+        // `1.0 - 0.8` is 0.19999999999999996, so 10 × (1 − 0.8) falls just short of 2: a
+        // share that is whole on paper is rounded to it before the fraction is dropped (a
+        // tolerance of a few units in the last place, far below one slot at any capacity).
+        let share = (exact + exact * 8.0 * f64::EPSILON).floor();
+        (share as u64).max(1)
     }
 
     /// The layer: a [`RateLimitLayer`] over one global `N concurrent` limit, bypassed by
@@ -119,11 +126,17 @@ impl FleetShedder {
     ///
     /// # Errors
     ///
-    /// The [`PolicyError`] the limit's text would give: when the capacity is 0, the share is
-    /// above [`MAX_COUNT`](crate::policy::MAX_COUNT), or the lease is not a valid
+    /// [`PolicyErrorKind::ReservedShare`] when the reserved share is not from 0 up to (not
+    /// including) 1 (NaN, negative, or a percentage given as 20 rather than 0.2), and
+    /// otherwise the [`PolicyError`] the limit's text would give: when the capacity is 0, the
+    /// share is above [`MAX_COUNT`](crate::policy::MAX_COUNT), or the lease is not a valid
     /// concurrency lease (shorter than [`MIN_LEASE`](crate::policy::MIN_LEASE), longer than
     /// [`MAX_WINDOW`](crate::policy::MAX_WINDOW), or not a whole number of milliseconds).
     pub fn build(self) -> Result<RateLimitLayer, PolicyError> {
+        if !(0.0..1.0).contains(&self.reserved) {
+            let part = format!("reserve_for_critical({})", self.reserved);
+            return Err(PolicyError::new(PolicyErrorKind::ReservedShare, part));
+        }
         if self.capacity == 0 {
             // Report it as the policy text would.
             Limit::new(0, self.lease, crate::Algorithm::Concurrency)?;
@@ -137,5 +150,50 @@ impl FleetShedder {
             .bypass(move |req| classify(req) == Priority::Critical)
             .limited_status(StatusCode::SERVICE_UNAVAILABLE)
             .headers(crate::layer::HeaderStyle::None))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::MemoryStore;
+
+    fn fleet(capacity: u64, reserved: f64) -> FleetShedder {
+        FleetShedder::new(MemoryStore::new(), capacity).reserve_for_critical(reserved)
+    }
+
+    /// A share meant as a percentage, negative or NaN is refused, naming the value, rather
+    /// than read as "reserve everything" or "reserve nothing".
+    #[test]
+    fn a_reserved_share_out_of_range_is_refused() {
+        for reserved in [20.0, 1.0, -0.1, f64::NAN, f64::INFINITY] {
+            let Err(error) = fleet(500, reserved).build() else {
+                panic!("{reserved} accepted");
+            };
+            assert_eq!(error.kind(), &PolicyErrorKind::ReservedShare, "{reserved}");
+            assert!(error.part().contains(&reserved.to_string()), "{error}");
+        }
+        for reserved in [0.0, 0.2, 0.999] {
+            assert!(fleet(500, reserved).build().is_ok(), "{reserved}");
+        }
+    }
+
+    /// The share is whole where it is on paper, though `1 − reserved` is not exact in binary:
+    /// 10 × (1 − 0.8) is 2 slots, not 1.
+    #[test]
+    fn a_share_whole_on_paper_is_not_rounded_down() {
+        assert_eq!(fleet(10, 0.8).share(), 2);
+        assert_eq!(fleet(50, 0.8).share(), 10);
+        assert_eq!(fleet(100, 0.55).share(), 45);
+        for capacity in 1..=1000u64 {
+            for percent in 0..100u64 {
+                let expected = (capacity * (100 - percent) / 100).max(1);
+                let share = fleet(capacity, percent as f64 / 100.0).share();
+                assert_eq!(share, expected, "{capacity} at {percent}%");
+            }
+        }
+        // a fraction of a slot is still dropped
+        assert_eq!(fleet(10, 0.75).share(), 2);
+        assert_eq!(fleet(3, 0.5).share(), 1);
     }
 }
