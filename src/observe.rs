@@ -17,6 +17,7 @@
 //! | `tollgate_missing_key_total` | counter | `limiter` (the layer's default limiter), `action` (`allow`, `reject`, `shadow`: let through in shadow mode) |
 //! | `tollgate_give_back_failures_total` | counter | `store`, `kind` ([`StoreError::kind_label`]) |
 //! | `tollgate_lease_failures_total` | counter | `store`, `call` (`renew`, `release`), `kind` ([`StoreError::kind_label`]) |
+//! | `tollgate_leases_lost_total` | counter | `store` (`memory` for the memory store) |
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -408,6 +409,28 @@ impl BoundedLog {
         );
     }
 
+    /// The store `store` answered a renewal of `count` concurrency leases that it holds them
+    /// no longer: they expired before the renewal came (the store unreachable, or the
+    /// process stalled, for longer than the lease) or their keys were lost. Their requests
+    /// still run, and their slots may be others' now: the limit may admit more than its
+    /// count until they end.
+    pub(crate) fn leases_lost(&self, store: &str, count: u64) {
+        #[cfg(feature = "metrics")]
+        metrics::counter!("tollgate_leases_lost_total", "store" => store.to_string())
+            .increment(count);
+        #[cfg(feature = "tracing")]
+        if let Some((events, since)) = self.count_n(Instant::now(), count) {
+            tracing::warn!(
+                target: "tollgate",
+                store,
+                lost_leases = events,
+                since_s = since.map(|d| d.as_secs()),
+                "concurrency slots expired while their requests ran (not renewed within their lease): the limit may admit more than its count until those requests end"
+            );
+        }
+        let _ = (store, count);
+    }
+
     /// A scheduler's slot whose waiter gave up could not be given back to the store `store`
     /// (`e`): it stays taken, and the events placed after it wait that much longer.
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
@@ -477,7 +500,13 @@ impl BoundedLog {
     /// the previous line (none for the first).
     #[cfg_attr(not(feature = "tracing"), allow(dead_code))]
     fn count(&self, now: Instant) -> Option<(u64, Option<Duration>)> {
-        self.pending.fetch_add(1, Ordering::Relaxed);
+        self.count_n(now, 1)
+    }
+
+    /// [`count`](Self::count) of `n` events at once.
+    #[cfg_attr(not(feature = "tracing"), allow(dead_code))]
+    fn count_n(&self, now: Instant, n: u64) -> Option<(u64, Option<Duration>)> {
+        self.pending.fetch_add(n, Ordering::Relaxed);
         // Whoever holds the lock is writing the line: this denial is in its count or the
         // next one's.
         let mut last = self.last.try_lock().ok()?;

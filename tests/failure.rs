@@ -439,3 +439,64 @@ async fn slots_the_store_never_saw_are_not_released() {
     );
     assert_eq!(releases, 0.0, "releases of slots never taken");
 }
+
+/// A concurrency slot the store holds no longer while its request runs (its key lost to a
+/// flush, or its lease expired unrenewed) is reported, on Redis and in process: the limit
+/// may admit more than its count until that request ends, and that must not go unseen.
+#[tokio::test]
+async fn a_slot_lost_while_its_request_runs_is_counted_and_logged() {
+    observed();
+    let server = RedisServer::start();
+    let store = store_at(&server.url(), "lost-lease", 1000).await;
+    let slots = limiter(
+        &store,
+        "1 concurrent lease=1s",
+        "lost",
+        OnStoreError::Closed,
+    );
+    let held = slots.check(&["job"]).await.unwrap();
+    assert!(held.is_allowed());
+    assert!(!slots.check(&["job"]).await.unwrap().is_allowed());
+    // the slot set is lost (a flush, a failover that lost the write)
+    let mut conn = server.conn();
+    let keys = common::slot_keys(&mut conn, "lost-lease");
+    assert_eq!(keys.len(), 1, "{keys:?}");
+    let () = redis::cmd("DEL").arg(&keys).query(&mut conn).unwrap();
+    let lost = || metric("tollgate_leases_lost_total", &[("store", "lost-lease")]);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while lost() < 1.0 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(lost(), 1.0);
+    assert_eq!(
+        logged(
+            "concurrency slots expired while their requests ran",
+            "lost-lease"
+        ),
+        1
+    );
+    // it is renewed no more: the slot another request now takes is not counted as lost
+    let second = slots.check(&["job"]).await.unwrap();
+    assert!(second.is_allowed(), "the slot is free again");
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert_eq!(lost(), 1.0);
+    drop((held, second));
+
+    // in process: a lease that expired before its renewal came (the clock of the store
+    // jumped past it, as a runtime stalled longer than the lease would see it)
+    let clock = common::manual_clock();
+    let memory = tollgate::MemoryStore::builder()
+        .clock(tollgate::Clock::Manual(clock.clone()))
+        .build();
+    let slots = Limiter::new(memory, "1 concurrent lease=1s".parse().unwrap());
+    let held = slots.check(&["job"]).await.unwrap();
+    assert!(held.is_allowed());
+    clock.advance(Duration::from_secs(2));
+    let lost = || metric("tollgate_leases_lost_total", &[("store", "memory")]);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while lost() < 1.0 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(lost(), 1.0);
+    drop(held);
+}

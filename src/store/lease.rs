@@ -25,6 +25,7 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use crate::clock::system_micros;
+use crate::observe::BoundedLog;
 
 /// A concurrency slot held in a store: the key of each identifier's slot set, the lease id,
 /// and the lease time.
@@ -51,23 +52,48 @@ pub(crate) fn lease_id() -> String {
 
 /// Which leases of a renewal or a release reached the store: a lease did when every call
 /// its keys needed was answered (in a cluster, its keys may lie on several masters, each
-/// called apart). With the first error met, if any.
+/// called apart). With the first error met, if any, and for a renewal the leases the store
+/// answered it holds no longer.
 #[derive(Debug)]
 #[cfg_attr(not(feature = "redis"), allow(dead_code))]
 pub(crate) struct Reached<E> {
     /// By the lease's index in the call.
     pub(crate) leases: Vec<bool>,
+    /// By the lease's index: a renewal found it gone from one of its slot sets at least.
+    pub(crate) lost: Vec<bool>,
     pub(crate) error: Option<E>,
 }
 
 #[cfg_attr(not(feature = "redis"), allow(dead_code))]
 impl<E> Reached<E> {
-    /// Every one of `n` leases reached the store.
+    /// Every one of `n` leases reached the store (and none was lost).
     pub(crate) fn all(n: usize) -> Reached<E> {
         Reached {
             leases: vec![true; n],
+            lost: vec![false; n],
             error: None,
         }
+    }
+
+    /// The lease at `index` is gone from a slot set the store answered for.
+    pub(crate) fn lost(&mut self, index: usize) {
+        if let Some(lost) = self.lost.get_mut(index) {
+            *lost = true;
+        }
+    }
+
+    /// What the renewal did to each lease (a lease whose calls did not all reach the store
+    /// is missed, though another call found it lost).
+    pub(crate) fn renewals(&self) -> Vec<Renewal> {
+        self.leases
+            .iter()
+            .zip(&self.lost)
+            .map(|(&reached, &lost)| match (reached, lost) {
+                (false, _) => Renewal::Missed,
+                (true, true) => Renewal::Lost,
+                (true, false) => Renewal::Renewed,
+            })
+            .collect()
     }
 
     /// The leases at `indices` missed the store, for `error`.
@@ -81,10 +107,26 @@ impl<E> Reached<E> {
     }
 }
 
+/// What a renewal did to one lease.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Renewal {
+    /// Extended to its full lease time from now.
+    Renewed,
+    /// The store holds it no longer: it expired before the renewal came (the store was
+    /// unreachable, or the process stalled, for longer than the lease), or its key was lost
+    /// (a flush, a failover that lost writes, eviction). Its slot may be another request's
+    /// now, so the limit may admit more than its count until the request ends.
+    Lost,
+    /// The call did not reach the store; tried again on the next tick.
+    Missed,
+}
+
 /// What the keeper needs of a store.
 pub(crate) trait Backend: Send + Sync + 'static {
-    /// Extends live leases to their full lease time from now: which reached the store.
-    fn renew(&self, leases: &[&Lease]) -> impl Future<Output = Vec<bool>> + Send;
+    /// The store's name in logs and metrics.
+    fn label(&self) -> &str;
+    /// Extends live leases to their full lease time from now: what it did to each.
+    fn renew(&self, leases: &[&Lease]) -> impl Future<Output = Vec<Renewal>> + Send;
     /// Gives slots back (idempotent): which reached the store.
     fn release(&self, leases: &[Lease]) -> impl Future<Output = Vec<bool>> + Send;
 }
@@ -177,9 +219,11 @@ impl Held {
 }
 
 /// The keeper: renews held leases every third of their lease time, releases dropped ones in
-/// batches and retries failed releases until their lease would have expired. It ends when
+/// batches and retries failed releases until their lease would have expired. A lease the
+/// store no longer holds is reported (logged and counted) and renewed no more. It ends when
 /// the store's handles and guards are all gone.
 async fn run<B: Backend>(backend: B, mut rx: mpsc::UnboundedReceiver<Msg>) {
+    let lost_log = BoundedLog::default();
     let mut held: HashMap<String, Held> = HashMap::new();
     // Releases that did not reach the store, kept until their lease has expired anyway.
     let mut unreleased: Vec<Held> = Vec::new();
@@ -217,11 +261,26 @@ async fn run<B: Backend>(backend: B, mut rx: mpsc::UnboundedReceiver<Msg>) {
                     continue;
                 }
                 let ids: Vec<String> = due.iter().map(|l| l.id.clone()).collect();
-                let reached = backend.renew(&due).await;
-                for (id, _) in ids.into_iter().zip(reached).filter(|(_, r)| *r) {
-                    if let Some(h) = held.get_mut(&id) {
-                        h.renewed = now;
+                let renewals = backend.renew(&due).await;
+                let mut lost = 0;
+                for (id, renewal) in ids.into_iter().zip(renewals) {
+                    match renewal {
+                        Renewal::Renewed => {
+                            if let Some(h) = held.get_mut(&id) {
+                                h.renewed = now;
+                            }
+                        }
+                        // Renewing it again would not bring it back; its guard still
+                        // releases it (a no-op) when dropped.
+                        Renewal::Lost => {
+                            held.remove(&id);
+                            lost += 1;
+                        }
+                        Renewal::Missed => {}
                     }
+                }
+                if lost > 0 {
+                    lost_log.leases_lost(backend.label(), lost);
                 }
             }
         }
@@ -273,6 +332,8 @@ mod tests {
     struct Recorder {
         calls: Arc<Mutex<Vec<Call>>>,
         down: Arc<Mutex<HashSet<String>>>,
+        /// Leases the store holds no longer.
+        lost: Arc<Mutex<HashSet<String>>>,
     }
 
     impl Recorder {
@@ -293,9 +354,23 @@ mod tests {
     }
 
     impl Backend for Recorder {
-        async fn renew(&self, leases: &[&Lease]) -> Vec<bool> {
+        fn label(&self) -> &str {
+            "recorder"
+        }
+
+        async fn renew(&self, leases: &[&Lease]) -> Vec<Renewal> {
             let ids = leases.iter().map(|l| l.id.clone()).collect();
-            self.answer("renew", ids)
+            let lost = self.lost.lock().unwrap();
+            let renewals = leases.iter().map(|l| match lost.contains(&l.id) {
+                true => Renewal::Lost,
+                false => Renewal::Renewed,
+            });
+            let reached = self.answer("renew", ids);
+            reached
+                .into_iter()
+                .zip(renewals)
+                .map(|(reached, renewal)| if reached { renewal } else { Renewal::Missed })
+                .collect()
         }
 
         async fn release(&self, leases: &[Lease]) -> Vec<bool> {
@@ -348,6 +423,29 @@ mod tests {
         assert_eq!(store.take(), [("release", vec!["b".into()])]);
         run_for(TICK * 4).await;
         assert_eq!(store.take(), []);
+        drop(tx);
+        keeper.await.unwrap();
+    }
+
+    /// A lease the store answers it holds no longer is renewed no more (renewing would not
+    /// bring it back), while the others go on being renewed; its guard's release still goes
+    /// out.
+    #[tokio::test(start_paused = true)]
+    async fn a_lost_lease_is_renewed_no_more() {
+        let store = Recorder::default();
+        let (tx, rx) = mpsc::unbounded_channel();
+        let keeper = tokio::spawn(run(store.clone(), rx));
+        store.lost.lock().unwrap().insert("b".into());
+        tx.send(Msg::Hold(lease("a"))).unwrap();
+        tx.send(Msg::Hold(lease("b"))).unwrap();
+        run_for(Duration::from_millis(1100)).await;
+        assert_eq!(store.take(), [("renew", vec!["a".into(), "b".into()])]);
+        // a second later only `a` is due, and `b` is not tried again
+        run_for(Duration::from_millis(1000)).await;
+        assert_eq!(store.take(), [("renew", vec!["a".into()])]);
+        tx.send(Msg::Release(lease("b"))).unwrap();
+        run_for(Duration::ZERO).await;
+        assert_eq!(store.take(), [("release", vec!["b".into()])]);
         drop(tx);
         keeper.await.unwrap();
     }

@@ -439,17 +439,28 @@ impl MemoryStore {
         }
     }
 
-    pub(crate) fn renew(&self, leases: &[&Lease]) {
+    /// Renews `leases`: for each, whether every slot set of its keys still held it (it was
+    /// renewed in those that did).
+    pub(crate) fn renew(&self, leases: &[&Lease]) -> Vec<bool> {
         let now = self.now();
-        for lease in leases {
-            for key in &lease.keys {
-                self.with_state(key, |stored| {
-                    if algorithm::renew(&mut stored.state, &lease.id, now, lease.lease_us) {
-                        stored.expires_at = stored.expires_at.max(now + lease.lease_us);
-                    }
-                });
-            }
-        }
+        leases
+            .iter()
+            .map(|lease| {
+                let mut held = true;
+                for key in &lease.keys {
+                    let mut renewed = false;
+                    self.with_state(key, |stored| {
+                        renewed =
+                            algorithm::renew(&mut stored.state, &lease.id, now, lease.lease_us);
+                        if renewed {
+                            stored.expires_at = stored.expires_at.max(now + lease.lease_us);
+                        }
+                    });
+                    held &= renewed;
+                }
+                held
+            })
+            .collect()
     }
 
     pub(crate) fn release(&self, leases: &[Lease]) {

@@ -24,7 +24,7 @@ pub(crate) use crate::algorithm::Outcome;
 pub(crate) use error::KIND_LABELS;
 pub use error::{ConfigError, ConfigErrorKind, Misconfiguration, MisconfigurationKind, StoreError};
 pub use keyspace::Namespace;
-use lease::{Backend, Keeper, Lease};
+use lease::{Backend, Keeper, Lease, Renewal};
 pub(crate) use memory::OneKey;
 pub use memory::{MemoryStore, MemoryStoreBuilder};
 #[cfg(feature = "redis")]
@@ -260,14 +260,34 @@ impl Store {
 }
 
 impl Backend for Store {
-    async fn renew(&self, leases: &[&Lease]) -> Vec<bool> {
+    fn label(&self) -> &str {
         match self {
-            Store::Memory(m) => {
-                m.renew(leases);
-                vec![true; leases.len()]
-            }
+            Store::Memory(_) => "memory",
             #[cfg(feature = "redis")]
-            Store::Redis(r) => r.reached("renew", r.renew(leases).await),
+            Store::Redis(r) => r.label(),
+        }
+    }
+
+    async fn renew(&self, leases: &[&Lease]) -> Vec<Renewal> {
+        match self {
+            Store::Memory(m) => m
+                .renew(leases)
+                .into_iter()
+                .map(|held| {
+                    if held {
+                        Renewal::Renewed
+                    } else {
+                        Renewal::Lost
+                    }
+                })
+                .collect(),
+            #[cfg(feature = "redis")]
+            Store::Redis(r) => {
+                let reached = r.renew(leases).await;
+                let renewals = reached.renewals();
+                r.reached("renew", reached);
+                renewals
+            }
         }
     }
 

@@ -468,11 +468,18 @@ impl RedisStore {
                     .iter()
                     .map(|&g| (pairs[g].0, leases[pairs[g].1].id.as_str()));
                 let call = renew_call(&self.renew_script, now, lease_us, slot_pairs);
-                let result: Result<i64, _> = self
+                let result: Result<Vec<i64>, _> = self
                     .run(|mut conn| async move { call.invoke_async(&mut conn).await })
                     .await;
-                if let Err(e) = result {
-                    reached.missed(group.iter().map(|&g| pairs[g].1), e);
+                match result {
+                    // one flag per key, in the call's order: 0 when the set held the lease
+                    // no longer
+                    Ok(renewed) => {
+                        for (&g, _) in group.iter().zip(renewed).filter(|(_, r)| *r == 0) {
+                            reached.lost(pairs[g].1);
+                        }
+                    }
+                    Err(e) => reached.missed(group.iter().map(|&g| pairs[g].1), e),
                 }
             }
         }
@@ -507,6 +514,11 @@ impl RedisStore {
             self.lease_log.lease_call_failed(&self.prefix, call, e);
         }
         reached.leases
+    }
+
+    /// The store's name in logs and metrics: its key prefix.
+    pub(crate) fn label(&self) -> &str {
+        &self.prefix
     }
 
     /// A slot that could not be given back (`e`), logged and counted.

@@ -375,7 +375,7 @@ async fn run_probe(
         id: lease_id.to_string(),
         lease_us: 1_000_000,
     };
-    let _: i64 = renew_invocation(&renew, None, lease.lease_us, &[&lease])
+    let _: Vec<i64> = renew_invocation(&renew, None, lease.lease_us, &[&lease])
         .invoke_async(conn)
         .await?;
     let () = release_pipe(std::slice::from_ref(&lease))
