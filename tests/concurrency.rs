@@ -389,3 +389,47 @@ async fn a_timed_out_check_does_not_keep_its_slot() {
     wait_for_no_slots(&server, &prefix).await;
     assert!(limiter.check(&["k"]).await.unwrap().is_allowed());
 }
+
+/// Calls of `command` the server has run, its scripts' calls included.
+fn command_calls(server: &RedisServer, command: &str) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(&mut server.conn())
+        .unwrap();
+    let tag = format!("cmdstat_{command}:calls=");
+    info.lines()
+        .find_map(|l| l.strip_prefix(&tag)?.split(',').next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+/// A process holding many slots renews them in calls of a few hundred at most, so that no
+/// renewal holds Redis (which runs a script with nothing beside it) for long: 600 slots
+/// are renewed by several calls, every one of them kept.
+#[tokio::test]
+async fn many_slots_are_renewed_in_short_calls() {
+    let server = RedisServer::start();
+    let prefix = unique_prefix();
+    let limiter = Limiter::new(
+        store(&server, &prefix).await,
+        "600 concurrent lease=1s".parse().unwrap(),
+    );
+    let mut held = Vec::new();
+    for _ in 0..600 {
+        let d = limiter.check(&["streams"]).await.unwrap();
+        assert!(d.is_allowed());
+        held.push(d);
+    }
+    let (scripts, renewed) = (server.script_calls(), command_calls(&server, "zscore"));
+    // past the lease: only renewals keep the slots
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let scripts = server.script_calls() - scripts;
+    let renewed = command_calls(&server, "zscore") - renewed;
+    assert!(renewed >= 600, "{renewed} renewals");
+    assert!(
+        renewed <= 256 * scripts,
+        "{renewed} slots renewed in {scripts} calls"
+    );
+    assert!(!limiter.check(&["streams"]).await.unwrap().is_allowed());
+    drop(held);
+    wait_for_no_slots(&server, &prefix).await;
+}

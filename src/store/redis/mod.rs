@@ -16,6 +16,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::stream::{self, StreamExt};
 use redis::{RedisResult, Script, ScriptInvocation};
 use tokio::time::Instant;
 
@@ -47,6 +48,20 @@ const DEFAULT_PREFIX: &str = "tollgate";
 /// much, and the rest nothing.
 const DEFAULT_TIMEOUT: Duration = Duration::from_millis(50);
 const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// The most slots one lease call renews or releases. A renewal costs Redis a few microseconds
+/// a slot, in one script that nothing else runs beside: a process holding tens of thousands
+/// of slots (long-lived streams under a concurrency limit) would otherwise block Redis past
+/// every client's timeout, and its own call would time out, be taken as missed, and be sent
+/// whole again on every tick. Cut at 256, a call holds Redis for about a millisecond.
+const LEASES_PER_CALL: usize = 256;
+
+/// The most lease calls in flight at once. Calls to a master that is down or stalled each
+/// wait out the timeout; one after another, a few hundred of them (slots of many hash slots
+/// on it) would hold up the keeper's round for seconds, and the leases of the healthy masters
+/// would miss their renewals. Sixteen at a time keep such a round short without queueing
+/// more than a few milliseconds of scripts at a healthy server.
+const CALLS_IN_FLIGHT: usize = 16;
 
 /// State in Redis, shared by every process that uses the same server and prefix.
 ///
@@ -450,61 +465,110 @@ impl RedisStore {
     }
 
     /// Extends live leases: one script call per distinct lease time (usually one in all), and
-    /// in a cluster per hash slot. Every call is made, whatever the others answer: a master
-    /// that is down holds back only the leases with keys on it.
+    /// in a cluster per hash slot, of at most [`LEASES_PER_CALL`] slots each. Every call is
+    /// made, whatever the others answer, up to [`CALLS_IN_FLIGHT`] at once: a master that is
+    /// down or stalled holds back only the leases with keys on it, and only its calls wait
+    /// for the timeout.
     pub(crate) async fn renew(&self, leases: &[&Lease]) -> Reached<StoreError> {
         let mut reached = Reached::all(leases.len());
         let mut times: Vec<u64> = leases.iter().map(|l| l.lease_us).collect();
         times.sort_unstable();
         times.dedup();
-        for lease_us in times {
-            let pairs: Vec<(&str, usize)> = lease_pairs(leases.iter().copied())
-                .filter(|(_, (_, lease))| lease.lease_us == lease_us)
-                .map(|(key, (i, _))| (key, i))
-                .collect();
-            for group in self.key_groups(&pairs, |p| p.0) {
-                let now = self.clock.manual_now();
-                let slot_pairs = group
-                    .iter()
-                    .map(|&g| (pairs[g].0, leases[pairs[g].1].id.as_str()));
-                let call = renew_call(&self.renew_script, now, lease_us, slot_pairs);
-                let result: Result<Vec<i64>, _> = self
-                    .run(|mut conn| async move { call.invoke_async(&mut conn).await })
-                    .await;
-                match result {
-                    // one flag per key, in the call's order: 0 when the set held the lease
-                    // no longer
-                    Ok(renewed) => {
-                        for (&g, _) in group.iter().zip(renewed).filter(|(_, r)| *r == 0) {
-                            reached.lost(pairs[g].1);
-                        }
+        // (slot set key, lease index) of each lease time
+        let by_time: Vec<(u64, Vec<(&str, usize)>)> = times
+            .into_iter()
+            .map(|lease_us| {
+                let pairs = lease_pairs(leases.iter().copied())
+                    .filter(|(_, (_, lease))| lease.lease_us == lease_us)
+                    .map(|(key, (i, _))| (key, i))
+                    .collect();
+                (lease_us, pairs)
+            })
+            .collect();
+        let mut calls: Vec<(usize, Vec<usize>)> = Vec::new();
+        for (t, (_, pairs)) in by_time.iter().enumerate() {
+            calls.extend(
+                self.lease_calls(pairs, |p| p.0)
+                    .into_iter()
+                    .map(|chunk| (t, chunk)),
+            );
+        }
+        let mut answers = stream::iter(calls)
+            .map(|(t, chunk)| self.renew_call(&by_time[t], leases, chunk))
+            .buffer_unordered(CALLS_IN_FLIGHT);
+        while let Some((pairs, chunk, result)) = answers.next().await {
+            match result {
+                // one flag per key, in the call's order: 0 when the set held the lease no
+                // longer
+                Ok(renewed) => {
+                    for (&g, _) in chunk.iter().zip(renewed).filter(|(_, r)| *r == 0) {
+                        reached.lost(pairs[g].1);
                     }
-                    Err(e) => reached.missed(group.iter().map(|&g| pairs[g].1), e),
                 }
+                Err(e) => reached.missed(chunk.iter().map(|&g| pairs[g].1), e),
             }
         }
         reached
     }
 
+    /// One renewal call: the leases of the pairs at `chunk` (indices into `pairs`, the
+    /// (slot set key, lease index) pairs of one lease time), and the script's answer.
+    async fn renew_call<'p>(
+        &self,
+        (lease_us, pairs): &'p (u64, Vec<(&str, usize)>),
+        leases: &[&Lease],
+        chunk: Vec<usize>,
+    ) -> (
+        &'p [(&'p str, usize)],
+        Vec<usize>,
+        Result<Vec<i64>, StoreError>,
+    ) {
+        let now = self.clock.manual_now();
+        let slot_pairs = chunk
+            .iter()
+            .map(|&g| (pairs[g].0, leases[pairs[g].1].id.as_str()));
+        let call = renew_call(&self.renew_script, now, *lease_us, slot_pairs);
+        let result = self
+            .run(|mut conn| async move { call.invoke_async(&mut conn).await })
+            .await;
+        (pairs, chunk, result)
+    }
+
     /// Releases leases: one pipelined `ZREM` per slot set, idempotent; in a cluster one
-    /// pipeline per hash slot, every one sent whatever the others answer.
+    /// pipeline per hash slot, of at most [`LEASES_PER_CALL`] each, every one sent whatever
+    /// the others answer, up to [`CALLS_IN_FLIGHT`] at once.
     pub(crate) async fn release(&self, leases: &[Lease]) -> Reached<StoreError> {
         let mut reached = Reached::all(leases.len());
         let pairs: Vec<(&str, (usize, &Lease))> = lease_pairs(leases.iter()).collect();
-        for group in self.key_groups(&pairs, |p| p.0) {
+        let calls = self.lease_calls(&pairs, |p| p.0).into_iter().map(|chunk| {
             let mut pipe = redis::pipe();
-            for &g in &group {
+            for &g in &chunk {
                 let (key, (_, lease)) = pairs[g];
                 pipe.zrem(key, &lease.id).ignore();
             }
-            let result = self
-                .run(|mut conn| async move { pipe.query_async::<()>(&mut conn).await })
-                .await;
+            async move {
+                let result = self
+                    .run(|mut conn| async move { pipe.query_async::<()>(&mut conn).await })
+                    .await;
+                (chunk, result)
+            }
+        });
+        let mut answers = stream::iter(calls).buffer_unordered(CALLS_IN_FLIGHT);
+        while let Some((chunk, result)) = answers.next().await {
             if let Err(e) = result {
-                reached.missed(group.iter().map(|&g| pairs[g].1 .0), e);
+                reached.missed(chunk.iter().map(|&g| pairs[g].1 .0), e);
             }
         }
         reached
+    }
+
+    /// The calls of a lease renewal or release: indices into `items`, grouped by hash slot
+    /// (one group on a single server), cut into calls of at most [`LEASES_PER_CALL`].
+    fn lease_calls<T>(&self, items: &[T], key: impl Fn(&T) -> &str) -> Vec<Vec<usize>> {
+        self.key_groups(items, key)
+            .iter()
+            .flat_map(|group| group.chunks(LEASES_PER_CALL).map(<[usize]>::to_vec))
+            .collect()
     }
 
     /// The leases of a lease call (`renew` or `release`) that reached the store; a failure
