@@ -11,8 +11,9 @@
 -- itself refuses any write in it: a peek changes no key, value or TTL.
 --
 -- The reply's verdict is whether every pair admits the cost; the sorted sets are reported as
--- they are (a concurrency limit's `report` fragment adds the cost only when `ok`, which is
--- cleared first; the client reads a log's record as charged with nothing).
+-- evaluated (their `report` fragments append the record phase 1 made, whatever the verdict;
+-- `ok` is cleared before the reply, as nothing was charged, and the client reads a log's
+-- record as charged with nothing).
 
 --@ shebang
 #!lua flags=no-writes

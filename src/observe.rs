@@ -431,6 +431,20 @@ impl BoundedLog {
         let _ = (store, count);
     }
 
+    /// An attempt to connect to the store `store` failed with `e`: checks are answered by
+    /// the failure policy (as `Unavailable`, without the cause) until one succeeds, and the
+    /// task keeps trying with a backoff. Logged only (each check answered meanwhile is
+    /// counted in `tollgate_store_errors_total`).
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub(crate) fn connect_failed(&self, store: &str, e: &StoreError) {
+        self.warn_store_failed(
+            store,
+            "connect",
+            e,
+            "rate-limit store could not connect; checks are answered by the failure policy until it does, retrying",
+        );
+    }
+
     /// A scheduler's slot whose waiter gave up could not be given back to the store `store`
     /// (`e`): it stays taken, and the events placed after it wait that much longer.
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]

@@ -500,3 +500,28 @@ async fn a_slot_lost_while_its_request_runs_is_counted_and_logged() {
     assert_eq!(lost(), 1.0);
     drop(held);
 }
+
+/// While the store cannot connect, why is logged (at most a line every 10 s), though the
+/// checks answered meanwhile learn only that it is down.
+#[tokio::test]
+async fn why_the_store_cannot_connect_is_logged() {
+    observed();
+    let store = store_at(&common::dead_url(), "unreachable", 100).await;
+    let limiter = limiter(&store, "2/min", "unreachable", OnStoreError::Open);
+    let d = limiter.check(&["a"]).await.unwrap();
+    assert_eq!(d.origin(), Origin::FailOpen);
+    let lines = || {
+        log_text()
+            .lines()
+            .filter(|l| l.contains("could not connect") && l.contains("store=\"unreachable\""))
+            .map(str::to_owned)
+            .collect::<Vec<_>>()
+    };
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while lines().is_empty() && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let lines = lines();
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert!(lines[0].to_lowercase().contains("refused"), "{lines:?}");
+}

@@ -44,6 +44,7 @@ use super::cluster::{self, Conn};
 use super::sentinel::{Lookup, Sentinels, RECHECK};
 use super::url::{tcp_info, ClusterTarget, Target};
 use super::validate::{self, Failure};
+use crate::observe::BoundedLog;
 use crate::store::error::{Misconfiguration, MisconfigurationKind};
 use crate::store::StoreError;
 
@@ -578,6 +579,10 @@ impl Connector {
 /// The task: keeps a connection, replacing it when it is reported broken; retries failed
 /// attempts with a growing, jittered backoff up to [`MAX_BACKOFF`].
 async fn run(shared: Arc<Shared>, mut connector: Connector, mut connected: Option<u64>) {
+    // Why attempts fail, at most a line every 10 s: checks meanwhile learn only that the
+    // store is down (`Unavailable`), and the cause may change during an outage (refused,
+    // then out of memory once it answers, say).
+    let failed = BoundedLog::default();
     let mut backoff = MIN_BACKOFF;
     loop {
         if let Some(generation) = connected.take() {
@@ -590,6 +595,7 @@ async fn run(shared: Arc<Shared>, mut connector: Connector, mut connected: Optio
                 connected = Some(generation);
             }
             Err(cause) => {
+                failed.connect_failed(&shared.prefix, &cause.clone().into_error());
                 shared.state.send_replace(State::Down(cause));
                 tokio::time::sleep(jittered(backoff)).await;
                 backoff = (backoff * 2).min(MAX_BACKOFF);
