@@ -64,8 +64,10 @@ impl Default for MissingKey {
 pub struct LayerSettings {
     /// Which rate-limit headers responses carry (default [`HeaderStyle::Ietf`]).
     pub headers: HeaderStyle,
-    /// The status of a limited request (default 429). Read from a file, it must be a 4xx
-    /// or 5xx code: a limited request answered `200` would look served.
+    /// The status of a limited request (default 429): a 4xx or 5xx code, as a limited
+    /// request answered `200` would look served (read from a file, another code is an
+    /// error; applied with [`with_settings`](super::RateLimitLayer::with_settings), a
+    /// panic).
     #[cfg_attr(feature = "serde", serde(with = "status_code"))]
     pub limited_status: StatusCode,
     /// What to do with a request without a key (default: reject with 500).
@@ -186,7 +188,15 @@ impl Config {
     }
 
     /// Settles which handler answers limited requests, after a change.
+    ///
+    /// # Panics
+    ///
+    /// When a refusal's status is not a 4xx or 5xx code (see [`refusal_status`]).
     pub(crate) fn settle(&mut self) {
+        refusal_status(self.limited_status, "limited_status");
+        if let MissingKey::Reject(status) = self.missing {
+            refusal_status(status, "MissingKey::Reject");
+        }
         self.on_limited = match (&self.custom_limited, self.problem_details) {
             (Some(handler), _) => Some(handler.clone()),
             (None, true) => {
@@ -198,6 +208,25 @@ impl Config {
             (None, false) => None,
         };
     }
+}
+
+/// Whether `status` can answer a refusal: a 4xx or 5xx code. A limited request answered
+/// `200 OK` would look served to its client (and to caches, retry logic, and gRPC clients,
+/// which would see `INTERNAL`), and a 1xx or 3xx would not be a refusal at all.
+fn is_refusal(status: StatusCode) -> bool {
+    status.is_client_error() || status.is_server_error()
+}
+
+/// Panics, naming `setting`, when `status` cannot answer a refusal ([`is_refusal`]): a
+/// mistake in the program's own configuration, found when the layer is built rather than
+/// on the first refused request. (A status read from a file is checked as it is read, with
+/// an error.)
+fn refusal_status(status: StatusCode, setting: &str) {
+    assert!(
+        is_refusal(status),
+        "tollgate: {setting}({status}) is not the status of a refusal: expected a 4xx or 5xx \
+         code"
+    );
 }
 
 #[cfg(feature = "serde")]
@@ -220,7 +249,7 @@ mod status_code {
     pub(super) fn refusal(code: u16) -> Result<StatusCode, String> {
         let status =
             StatusCode::from_u16(code).map_err(|_| format!("{code} is not an HTTP status code"))?;
-        if status.is_client_error() || status.is_server_error() {
+        if super::is_refusal(status) {
             Ok(status)
         } else {
             Err(format!(

@@ -145,6 +145,10 @@ impl RateLimitLayer {
     /// with `into_make_service_with_connect_info::<SocketAddr>()`, tonic with the `tonic`
     /// feature (on by default), hyper by inserting the `SocketAddr` into the request
     /// extensions. See [`PeerIp`](crate::key::PeerIp).
+    ///
+    /// # Panics
+    ///
+    /// When the status of [`MissingKey::Reject`] is not a 4xx or 5xx code.
     pub fn on_missing_key(self, missing: MissingKey) -> Self {
         self.edit(|c| c.missing = missing)
     }
@@ -245,6 +249,11 @@ impl RateLimitLayer {
 
     /// Applies the plain-data settings (read from a configuration file with the `serde`
     /// feature, for instance).
+    ///
+    /// # Panics
+    ///
+    /// When a refusal's status in `settings` is not a 4xx or 5xx code (settings read from a
+    /// file with the `serde` feature cannot hold one).
     pub fn with_settings(self, settings: LayerSettings) -> Self {
         self.edit(|c| c.apply(settings))
     }
@@ -257,6 +266,11 @@ impl RateLimitLayer {
     /// The status of a limited request (default `429 Too Many Requests`; a load shedder
     /// answers `503 Service Unavailable`). gRPC requests get the matching gRPC code
     /// (`RESOURCE_EXHAUSTED` for 429, `UNAVAILABLE` for 503).
+    ///
+    /// # Panics
+    ///
+    /// When `status` is not a 4xx or 5xx code: a limited request answered `200 OK` would
+    /// look served to its client, and to caches and retry logic.
     pub fn limited_status(self, status: StatusCode) -> Self {
         self.edit(|c| c.limited_status = status)
     }
@@ -295,5 +309,38 @@ impl<S> tower_layer::Layer<S> for RateLimitLayer {
 
     fn layer(&self, inner: S) -> RateLimit<S> {
         RateLimit::new(inner, self.config.clone())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Limiter, MemoryStore};
+
+    fn layer() -> RateLimitLayer {
+        RateLimitLayer::new(Limiter::new(MemoryStore::new(), "1/min".parse().unwrap()))
+    }
+
+    /// A refusal answered with a status that is no error (a limited request answered
+    /// `200 OK` looks served) is refused when the layer is built, as it is when read from a
+    /// file, whichever way it is given.
+    #[test]
+    fn a_refusal_status_that_is_no_error_is_refused_when_built() {
+        for status in [StatusCode::OK, StatusCode::CONTINUE, StatusCode::FOUND] {
+            let built = std::panic::catch_unwind(|| layer().limited_status(status));
+            assert!(built.is_err(), "limited_status({status}) accepted");
+            let built =
+                std::panic::catch_unwind(|| layer().on_missing_key(MissingKey::Reject(status)));
+            assert!(built.is_err(), "MissingKey::Reject({status}) accepted");
+            let settings = LayerSettings {
+                limited_status: status,
+                ..LayerSettings::default()
+            };
+            let built = std::panic::catch_unwind(|| layer().with_settings(settings.clone()));
+            assert!(built.is_err(), "settings with {status} accepted");
+        }
+        let _ = layer()
+            .limited_status(StatusCode::SERVICE_UNAVAILABLE)
+            .on_missing_key(MissingKey::Reject(StatusCode::UNAUTHORIZED));
     }
 }
