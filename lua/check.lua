@@ -9,7 +9,11 @@
 -- sections between `id_open` and `id_close` are repeated for each identifier $j (its keys
 -- start after KEYS[$b], at KEYS[$first]; $p is the identifier before); $x names a limit (its index in the policy); $fields / $zeros / $format are the
 -- packed fields (T, then each packed limit's fields, in policy order), their zeros and their
--- struct format, $zero a missing state (as many zero bytes).
+-- struct format, $zero a missing state (as many zero bytes). $put / $ttl name the new packed
+-- state of identifier $j and its TTL ($putp / $ttlp the previous identifier's): locals
+-- `put$j` / `ttl$j` for up to four identifiers, beyond that slots of the tables `put` / `ttl`,
+-- as Lua gives a function at most 250 registers, which the largest policies checked for
+-- many identifiers would otherwise pass.
 --
 -- KEYS: per identifier, identifier-major: the packed key (when the policy has window or GCRA
 --       limits), then one sorted set per log or concurrency limit, in policy order.
@@ -66,14 +70,14 @@ do
     -- denied already: the client derives every figure from the states returned
   elseif $same then
     -- the same state as the previous identifier's: the same verdict, the same new state
-    put$j, ttl$j = put$p, ttl$p
+    $put, $ttl = $putp, $ttlp
   elseif not got$j and cost <= $most then
     -- no state: charged once, a fresh state admits any cost up to the policy's largest
     local T, $fields = now, $zeros
     local life, old = 0, 0
 
 --@ fresh_pack
-    put$j = struct.pack('$format', T, $fields)
+    $put = struct.pack('$format', T, $fields)
 
 --@ stored
   else
@@ -91,15 +95,15 @@ do
       if T < now then
         T = now
       end
-      put$j = struct.pack('$format', T, $fields)
+      $put = struct.pack('$format', T, $fields)
 
 --@ ttl
       if got$j and realtime and life <= old then
         -- the key's TTL covers the stored state's life, so the new state's too: keep it
         -- (with a caller's clock, TTLs and states run on different clocks: set it anew)
-        ttl$j = false
+        $ttl = false
       elseif life == lastlife then
-        ttl$j = lastttl
+        $ttl = lastttl
       else
         local ms = life - $real + 999
         ms = (ms - ms % 1000) / 1000 + 1
@@ -109,7 +113,7 @@ do
           ms = 60000
         end
         lastlife, lastttl = life, string.format('%d', ms)
-        ttl$j = lastttl
+        $ttl = lastttl
       end
 
 --@ stored_close
@@ -123,10 +127,10 @@ end
 if ok then
 
 --@ write
-  if ttl$j then
-    redis.call('PSETEX', KEYS[$first], ttl$j, put$j)
+  if $ttl then
+    redis.call('PSETEX', KEYS[$first], $ttl, $put)
   else
-    redis.call('SET', KEYS[$first], put$j, 'KEEPTTL')
+    redis.call('SET', KEYS[$first], $put, 'KEEPTTL')
   end
 
 --@ reply

@@ -454,3 +454,49 @@ async fn bad_configuration_is_refused() {
         .build_lazy();
     assert!(store.is_ok(), "an hour is taken");
 }
+
+/// The largest policy (16 rolling windows of counts packed in the wide form) checked for the
+/// most identifiers (16) at once: Redis compiles its scripts (check, waiting check, peek),
+/// and decides as the memory store does, twice admitted, then denied by the first window.
+#[tokio::test]
+async fn the_largest_policy_is_checked_for_sixteen_identifiers() {
+    let server = RedisServer::start();
+    let clock = manual_clock();
+    let policy: tollgate::Policy = (1..=16)
+        .map(|s| format!("{}/{s}s", 2000 + s))
+        .collect::<Vec<_>>()
+        .join(", ")
+        .parse()
+        .unwrap();
+    let redis = Limiter::new(
+        server.store(Clock::Manual(clock.clone())).await,
+        policy.clone(),
+    );
+    let memory = Limiter::new(
+        tollgate::MemoryStore::builder()
+            .clock(Clock::Manual(clock.clone()))
+            .build(),
+        policy,
+    );
+    let ids: Vec<String> = (0..16).map(|i| format!("user:{i}")).collect();
+    for (cost, allowed) in [(1000, true), (1001, true), (1, false)] {
+        let r = redis.peek_n(&ids, cost).await.unwrap();
+        let m = memory.peek_n(&ids, cost).await.unwrap();
+        assert_eq!(r.statuses(), m.statuses(), "peek of {cost}");
+        let r = redis.check_n(&ids, cost).await.unwrap();
+        let m = memory.check_n(&ids, cost).await.unwrap();
+        assert_eq!(
+            (r.is_allowed(), m.is_allowed()),
+            (allowed, allowed),
+            "{cost}"
+        );
+        assert_eq!(r.statuses(), m.statuses(), "check of {cost}");
+    }
+    // a waiting check: admitted when the first window (1 s) has room again
+    let r = redis
+        .check_waiting(&ids, Duration::from_secs(2))
+        .await
+        .unwrap();
+    assert!(r.is_allowed());
+    assert_eq!(r.origin(), tollgate::Origin::Store);
+}

@@ -277,7 +277,14 @@ impl Shape {
             ("format", self.format.clone()),
             ("zero", zero),
             ("states", list(&|j| format!("got{j}"))),
-            ("news", list(&|j| format!("put{j}, ttl{j}"))),
+            (
+                "news",
+                if ids > LOCAL_STATES {
+                    "put, ttl = {}, {}".to_string()
+                } else {
+                    list(&|j| format!("put{j}, ttl{j}"))
+                },
+            ),
             (
                 "names",
                 list(&|j| format!("KEYS[{}]", (j - 1) * per_id + 1)),
@@ -319,6 +326,24 @@ impl Shape {
             format,
             state_len,
         }
+    }
+}
+
+/// The most identifiers whose new packed states and TTLs a check script keeps in locals
+/// (`put1`, `ttl1`, …); beyond, they go in the tables `put` and `ttl`. Lua gives a function
+/// at most 250 registers: with three locals an identifier, 16 rolling windows of wide counts
+/// left no room for 14 identifiers (12 in a check that may wait), and Redis would not compile
+/// the script. Four identifiers in locals (12 registers) take fewer than sixteen with tables
+/// (18, the states read among them), which the largest policy fits; a table costs a check
+/// two allocations, spared to the usual checks of one or two identifiers.
+const LOCAL_STATES: usize = 4;
+
+/// The names of identifier `j`'s new packed state and TTL in a script of `ids` identifiers.
+fn state_names(ids: usize, j: usize) -> (String, String) {
+    if ids > LOCAL_STATES {
+        (format!("put[{j}]"), format!("ttl[{j}]"))
+    } else {
+        (format!("put{j}"), format!("ttl{j}"))
     }
 }
 
@@ -366,6 +391,9 @@ fn generate_within(
             format!("got{j} == got{}", j - 1)
         };
         v.push(("same", same));
+        let (put, ttl) = state_names(ids, j);
+        let (putp, ttlp) = state_names(ids, (j - 1).max(1));
+        v.extend([("put", put), ("ttl", ttl), ("putp", putp), ("ttlp", ttlp)]);
         v
     };
     let vars: Vec<_> = (0..limits.len())
