@@ -5,9 +5,11 @@
 -- Rust twin: src/algorithm/concurrency.rs.
 --
 -- Fragments of the generated check script (see check.lua), for the limit $x: $n its count,
--- $w the lease (µs), $key its sorted set, $ttl the key's TTL in ms after a slot is taken
--- (the lease, rounded up, plus 1 ms). The key outlives its last deadline: taking a slot sets
--- the TTL to the lease, never shortening it (GT) when the key already holds live leases.
+-- $w the lease (µs), $key its sorted set, $life the key's TTL in ms after a slot is taken
+-- (the lease, rounded up, plus 1 ms; with a caller's clock at least a minute, as every key's:
+-- Redis' clock, on which the TTL runs, does not follow the caller's). The key outlives its
+-- last deadline: taking a slot sets the TTL to the lease, never shortening it (GT) when the
+-- key already holds live leases.
 --
 -- The reply carries what was read as text, "<used>,<deadline>;" (used: the live leases, left
 -- out when denied, as then at least n are live; deadline: the earliest live lease's, as
@@ -41,9 +43,9 @@ local L$x = {''}
       redis.call('ZREMRANGEBYSCORE', $key, '-inf', string.sub(live$x, 2))
       redis.call('ZADD', $key, string.format('%d', now + $w), ARGV[3])
       if L$x[j] ~= '0,;' then
-        redis.call('PEXPIRE', $key, '$ttl', 'GT')
+        redis.call('PEXPIRE', $key, $life, 'GT')
       else
-        redis.call('PEXPIRE', $key, '$ttl')
+        redis.call('PEXPIRE', $key, $life)
       end
     end
 

@@ -137,6 +137,31 @@ async fn with_a_callers_clock_a_short_log_outlives_real_time() {
     }
 }
 
+/// With a caller's clock a concurrency slot set lives at least a minute too: real time
+/// passing past the lease while the caller's clock stands still frees no slot (the memory
+/// store, on the caller's clock alone, frees none either).
+#[tokio::test]
+async fn with_a_callers_clock_a_slot_set_outlives_real_time() {
+    let server = RedisServer::start();
+    let clock = manual_clock();
+    let store = server.store(Clock::Manual(clock.clone())).await;
+    let prefix = store.prefix().to_string();
+    let mut conn = server.conn();
+    let l = Limiter::new(store, "1 concurrent lease=1s".parse().unwrap());
+    let held = l.check(&["job"]).await.unwrap();
+    assert!(held.is_allowed());
+    let keys = common::slot_keys(&mut conn, &prefix);
+    assert_eq!(keys.len(), 1, "{keys:?}");
+    let pttl: i64 = conn.pttl(&keys[0]).unwrap();
+    assert!(pttl > 59_000, "{} lives {pttl} ms", keys[0]);
+    // past the lease in real time, the caller's clock standing still: still taken
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    assert!(!l.check(&["job"]).await.unwrap().is_allowed());
+    let pttl: i64 = conn.pttl(&keys[0]).unwrap();
+    assert!(pttl > 57_000, "{} lives {pttl} ms after renewals", keys[0]);
+    drop(held);
+}
+
 /// A check that finds a log's entries all out of its window, the key not expired yet, trims
 /// them (the set empties, and Redis deletes it) and charges anew: the key it makes again has
 /// a TTL. (It had none, and stayed in Redis for good.)
