@@ -525,3 +525,38 @@ async fn why_the_store_cannot_connect_is_logged() {
     assert_eq!(lines.len(), 1, "{lines:?}");
     assert!(lines[0].to_lowercase().contains("refused"), "{lines:?}");
 }
+
+/// Redis stops answering while every caller gives up before the store's timeout (a deadline
+/// of its own, shorter): the calls they abandon count as unanswered, so the connection is
+/// condemned after a silence as with timeouts, and checks are soon answered by the policy at
+/// once instead of each waiting out its caller's deadline.
+#[tokio::test]
+async fn calls_their_callers_abandon_still_condemn_a_silent_connection() {
+    observed();
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.port).await;
+    let store = RedisStore::builder(proxy.url())
+        .prefix("abandoned")
+        .timeout(Duration::from_millis(300))
+        .connect_timeout(Duration::from_millis(300))
+        .build()
+        .await
+        .unwrap();
+    let limiter = limiter(&store, "100/s", "abandoned", OnStoreError::Open);
+    assert_eq!(limiter.check(&["a"]).await.unwrap().origin(), Origin::Store);
+    proxy.freeze(true);
+    let caller_deadline = Duration::from_millis(50);
+    let deadline = Instant::now() + Duration::from_secs(6);
+    let answered = loop {
+        assert!(
+            Instant::now() < deadline,
+            "checks still wait out their callers' deadline"
+        );
+        match tokio::time::timeout(caller_deadline, limiter.check(&["a"])).await {
+            Ok(answer) => break answer.unwrap(),
+            Err(_) => continue,
+        }
+    };
+    assert_eq!(answered.origin(), Origin::FailOpen);
+    proxy.freeze(false);
+}

@@ -613,7 +613,14 @@ where
 {
     let deadline = Instant::now() + timeout;
     let (conn, generation) = link.connection(deadline).await?;
-    match tokio::time::timeout_at(deadline, call(conn)).await {
+    let mut waiting = Unanswered {
+        link,
+        generation,
+        answered: false,
+    };
+    let answer = tokio::time::timeout_at(deadline, call(conn)).await;
+    waiting.answered = true;
+    match answer {
         Err(_) => {
             link.timed_out(generation);
             Err(StoreError::Timeout(timeout))
@@ -623,6 +630,28 @@ where
             Ok(value)
         }
         Ok(Err(e)) => Err(link.failed(generation, e)),
+    }
+}
+
+/// A call sent on the connection of `generation` and not answered yet. Dropped so (its
+/// caller gave up first: a deadline of its own shorter than the store's timeout, a client
+/// that disconnected), it counts as a call without a reply, as a timeout does: otherwise a
+/// Redis that stopped answering, whose callers all give up before the store's timeout,
+/// would never have its connection condemned, and every request would wait out its own
+/// deadline. A reply to any later call clears it. The breaker does not count it: a client
+/// going away is no failure of the store (the connection's replacement, if it comes to
+/// that, fails the calls after it, which the breaker counts).
+struct Unanswered<'a> {
+    link: &'a Link,
+    generation: u64,
+    answered: bool,
+}
+
+impl Drop for Unanswered<'_> {
+    fn drop(&mut self) {
+        if !self.answered {
+            self.link.timed_out(self.generation);
+        }
     }
 }
 
