@@ -30,6 +30,12 @@ const MESSAGE: &str = "server overloaded: request shed; retry later";
 /// text body, or, for gRPC requests, with a trailers-only `UNAVAILABLE` (`grpc-status: 14`),
 /// which gRPC clients treat as retryable.
 ///
+/// Its readiness is the inner service's: the shedder decides in `call`, once the request is
+/// known, so a request waits for an inner service that holds callers back (a tower `Buffer`
+/// or `ConcurrencyLimit` under it) before it can be shed. Put such services outside this
+/// layer, or add tower's `LoadShed` under it to refuse at once when the inner service is
+/// not ready.
+///
 /// Clones share the shedder.
 #[derive(Clone)]
 pub struct UtilizationShedLayer {
