@@ -27,6 +27,21 @@ use crate::decision::Decision;
 use crate::policy::{Limit, Policy};
 use crate::store::StoreError;
 
+/// A cluster connection of the store `store` was made without the masters `skipped`, which
+/// could not be reached for their start-up checks: calls to their slots fail until they
+/// answer (or their replicas take over), and the rest go through.
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
+pub(crate) fn cluster_masters_skipped(store: &str, skipped: &[String]) {
+    #[cfg(feature = "tracing")]
+    tracing::warn!(
+        target: "tollgate",
+        store,
+        masters = %skipped.join(", "),
+        "rate-limit store connected to the cluster without masters it could not reach: checks of their slots fail until they answer"
+    );
+    let _ = (store, skipped);
+}
+
 /// How often at most a [`BoundedLog`] writes a line: a limiter in shadow mode of the requests
 /// it let through, a store of the lease calls that failed.
 pub(crate) const LOG_EVERY: Duration = Duration::from_secs(10);

@@ -2,6 +2,8 @@
 //! of a wrong URL or password, peeks across slots, and a master killed under load.
 
 mod common;
+#[path = "common/observed.rs"]
+mod observed;
 
 use std::time::{Duration, Instant};
 
@@ -451,4 +453,69 @@ async fn checks_follow_a_slot_migration() {
         assert_eq!(d.statuses()[0].remaining, expected);
     }
     assert_eq!(cluster.master_of(&format!("{{{id}}}")), target);
+}
+
+/// A master that does not answer when the store connects (stalled, or down before its
+/// failover) fails only its own slots, where the cluster serves the others meanwhile
+/// (`cluster-require-full-coverage no`): the store connects without it, the other masters'
+/// identifiers are checked as usual, and a warning names the master left out.
+#[tokio::test]
+async fn a_master_silent_at_connect_fails_only_its_slots() {
+    observed::observed();
+    let cluster = ClusterServer::start(3, 0);
+    // the other masters go on serving their slots once the silent one is marked failed
+    for port in cluster.masters() {
+        let mut conn = cluster.node_conn(port).unwrap();
+        let () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("cluster-require-full-coverage")
+            .arg("no")
+            .query(&mut conn)
+            .unwrap();
+    }
+    let ids = one_id_per_master(&cluster, "silent");
+    let silent = cluster.master_of(&format!("{{{}}}", ids[0]));
+    let mut conn = cluster.node_conn(silent).unwrap();
+    let sleeper = std::thread::spawn(move || {
+        let _: redis::RedisResult<()> = redis::cmd("DEBUG").arg("SLEEP").arg(6).query(&mut conn);
+    });
+    // the sleep has begun once the node stops answering
+    let deadline = Instant::now() + Duration::from_secs(3);
+    loop {
+        let answered = std::net::TcpStream::connect(("127.0.0.1", silent))
+            .and_then(|mut s| {
+                use std::io::{Read, Write};
+                s.set_read_timeout(Some(Duration::from_millis(100)))?;
+                s.write_all(b"PING\r\n")?;
+                s.read(&mut [0; 16])
+            })
+            .is_ok();
+        if !answered {
+            break;
+        }
+        assert!(Instant::now() < deadline, "DEBUG SLEEP never began");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let store = RedisStore::builder(cluster.url())
+        .prefix("silent")
+        .timeout(Duration::from_millis(200))
+        .connect_timeout(Duration::from_secs(1))
+        .build()
+        .await
+        .expect("connected without the silent master");
+    let limiter = Limiter::builder(store, "10/min".parse().unwrap())
+        .on_store_error(OnStoreError::Closed)
+        .build();
+    for id in &ids[1..] {
+        let d = limiter.check(&[id]).await.unwrap();
+        assert!(d.is_allowed(), "{id}");
+    }
+    assert!(limiter.check(&[&ids[0]]).await.is_err());
+    let warned = observed::log_text()
+        .lines()
+        .filter(|l| l.contains("without masters it could not reach"))
+        .filter(|l| l.contains(&format!("127.0.0.1:{silent}")))
+        .count();
+    assert_eq!(warned, 1, "{}", observed::log_text());
+    sleeper.join().unwrap();
 }

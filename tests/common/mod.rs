@@ -636,6 +636,9 @@ impl ClusterServer {
             // over from its master.
             "--repl-diskless-sync-delay",
             "0",
+            // `DEBUG SLEEP`, to stall a node
+            "--enable-debug-command",
+            "yes",
         ]
         .iter()
         .map(|s| s.to_string())

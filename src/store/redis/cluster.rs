@@ -23,6 +23,7 @@ use std::collections::HashMap;
 use std::sync::OnceLock;
 use std::time::Duration;
 
+use futures_util::future::join_all;
 use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
@@ -270,9 +271,12 @@ async fn connect(target: &ClusterTarget, connect_timeout: Duration) -> RedisResu
         .iter()
         .map(|(host, port)| tcp_info(host, *port, &target.login))
         .collect::<RedisResult<Vec<_>>>()?;
+    // A third of the attempt's time for each node's connection: the client connects to the
+    // nodes it was given, then to every master of the slot map, and a silent node takes the
+    // whole of it each time; the checks after must still find time for the others.
     let client = ClusterClientBuilder::new(nodes)
         .retries(0)
-        .connection_timeout(connect_timeout)
+        .connection_timeout(connect_timeout / 3)
         .use_protocol(ProtocolVersion::RESP3)
         .build()?;
     let inner = client.get_async_connection().await?;
@@ -319,11 +323,8 @@ pub(crate) async fn attempt(
         }
         Err(_) => return Err(None),
     };
-    match tokio::time::timeout(limit, check(&mut conn, prefix)).await {
-        Ok(Ok(())) => Ok(conn),
-        Ok(Err(failure)) => Err(Some(failure)),
-        Err(_) => Err(None),
-    }
+    check(&mut conn, prefix, limit).await?;
+    Ok(conn)
 }
 
 /// A master and the slots it serves.
@@ -382,36 +383,107 @@ fn masters(reply: Value) -> Result<Vec<Master>, Failure> {
 
 /// The start-up checks on every master of the cluster: `INFO` (a cluster node, a master, Redis
 /// 7.0 or later), then the probe on keys in one of its own slots, so that every master's ACL
-/// is put to the test.
-async fn check(conn: &mut ClusterConn, prefix: &str) -> Result<(), Failure> {
+/// is put to the test. The masters are checked at once, each within `limit`: a master that
+/// cannot be reached (down before its failover, stalled, partitioned) must fail only its own
+/// slots, so the connection is made without it (and a warning names it) when another master
+/// passed. A master that answers but cannot serve the store fails the attempt: its setup is
+/// wrong, which no wait mends. `None` when a step took longer than `limit` (no master passed).
+async fn check(
+    conn: &mut ClusterConn,
+    prefix: &str,
+    limit: Duration,
+) -> Result<(), Option<Failure>> {
     let mut slots_cmd = redis::cmd("CLUSTER");
     slots_cmd.arg("SLOTS");
-    let reply = conn
-        .inner
-        .route_command(
-            slots_cmd,
-            RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random),
-        )
-        .await?;
+    let slots = conn.inner.route_command(
+        slots_cmd,
+        RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random),
+    );
+    let reply = match tokio::time::timeout(limit, slots).await {
+        Ok(reply) => reply.map_err(|e| Some(e.into()))?,
+        Err(_) => return Err(None),
+    };
     let masters = masters(reply)?;
     let base = validate::probe_base();
-    for master in &masters {
-        let at = SingleNodeRoutingInfo::ByAddress {
-            host: master.host.clone(),
-            port: master.port,
-        };
-        let info: String = redis::FromRedisValue::from_redis_value(
-            conn.inner
-                .route_command(redis::cmd("INFO"), RoutingInfo::SingleNode(at))
-                .await?
-                .extract_error()?,
-        )
-        .map_err(RedisError::from)?;
-        validate::judge_server(&info, Role::ClusterMaster)?;
-        let ids = probe_ids(&base, &master.slots);
-        validate::probe(&mut conn.fresh(), prefix, &ids).await?;
+    let checks =
+        masters.iter().map(|master| {
+            let mut conn = conn.fresh();
+            let ids = probe_ids(&base, &master.slots);
+            async move {
+                tokio::time::timeout(limit, check_master(&mut conn, master, prefix, &ids)).await
+            }
+        });
+    let mut passed = 0;
+    let mut unreachable = Vec::new();
+    let mut first_failure = None;
+    for (master, result) in masters.iter().zip(join_all(checks).await) {
+        match result {
+            Ok(Ok(())) => passed += 1,
+            Ok(Err(failure)) if misconfigured(&failure) => return Err(Some(failure)),
+            Ok(Err(failure)) => {
+                let why = why_unreachable(&failure);
+                unreachable.push(format!("{}:{} ({why})", master.host, master.port));
+                first_failure.get_or_insert(failure);
+            }
+            Err(_) => {
+                let why = format!("no answer within {limit:?}");
+                unreachable.push(format!("{}:{} ({why})", master.host, master.port));
+            }
+        }
+    }
+    if passed == 0 {
+        return Err(first_failure);
+    }
+    if !unreachable.is_empty() {
+        crate::observe::cluster_masters_skipped(prefix, &unreachable);
     }
     Ok(())
+}
+
+/// The start-up checks of one master (see [`check`]).
+async fn check_master(
+    conn: &mut ClusterConn,
+    master: &Master,
+    prefix: &str,
+    ids: &ProbeIds,
+) -> Result<(), Failure> {
+    let at = SingleNodeRoutingInfo::ByAddress {
+        host: master.host.clone(),
+        port: master.port,
+    };
+    let info: String = redis::FromRedisValue::from_redis_value(
+        conn.inner
+            .route_command(redis::cmd("INFO"), RoutingInfo::SingleNode(at))
+            .await?
+            .extract_error()?,
+    )
+    .map_err(RedisError::from)?;
+    validate::judge_server(&info, Role::ClusterMaster)?;
+    validate::probe(conn, prefix, ids).await
+}
+
+/// What kept a master from passing its checks, for the warning: the error's kind and code,
+/// not its text (which could quote the URL's password).
+fn why_unreachable(failure: &Failure) -> String {
+    match failure {
+        Failure::Redis(e) => match e.code() {
+            Some(code) => format!("answered {code}"),
+            None => format!("{:?}", e.kind()),
+        },
+        Failure::Transient(why) => (*why).to_string(),
+        Failure::Reply(_) => "an unexpected reply".to_string(),
+        Failure::Misconfigured(_) | Failure::Refused(..) => "misconfigured".to_string(),
+    }
+}
+
+/// Whether a master's failed check says it cannot serve the store (rather than that it could
+/// not be reached or is in a failover).
+fn misconfigured(failure: &Failure) -> bool {
+    match failure {
+        Failure::Misconfigured(_) | Failure::Refused(..) => true,
+        Failure::Redis(e) => validate::classify_cluster(e).misconfigured.is_some(),
+        Failure::Transient(_) | Failure::Reply(_) => false,
+    }
 }
 
 /// Probe identifiers whose keys fall in `slots` (both in one slot, as the probe's second part
