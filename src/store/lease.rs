@@ -59,8 +59,9 @@ pub(crate) fn lease_id() -> String {
 pub(crate) struct Reached<E> {
     /// By the lease's index in the call.
     pub(crate) leases: Vec<bool>,
-    /// By the lease's index: a renewal found it gone from one of its slot sets at least.
-    pub(crate) lost: Vec<bool>,
+    /// By the lease's index: the indices of its keys whose slot sets a renewal found
+    /// without it.
+    pub(crate) lost: Vec<Vec<usize>>,
     pub(crate) error: Option<E>,
 }
 
@@ -70,15 +71,16 @@ impl<E> Reached<E> {
     pub(crate) fn all(n: usize) -> Reached<E> {
         Reached {
             leases: vec![true; n],
-            lost: vec![false; n],
+            lost: vec![Vec::new(); n],
             error: None,
         }
     }
 
-    /// The lease at `index` is gone from a slot set the store answered for.
-    pub(crate) fn lost(&mut self, index: usize) {
+    /// The lease at `index` is gone from the slot set of its key `key` (an index into its
+    /// keys), which the store answered for.
+    pub(crate) fn lost(&mut self, index: usize, key: usize) {
         if let Some(lost) = self.lost.get_mut(index) {
-            *lost = true;
+            lost.push(key);
         }
     }
 
@@ -88,10 +90,10 @@ impl<E> Reached<E> {
         self.leases
             .iter()
             .zip(&self.lost)
-            .map(|(&reached, &lost)| match (reached, lost) {
+            .map(|(&reached, lost)| match (reached, lost.is_empty()) {
                 (false, _) => Renewal::Missed,
-                (true, true) => Renewal::Lost,
-                (true, false) => Renewal::Renewed,
+                (true, false) => Renewal::Lost(lost.clone()),
+                (true, true) => Renewal::Renewed,
             })
             .collect()
     }
@@ -108,15 +110,16 @@ impl<E> Reached<E> {
 }
 
 /// What a renewal did to one lease.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Renewal {
     /// Extended to its full lease time from now.
     Renewed,
-    /// The store holds it no longer: it expired before the renewal came (the store was
-    /// unreachable, or the process stalled, for longer than the lease), or its key was lost
-    /// (a flush, a failover that lost writes, eviction). Its slot may be another request's
-    /// now, so the limit may admit more than its count until the request ends.
-    Lost,
+    /// The slot sets of these keys (indices into the lease's keys) hold it no longer: it
+    /// expired before the renewal came (the store was unreachable, or the process stalled,
+    /// for longer than the lease), or the key was lost (a flush, a failover that lost
+    /// writes, eviction). Its slot there may be another request's now, so that limit may
+    /// admit more than its count until the request ends. Its other keys were renewed.
+    Lost(Vec<usize>),
     /// The call did not reach the store; tried again on the next tick.
     Missed,
 }
@@ -235,14 +238,8 @@ async fn run<B: Backend>(backend: B, mut rx: mpsc::UnboundedReceiver<Msg>) {
                 let Some(msg) = msg else { return };
                 let mut released = Vec::new();
                 apply(msg, &mut held, &mut released);
-                while let Ok(msg) = rx.try_recv() {
-                    apply(msg, &mut held, &mut released);
-                }
-                if !released.is_empty() {
-                    let leases: Vec<Lease> = released.iter().map(|h| h.lease.clone()).collect();
-                    let reached = backend.release(&leases).await;
-                    unreleased.extend(missed(released, &reached));
-                }
+                drain(&mut rx, &mut held, &mut released);
+                release(&backend, released, &mut unreleased).await;
             }
             _ = tick.tick() => {
                 let now = Instant::now();
@@ -262,19 +259,30 @@ async fn run<B: Backend>(backend: B, mut rx: mpsc::UnboundedReceiver<Msg>) {
                 }
                 let ids: Vec<String> = due.iter().map(|l| l.id.clone()).collect();
                 let renewals = backend.renew(&due).await;
+                // A lease let go while its renewal ran is not lost: its guard released it
+                // (in process at once, before telling the keeper, which it does first).
+                let mut released = Vec::new();
+                drain(&mut rx, &mut held, &mut released);
                 let mut lost = 0;
                 for (id, renewal) in ids.into_iter().zip(renewals) {
+                    let Some(h) = held.get_mut(&id) else { continue };
                     match renewal {
-                        Renewal::Renewed => {
-                            if let Some(h) = held.get_mut(&id) {
+                        Renewal::Renewed => h.renewed = now,
+                        // Renewing those keys again would not bring the slot back; the
+                        // lease's other keys go on being renewed, and its guard still
+                        // releases them all (a no-op where it is gone) when dropped.
+                        Renewal::Lost(keys) => {
+                            lost += 1;
+                            let mut k = 0;
+                            h.lease.keys.retain(|_| {
+                                k += 1;
+                                !keys.contains(&(k - 1))
+                            });
+                            if h.lease.keys.is_empty() {
+                                held.remove(&id);
+                            } else {
                                 h.renewed = now;
                             }
-                        }
-                        // Renewing it again would not bring it back; its guard still
-                        // releases it (a no-op) when dropped.
-                        Renewal::Lost => {
-                            held.remove(&id);
-                            lost += 1;
                         }
                         Renewal::Missed => {}
                     }
@@ -282,9 +290,31 @@ async fn run<B: Backend>(backend: B, mut rx: mpsc::UnboundedReceiver<Msg>) {
                 if lost > 0 {
                     lost_log.leases_lost(backend.label(), lost);
                 }
+                release(&backend, released, &mut unreleased).await;
             }
         }
     }
+}
+
+/// Applies the messages waiting in `rx`.
+fn drain(
+    rx: &mut mpsc::UnboundedReceiver<Msg>,
+    held: &mut HashMap<String, Held>,
+    released: &mut Vec<Held>,
+) {
+    while let Ok(msg) = rx.try_recv() {
+        apply(msg, held, released);
+    }
+}
+
+/// Releases `released` in the store, keeping those whose release missed it in `unreleased`.
+async fn release<B: Backend>(backend: &B, released: Vec<Held>, unreleased: &mut Vec<Held>) {
+    if released.is_empty() {
+        return;
+    }
+    let leases: Vec<Lease> = released.iter().map(|h| h.lease.clone()).collect();
+    let reached = backend.release(&leases).await;
+    unreleased.extend(missed(released, &reached));
 }
 
 /// The leases of `released` whose release did not reach the store (`reached`, by index; a
@@ -332,8 +362,10 @@ mod tests {
     struct Recorder {
         calls: Arc<Mutex<Vec<Call>>>,
         down: Arc<Mutex<HashSet<String>>>,
-        /// Leases the store holds no longer.
+        /// Slot set keys that hold their leases no longer.
         lost: Arc<Mutex<HashSet<String>>>,
+        /// The keys of each lease renewed, in the order renewed.
+        renewed_keys: Arc<Mutex<Vec<Vec<String>>>>,
     }
 
     impl Recorder {
@@ -361,9 +393,15 @@ mod tests {
         async fn renew(&self, leases: &[&Lease]) -> Vec<Renewal> {
             let ids = leases.iter().map(|l| l.id.clone()).collect();
             let lost = self.lost.lock().unwrap();
-            let renewals = leases.iter().map(|l| match lost.contains(&l.id) {
-                true => Renewal::Lost,
-                false => Renewal::Renewed,
+            let renewals = leases.iter().map(|l| {
+                self.renewed_keys.lock().unwrap().push(l.keys.clone());
+                let gone: Vec<usize> = (0..l.keys.len())
+                    .filter(|&k| lost.contains(&l.keys[k]))
+                    .collect();
+                match gone.is_empty() {
+                    true => Renewal::Renewed,
+                    false => Renewal::Lost(gone),
+                }
             });
             let reached = self.answer("renew", ids);
             reached
@@ -435,7 +473,7 @@ mod tests {
         let store = Recorder::default();
         let (tx, rx) = mpsc::unbounded_channel();
         let keeper = tokio::spawn(run(store.clone(), rx));
-        store.lost.lock().unwrap().insert("b".into());
+        store.lost.lock().unwrap().insert("k:{b}".into());
         tx.send(Msg::Hold(lease("a"))).unwrap();
         tx.send(Msg::Hold(lease("b"))).unwrap();
         run_for(Duration::from_millis(1100)).await;
@@ -446,6 +484,31 @@ mod tests {
         tx.send(Msg::Release(lease("b"))).unwrap();
         run_for(Duration::ZERO).await;
         assert_eq!(store.take(), [("release", vec!["b".into()])]);
+        drop(tx);
+        keeper.await.unwrap();
+    }
+
+    /// A lease of two identifiers whose slot set is lost for one of them goes on being
+    /// renewed for the other, and is reported once.
+    #[tokio::test(start_paused = true)]
+    async fn a_lease_lost_for_one_identifier_is_renewed_for_the_other() {
+        let store = Recorder::default();
+        let (tx, rx) = mpsc::unbounded_channel();
+        let keeper = tokio::spawn(run(store.clone(), rx));
+        store.lost.lock().unwrap().insert("user:{7}".into());
+        let mut two = lease("c");
+        two.keys = vec!["ip:{1}".into(), "user:{7}".into()];
+        tx.send(Msg::Hold(two)).unwrap();
+        run_for(Duration::from_millis(1100)).await;
+        run_for(Duration::from_millis(1000)).await;
+        let renewed = std::mem::take(&mut *store.renewed_keys.lock().unwrap());
+        assert_eq!(
+            renewed,
+            [
+                vec!["ip:{1}".to_string(), "user:{7}".to_string()],
+                vec!["ip:{1}".to_string()],
+            ]
+        );
         drop(tx);
         keeper.await.unwrap();
     }

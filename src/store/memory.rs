@@ -439,15 +439,15 @@ impl MemoryStore {
         }
     }
 
-    /// Renews `leases`: for each, whether every slot set of its keys still held it (it was
-    /// renewed in those that did).
-    pub(crate) fn renew(&self, leases: &[&Lease]) -> Vec<bool> {
+    /// Renews `leases` where their slot sets still hold them: for each, the indices of its
+    /// keys whose sets did not.
+    pub(crate) fn renew(&self, leases: &[&Lease]) -> Vec<Vec<usize>> {
         let now = self.now();
         leases
             .iter()
             .map(|lease| {
-                let mut held = true;
-                for key in &lease.keys {
+                let mut lost = Vec::new();
+                for (k, key) in lease.keys.iter().enumerate() {
                     let mut renewed = false;
                     self.with_state(key, |stored| {
                         renewed =
@@ -456,9 +456,11 @@ impl MemoryStore {
                             stored.expires_at = stored.expires_at.max(now + lease.lease_us);
                         }
                     });
-                    held &= renewed;
+                    if !renewed {
+                        lost.push(k);
+                    }
                 }
-                held
+                lost
             })
             .collect()
     }

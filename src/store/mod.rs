@@ -228,10 +228,12 @@ impl Store {
         let keeper = self.keeper();
         match (how, self) {
             (LetGo::Release, Store::Memory(m)) => {
-                m.release(std::slice::from_ref(&lease));
+                // The keeper is told first: a renewal that finds the slot released after
+                // this then finds the message too, and does not take the slot for lost.
                 if let Some(k) = keeper {
-                    k.forget(lease.id);
+                    k.forget(lease.id.clone());
                 }
+                m.release(std::slice::from_ref(&lease));
             }
             #[cfg(feature = "redis")]
             (LetGo::Release, Store::Redis(_)) => {
@@ -273,12 +275,9 @@ impl Backend for Store {
             Store::Memory(m) => m
                 .renew(leases)
                 .into_iter()
-                .map(|held| {
-                    if held {
-                        Renewal::Renewed
-                    } else {
-                        Renewal::Lost
-                    }
+                .map(|lost| match lost.is_empty() {
+                    true => Renewal::Renewed,
+                    false => Renewal::Lost(lost),
                 })
                 .collect(),
             #[cfg(feature = "redis")]

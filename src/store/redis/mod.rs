@@ -502,7 +502,9 @@ impl RedisStore {
                 // longer
                 Ok(renewed) => {
                     for (&g, _) in chunk.iter().zip(renewed).filter(|(_, r)| *r == 0) {
-                        reached.lost(pairs[g].1);
+                        let (key, i) = pairs[g];
+                        let k = leases[i].keys.iter().position(|other| other == key);
+                        reached.lost(i, k.unwrap_or(0));
                     }
                 }
                 Err(e) => reached.missed(chunk.iter().map(|&g| pairs[g].1), e),
