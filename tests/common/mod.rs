@@ -542,6 +542,39 @@ pub struct ClusterNode {
 }
 
 impl ClusterNode {
+    /// Stops the node (SIGSTOP) or lets it go on (SIGCONT): a stalled master, which keeps
+    /// its connections open and answers nothing. Waits until the process is stopped.
+    pub fn stall(&self, stalled: bool) {
+        let signal = if stalled { "-STOP" } else { "-CONT" };
+        let status = Command::new("kill")
+            .args([signal, &self.pid.to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success(), "kill {signal} {}", self.pid);
+        if !stalled {
+            return;
+        }
+        let stat = format!("/proc/{}/stat", self.pid);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let state = std::fs::read_to_string(&stat).unwrap_or_default();
+            // the state follows the command name, in parentheses
+            if state
+                .rsplit(')')
+                .next()
+                .is_some_and(|rest| rest.trim_start().starts_with('T'))
+            {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "node {} never stopped",
+                self.port
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
     /// Kills the node at once (SIGKILL): no goodbye to the cluster or the clients.
     pub fn kill(&mut self) {
         self.alive = false;
@@ -636,9 +669,6 @@ impl ClusterServer {
             // over from its master.
             "--repl-diskless-sync-delay",
             "0",
-            // `DEBUG SLEEP`, to stall a node
-            "--enable-debug-command",
-            "yes",
         ]
         .iter()
         .map(|s| s.to_string())
