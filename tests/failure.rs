@@ -564,3 +564,48 @@ async fn calls_their_callers_abandon_still_condemn_a_silent_connection() {
     assert_eq!(answered.origin(), Origin::FailOpen);
     proxy.freeze(false);
 }
+
+/// A waiting check the store fails (a timeout) is answered by the fallback within what the
+/// failure left of the caller's wait, not a whole wait more: at `2/s gcra burst=1`, after one
+/// request, the next fits 500 ms later; a caller waiting up to 400 ms, 200 ms of which the
+/// store's timeout took, is denied rather than held 500 ms. So is a scheduled event.
+#[tokio::test]
+async fn a_fallback_waits_only_what_the_failure_left() {
+    observed();
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.port).await;
+    let store = store_at(&proxy.url(), "wait-left", 200).await;
+    let fallback = OnStoreError::Fallback(tollgate::Fallback::WHOLE);
+    let limiter = limiter(&store, "2/s gcra burst=1", "wait-left", fallback);
+    // a store of its own: three timeouts in a row open a store's breaker, and a failure
+    // answered at once would leave the whole wait
+    let own_store = store_at(&proxy.url(), "wait-left-s", 200).await;
+    let scheduler = tollgate::Scheduler::builder(own_store, "2/s".parse().unwrap())
+        .on_store_error(fallback)
+        .build();
+    assert_eq!(
+        limiter.check(&["warm"]).await.unwrap().origin(),
+        Origin::Store
+    );
+    proxy.freeze(true);
+    let wait = Duration::from_millis(400);
+    let first = limiter.check_waiting(&["k"], wait).await.unwrap();
+    assert!(first.is_allowed());
+    assert_eq!(first.origin(), Origin::Fallback);
+    let second = limiter.check_waiting(&["k"], wait).await.unwrap();
+    assert_eq!(second.origin(), Origin::Fallback);
+    assert!(
+        !second.is_allowed(),
+        "held for the whole wait after the timeout"
+    );
+
+    let first = scheduler.schedule("e", wait).await.unwrap();
+    assert!(first.is_allowed());
+    let second = scheduler.schedule("e", wait).await.unwrap();
+    assert_eq!(second.origin(), Origin::Fallback);
+    assert!(
+        !second.is_allowed(),
+        "held for the whole wait after the timeout"
+    );
+    proxy.freeze(false);
+}

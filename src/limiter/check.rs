@@ -216,10 +216,14 @@ impl Limiter {
         max_wait: Duration,
     ) -> Result<(Decision, Duration), Error> {
         let target = self.target(version, None);
+        let started = tokio::time::Instant::now();
         let error = match decide(&target, identifiers, cost, charge, max_wait).await {
             Err(Error::Store(e)) => e,
             other => return other,
         };
+        // The caller's longest wait counts from its call: the fallback has what the store's
+        // failure left of it (a timeout may have taken much of it).
+        let max_wait = max_wait.saturating_sub(started.elapsed());
         let name = &*version.name;
         match (
             self.inner.on_error,

@@ -335,9 +335,17 @@ impl Scheduler {
             cost,
             longest,
         };
+        let started = tokio::time::Instant::now();
         let error = match place_in(&inner.store, &inner.limit, &inner.rate, &ask).await {
             Ok(placed) => return Ok(placed),
             Err(e) => e,
+        };
+        // The caller's longest wait counts from its call: the fallback has what the store's
+        // failure left of it (a timeout may have taken much of it).
+        let spent = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
+        let ask = Ask {
+            longest: ask.longest.saturating_sub(spent),
+            ..ask
         };
         let name = &*inner.name;
         match (inner.on_error, &inner.fallback) {
