@@ -360,3 +360,27 @@ async fn a_scheduler_fallback_rejection_is_counted_under_its_rate() {
     assert_eq!(denied, 1.0);
     assert_eq!(by_limit.get("2/min"), Some(&1.0), "{by_limit:?}");
 }
+
+/// A waiting check of a policy with a concurrency limit, which checks again when a slot may
+/// have freed, counts one decision for its request, as a check that reserves does: not the
+/// denials it waited out.
+#[tokio::test(start_paused = true)]
+async fn a_waiting_check_of_slots_counts_one_decision() {
+    observed();
+    let limiter = Limiter::builder(MemoryStore::new(), "1 concurrent".parse().unwrap())
+        .name("rechecks")
+        .build();
+    let held = limiter.check(&["job"]).await.unwrap();
+    assert!(held.is_allowed());
+    tokio::spawn(async move {
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        drop(held);
+    });
+    let waited = limiter
+        .check_waiting(&["job"], std::time::Duration::from_secs(3))
+        .await
+        .unwrap();
+    assert!(waited.is_allowed());
+    assert_eq!(decisions("rechecks", "allowed").0, 2.0);
+    assert_eq!(decisions("rechecks", "denied").0, 0.0);
+}

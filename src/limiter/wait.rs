@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use super::{Error, Limiter, Mode};
 use crate::decision::Decision;
+use crate::observe;
 
 impl Limiter {
     /// Checks one request of cost 1, waiting up to `max_wait` for the limits to admit it. See
@@ -110,8 +111,14 @@ impl Limiter {
     ) -> Result<Decision, Error> {
         // (a wait past what a clock holds, `Duration::MAX` say, has no deadline)
         let deadline = tokio::time::Instant::now().checked_add(max_wait);
+        // One request, one decision in the metrics, as a check that reserves makes: the
+        // denials it waits out are not counted, the answer it gets is.
+        let each = Mode {
+            record: false,
+            ..mode
+        };
         loop {
-            let decision = self.run(identifiers, cost, mode).await?;
+            let decision = self.run(identifiers, cost, each).await?;
             let now = tokio::time::Instant::now();
             match decision.retry_after() {
                 Some(wait)
@@ -119,7 +126,14 @@ impl Limiter {
                 {
                     tokio::time::sleep(wait).await;
                 }
-                _ => return Ok(decision),
+                _ => {
+                    if mode.record {
+                        let version = self.inner.version.load();
+                        let log = &self.inner.shadow_log;
+                        observe::decision(&version.keys, &decision, log, &version.name);
+                    }
+                    return Ok(decision);
+                }
             }
         }
     }
