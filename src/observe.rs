@@ -18,6 +18,7 @@
 //! | `tollgate_give_back_failures_total` | counter | `store`, `kind` ([`StoreError::kind_label`]) |
 //! | `tollgate_lease_failures_total` | counter | `store`, `call` (`renew`, `release`), `kind` ([`StoreError::kind_label`]) |
 //! | `tollgate_leases_lost_total` | counter | `store` (`memory` for the memory store) |
+//! | `tollgate_memory_evictions_total` | counter | none (states still in use that a memory store at its bound evicted) |
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -163,6 +164,31 @@ pub(crate) fn breaker_opened(store: &str, e: &StoreError) {
         "rate-limit store failing: checks are answered by each limiter's failure policy until it answers again"
     );
     let _ = (store, e);
+}
+
+/// A store's open breaker had no probe running (its task went with the runtime it ran on):
+/// a call started another.
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
+pub(crate) fn breaker_probe_restarted(store: &str) {
+    #[cfg(feature = "tracing")]
+    tracing::warn!(
+        target: "tollgate",
+        store,
+        "rate-limit store's breaker had lost the task asking whether the store is back (its runtime shut down): started another"
+    );
+    let _ = store;
+}
+
+/// The task that renews a store's concurrency slots ended under it (its runtime shut down):
+/// a new one was started, and the slots the old one held are renewed no more.
+pub(crate) fn keeper_lost(store: &str) {
+    #[cfg(feature = "tracing")]
+    tracing::warn!(
+        target: "tollgate",
+        store,
+        "rate-limit store's task renewing concurrency slots ended with its runtime: the slots it held expire after their lease while their requests may still run; started another for new slots"
+    );
+    let _ = store;
 }
 
 /// A store's breaker closed: it answers again.
@@ -458,6 +484,43 @@ impl BoundedLog {
             e,
             "rate-limit store could not connect; checks are answered by the failure policy until it does, retrying",
         );
+    }
+
+    /// The sentinels of `service` could not be asked whether its master moved (`why`: the
+    /// kind of failure): the connection in use stays, and a failover whose old master still
+    /// takes writes goes unseen until they answer again.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub(crate) fn sentinel_recheck_failed(&self, service: &str, why: &str) {
+        #[cfg(feature = "tracing")]
+        if let Some((count, since)) = self.count(Instant::now()) {
+            tracing::warn!(
+                target: "tollgate",
+                service,
+                why,
+                failed_rechecks = count,
+                since_s = since.map(|d| d.as_secs()),
+                "rate-limit store could not ask the sentinels whether the master moved: a failover goes unseen until they answer"
+            );
+        }
+        let _ = (service, why);
+    }
+
+    /// A memory store at its bound (`max_keys`) evicted a state still in use: that
+    /// identifier's counts start afresh (its quota comes back early) and a concurrency slot it
+    /// held is free again. A flood of new identifiers (spoofed addresses, random keys) does
+    /// this; a bound too small for the traffic too.
+    pub(crate) fn state_evicted(&self) {
+        #[cfg(feature = "metrics")]
+        metrics::counter!("tollgate_memory_evictions_total").increment(1);
+        #[cfg(feature = "tracing")]
+        if let Some((count, since)) = self.count(Instant::now()) {
+            tracing::warn!(
+                target: "tollgate",
+                evicted = count,
+                since_s = since.map(|d| d.as_secs()),
+                "in-process rate-limit store at its bound (max_keys) evicted states still in use: their counts start afresh"
+            );
+        }
     }
 
     /// A scheduler's slot whose waiter gave up could not be given back to the store `store`

@@ -609,3 +609,53 @@ async fn a_fallback_waits_only_what_the_failure_left() {
     );
     proxy.freeze(false);
 }
+
+/// A store used from a second runtime once the first, on which its slot-renewing task ran,
+/// has shut down: the task went with it, and that is said, not left unseen (the slots it
+/// held are renewed no more); new slots get a task of their own.
+#[test]
+fn a_renewing_task_lost_with_its_runtime_is_logged() {
+    observed();
+    let runtime = || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+    };
+    let store = tollgate::MemoryStore::new();
+    let slots = Limiter::builder(store, "2 concurrent".parse().unwrap())
+        .name("keeper-lost")
+        .build();
+    let lost = || {
+        log_text()
+            .lines()
+            .filter(|l| l.contains("task renewing concurrency slots ended with its runtime"))
+            .count()
+    };
+    let before = lost();
+    let first = runtime();
+    let held = first.block_on(slots.check(&["job"])).unwrap();
+    assert!(held.is_allowed());
+    drop(first);
+    let second = runtime();
+    let again = second.block_on(slots.check(&["job"])).unwrap();
+    assert!(again.is_allowed());
+    assert_eq!(lost() - before, 1);
+    drop((held, again));
+}
+
+/// A memory store at its bound that evicts states still in use (a flood of new identifiers)
+/// says so: those identifiers' counts start afresh.
+#[tokio::test]
+async fn live_states_evicted_at_the_bound_are_counted_and_logged() {
+    observed();
+    let store = tollgate::MemoryStore::builder().max_keys(64).build();
+    let limiter = Limiter::new(store, "1/min".parse().unwrap());
+    let evicted = || metric("tollgate_memory_evictions_total", &[]);
+    let before = evicted();
+    for i in 0..1000 {
+        let _ = limiter.check(&[format!("ip:{i}")]).await.unwrap();
+    }
+    assert!(evicted() - before >= 900.0, "{}", evicted() - before);
+    assert!(log_text().contains("at its bound (max_keys) evicted states still in use"));
+}

@@ -3,6 +3,8 @@
 //! then killed) and checks follow it through the sentinels each time.
 
 mod common;
+#[path = "common/observed.rs"]
+mod observed;
 
 use std::time::{Duration, Instant};
 
@@ -260,4 +262,43 @@ fn closed(store: impl Into<tollgate::Store>, policy: tollgate::Policy) -> Limite
     Limiter::builder(store, policy)
         .on_store_error(tollgate::OnStoreError::Closed)
         .build()
+}
+
+/// With its sentinels out of reach, a connected store keeps its master (its checks go on),
+/// and says that it cannot ask them whether the master moved: a failover would go unseen.
+#[tokio::test]
+async fn sentinels_out_of_reach_are_logged() {
+    observed::observed();
+    let master = data_server(None);
+    let watcher = sentinel(master.port);
+    let url = format!(
+        "redis+sentinel://:{MASTER_PASSWORD}@127.0.0.1:{}/{SERVICE}",
+        watcher.port
+    );
+    let store = RedisStore::builder(url)
+        .sentinel_password(SENTINEL_PASSWORD)
+        .prefix(unique_prefix())
+        .timeout(Duration::from_millis(500))
+        .build()
+        .await
+        .unwrap();
+    let l = closed(store, "100000/min".parse().unwrap());
+    checks_run_on(&l, &master).await.unwrap();
+    drop(watcher);
+    let warned = || {
+        observed::log_text()
+            .lines()
+            .filter(|l| l.contains("could not ask the sentinels whether the master moved"))
+            .filter(|l| l.contains(&format!("service=\"{SERVICE}\"")))
+            .count()
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while warned() == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "no word of the sentinels' silence"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    checks_run_on(&l, &master).await.unwrap();
 }

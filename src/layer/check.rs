@@ -202,7 +202,16 @@ impl Pending {
         Charge::Running(match tokio::runtime::Handle::try_current() {
             Ok(runtime) => {
                 let handle = runtime.spawn(task);
-                Box::pin(async move { handle.await.ok().flatten() })
+                Box::pin(async move {
+                    match handle.await {
+                        Ok(charged) => charged,
+                        // A panic in the charge is a bug: it goes on in the response's
+                        // caller, as a check's does, rather than pass for "nothing charged".
+                        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+                        // Cancelled: the runtime is shutting down under the charge.
+                        Err(_) => None,
+                    }
+                })
             }
             Err(_) => Box::pin(task),
         })

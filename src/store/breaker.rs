@@ -32,6 +32,9 @@ pub(crate) struct Breaker {
     keys: StoreKeys,
     failures: AtomicU32,
     open: AtomicBool,
+    /// Probe tasks running: one while the breaker is open, unless its task was dropped (its
+    /// runtime shut down) before the store answered.
+    probes: AtomicU32,
 }
 
 /// What a call's result means for the breaker.
@@ -50,6 +53,7 @@ impl Breaker {
             store,
             failures: AtomicU32::new(0),
             open: AtomicBool::new(false),
+            probes: AtomicU32::new(0),
         }
     }
 
@@ -67,6 +71,13 @@ impl Breaker {
         F: Future<Output = Result<(), StoreError>> + Send + 'static,
     {
         if !self.is_closed() {
+            // An open breaker whose probe is gone (the runtime it ran on shut down: a store
+            // shared by several runtimes, or kept past one) would stay open for good, every
+            // check answered by the failure policy: this call starts another.
+            if self.probes.load(Ordering::Acquire) == 0 {
+                observe::breaker_probe_restarted(&self.store);
+                self.probe(probe());
+            }
             observe::store_call(&self.store, &self.keys, None, Err(&StoreError::Unavailable));
             return Err(StoreError::Unavailable);
         }
@@ -75,14 +86,28 @@ impl Breaker {
         let outcome = result.as_ref().map(|_| ());
         observe::store_call(&self.store, &self.keys, Some(started.elapsed()), outcome);
         if self.record(outcome) == Tripped::Opened {
-            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-                runtime.spawn(probing(Arc::downgrade(self), probe()));
-            } else {
-                // No runtime to probe from: let the next call find out.
-                self.close();
-            }
+            self.probe(probe());
         }
         result
+    }
+
+    /// Starts a task that runs `probe` every [`PROBE_EVERY`] until the store answers, on the
+    /// current runtime; without one, closes the breaker (the next call finds out).
+    fn probe<P, F>(self: &Arc<Self>, probe: P)
+    where
+        P: Fn() -> F + Send + 'static,
+        F: Future<Output = Result<(), StoreError>> + Send + 'static,
+    {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return self.close();
+        };
+        self.probes.fetch_add(1, Ordering::AcqRel);
+        // counted down however the task ends: done, panicked, or dropped with its runtime
+        let running = Running(Arc::downgrade(self));
+        runtime.spawn(async move {
+            let running = running;
+            probing(running.0.clone(), probe).await;
+        });
     }
 
     /// Whether calls go to the store (the breaker is closed).
@@ -114,6 +139,17 @@ impl Breaker {
         self.failures.store(0, Ordering::Release);
         if self.open.swap(false, Ordering::AcqRel) {
             observe::breaker_closed(&self.store);
+        }
+    }
+}
+
+/// A probe task of the breaker, counted while it lives.
+struct Running(Weak<Breaker>);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if let Some(b) = self.0.upgrade() {
+            b.probes.fetch_sub(1, Ordering::AcqRel);
         }
     }
 }
@@ -160,5 +196,44 @@ mod tests {
         b.close();
         assert!(b.is_closed());
         assert_eq!(b.record(Err(&e)), Tripped::No);
+    }
+
+    /// A breaker opened on a runtime that then shut down lost its probe with it: the next
+    /// call, on another runtime, finds no probe running and starts one, which closes the
+    /// breaker once the store answers (it stayed open for good before).
+    #[test]
+    fn a_probe_lost_with_its_runtime_is_started_again() {
+        let b = Arc::new(Breaker::new("test".into()));
+        let failing = || async { Err::<(), _>(StoreError::Timeout(Duration::from_millis(1))) };
+        let answering = || || async { Ok(()) };
+        let first = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        first.block_on(async {
+            // a probe that never gets an answer
+            let silent = || || async { Err(StoreError::Unavailable) };
+            for _ in 0..THRESHOLD {
+                let _ = b.call(failing(), silent).await;
+            }
+        });
+        assert!(!b.is_closed());
+        assert_eq!(b.probes.load(Ordering::Acquire), 1);
+        drop(first);
+        assert_eq!(
+            b.probes.load(Ordering::Acquire),
+            0,
+            "the probe went with its runtime"
+        );
+        let second = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        second.block_on(async {
+            let answer = b.call(async { Ok(()) }, answering).await;
+            assert!(matches!(answer, Err(StoreError::Unavailable)));
+            tokio::time::sleep(PROBE_EVERY * 2).await;
+        });
+        assert!(b.is_closed(), "the new probe closed it");
     }
 }

@@ -198,7 +198,14 @@ impl KeeperSlot {
         }
         let runtime = tokio::runtime::Handle::try_current().ok()?;
         let (tx, rx) = mpsc::unbounded_channel();
-        runtime.spawn(run(backend(), rx));
+        let backend = backend();
+        // This slot holds a sender, so the keeper's channel closed only because the task
+        // ended under it: its runtime shut down (a store shared by several runtimes, or kept
+        // past one). The slots it held are renewed no more, and expire after their lease.
+        if current.is_some() {
+            crate::observe::keeper_lost(backend.label());
+        }
+        runtime.spawn(run(backend, rx));
         let keeper = Keeper { tx };
         *current = Some(keeper.clone());
         Some(keeper)

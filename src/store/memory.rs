@@ -31,6 +31,7 @@ use super::{Outcome, Plan};
 use crate::algorithm::schedule::{self, Placement, Rate};
 use crate::algorithm::{self, Counters, Entries, Layout, Sink, State, Summary};
 use crate::clock::{Clock, CounterClock};
+use crate::observe::BoundedLog;
 use crate::policy::Limit;
 
 mod single;
@@ -66,6 +67,8 @@ struct Inner {
     /// What the real clock reads (see [`CounterClock`]).
     counter: CounterClock,
     max_per_shard: usize,
+    /// Live states evicted at the bound, logged at most every 10 s.
+    evictions: BoundedLog,
 }
 
 #[derive(Debug, Default)]
@@ -109,7 +112,8 @@ impl MemoryStoreBuilder {
     /// closest to expiry are evicted first (see the module documentation), so a store may
     /// evict before the total reaches `max_keys` (noticeably for small values), and holds at
     /// most 63 more. An evicted state starts again empty; for a concurrency limit, that frees
-    /// the slots it held.
+    /// the slots it held. Evicting a state still in use is counted
+    /// (`tollgate_memory_evictions_total`) and logged at most every 10 s.
     pub fn max_keys(mut self, max_keys: usize) -> Self {
         self.max_keys = Some(max_keys);
         self
@@ -125,6 +129,7 @@ impl MemoryStoreBuilder {
                 clock: self.clock,
                 counter: CounterClock::new(),
                 max_per_shard: max_keys.div_ceil(SHARDS),
+                evictions: BoundedLog::default(),
             }),
             keeper: Arc::default(),
         }
@@ -364,9 +369,7 @@ impl MemoryStore {
         for (k, state) in new {
             let (key, h) = (&keys[k], hashes[k]);
             let shard = &mut *guards[guard_of(h)];
-            make_room(shard, now, inner.max_per_shard, |p| {
-                keys.iter().any(|k| k == p)
-            });
+            make_room(inner, shard, now, |p| keys.iter().any(|k| k == p));
             let expires_at = expiry(k, &state, 0);
             shard.map.insert(h, key, Stored { state, expires_at });
         }
@@ -489,7 +492,7 @@ impl MemoryStore {
         let placement = schedule::place(stored, rate, now, cost, longest_us);
         if placement.placed {
             if !shard.map.contains(hash, key) {
-                make_room(&mut shard, now, inner.max_per_shard, |k| k == key);
+                make_room(inner, &mut shard, now, |k| k == key);
             }
             let stored = Stored {
                 state: schedule::to_state(placement.after),
@@ -561,17 +564,25 @@ fn lock(shard: &Locked) -> MutexGuard<'_, Shard> {
 
 /// Before inserting into `shard`: sweep expired states when the shard has grown enough since
 /// the last sweep, and evict one when it is at its bound.
-fn make_room(shard: &mut Shard, now: u64, max: usize, protected: impl Fn(&str) -> bool) {
+fn make_room(inner: &Inner, shard: &mut Shard, now: u64, protected: impl Fn(&str) -> bool) {
     // Sweeping scans the shard: only when it has doubled since the last sweep, so the cost
     // stays amortised even while a flood keeps the shard at its bound.
     if shard.map.len() >= shard.next_sweep.max(MIN_SWEEP) {
         shard.map.retain(|s| s.expires_at > now);
         shard.next_sweep = (shard.map.len() * 2).max(MIN_SWEEP);
     }
-    while shard.map.len() >= max {
+    while shard.map.len() >= inner.max_per_shard {
         match shard.map.closest_to_expiry(EVICTION_SAMPLE, &protected) {
             Some((hash, key)) => {
-                shard.map.remove(hash, &key);
+                // a live state evicted starts afresh: counted and logged, as that client's
+                // quota (or concurrency slot) comes back early
+                if shard
+                    .map
+                    .remove(hash, &key)
+                    .is_some_and(|s| s.expires_at > now)
+                {
+                    inner.evictions.state_evicted();
+                }
             }
             None => break,
         }

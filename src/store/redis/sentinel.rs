@@ -17,6 +17,7 @@ use redis::{AsyncConnectionConfig, Client, RedisError};
 
 use super::url::{tcp_info, SentinelTarget};
 use super::validate;
+use crate::observe::BoundedLog;
 use crate::store::error::MisconfigurationKind;
 
 /// How often a connected store asks whether the master moved.
@@ -42,6 +43,8 @@ pub(crate) struct Sentinels {
     conn: Option<(usize, MultiplexedConnection)>,
     /// The master of the connection in use.
     pub(crate) current: Option<(String, u16)>,
+    /// Rechecks that found no master, logged at most every 10 s.
+    recheck_log: BoundedLog,
 }
 
 impl Sentinels {
@@ -52,6 +55,7 @@ impl Sentinels {
             preferred: 0,
             conn: None,
             current: None,
+            recheck_log: BoundedLog::default(),
         }
     }
 
@@ -98,11 +102,24 @@ impl Sentinels {
     }
 
     /// Whether the sentinels now name another master than the one in use (a failed lookup
-    /// says nothing: the connection in use stays).
+    /// says nothing: the connection in use stays, and the failure is logged, as a failover
+    /// goes unseen meanwhile).
     pub(crate) async fn moved(&mut self) -> bool {
         match self.master().await {
             Ok(master) => self.current.as_ref() != Some(&master),
-            Err(_) => false,
+            Err(lookup) => {
+                // the kind of failure, not its text (which could quote a password)
+                let why = match &lookup {
+                    Lookup::Misconfigured(kind) => format!("{kind:?}"),
+                    Lookup::Failed(e) => match e.code() {
+                        Some(code) => format!("answered {code}"),
+                        None => format!("{:?}", e.kind()),
+                    },
+                };
+                self.recheck_log
+                    .sentinel_recheck_failed(&self.target.service, &why);
+                false
+            }
         }
     }
 
