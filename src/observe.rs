@@ -191,6 +191,19 @@ pub(crate) fn keeper_lost(store: &str) {
     let _ = store;
 }
 
+/// The task keeping a Redis store's connection ended under it (its runtime shut down): the
+/// next call starts another, on its own runtime.
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
+pub(crate) fn connection_task_lost(store: &str) {
+    #[cfg(feature = "tracing")]
+    tracing::warn!(
+        target: "tollgate",
+        store,
+        "rate-limit store's connection task ended with its runtime: the next call connects again"
+    );
+    let _ = store;
+}
+
 /// A store's breaker closed: it answers again.
 #[cfg_attr(not(feature = "redis"), allow(dead_code))]
 pub(crate) fn breaker_closed(store: &str) {

@@ -659,3 +659,39 @@ async fn live_states_evicted_at_the_bound_are_counted_and_logged() {
     assert!(evicted() - before >= 900.0, "{}", evicted() - before);
     assert!(log_text().contains("at its bound (max_keys) evicted states still in use"));
 }
+
+/// A Redis store used from a second runtime once the first, on which it connected, has shut
+/// down: its connection task went with that runtime, and the next check starts another and
+/// is answered by Redis (every call timed out before), with a warning of the lost task.
+#[test]
+fn a_connection_task_lost_with_its_runtime_is_started_again() {
+    observed();
+    let server = RedisServer::start();
+    let runtime = || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+    };
+    let first = runtime();
+    let store = first
+        .block_on(
+            RedisStore::builder(server.url())
+                .prefix("lost-task")
+                .timeout(Duration::from_secs(2))
+                .build(),
+        )
+        .unwrap();
+    let limiter = limiter(&store, "10/min", "lost-task", OnStoreError::Closed);
+    let d = first.block_on(limiter.check(&["a"])).unwrap();
+    assert_eq!(d.origin(), Origin::Store);
+    drop(first);
+    let second = runtime();
+    let d = second.block_on(limiter.check(&["a"])).unwrap();
+    assert_eq!(d.origin(), Origin::Store);
+    assert_eq!(d.statuses()[0].remaining, 8);
+    assert_eq!(
+        logged("connection task ended with its runtime", "lost-task"),
+        1
+    );
+}

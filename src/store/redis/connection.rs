@@ -182,6 +182,33 @@ struct Task {
     has_pending: AtomicBool,
 }
 
+/// Held by the connection task, which runs for as long as its link: dropped otherwise (its
+/// runtime shut down under a store that lives on, shared by several runtimes or kept past
+/// one; or a panic), it leaves a connector made anew where a lazy link keeps the one it has
+/// not started, so that the next call starts a task again on its own runtime. Without it,
+/// nothing would connect again: a broken connection would wake no task, and every call
+/// would wait out its timeout.
+struct Ended {
+    task: Weak<Task>,
+    shared: Weak<Shared>,
+    spare: Option<Connector>,
+}
+
+impl Drop for Ended {
+    fn drop(&mut self) {
+        // The link itself is gone (its task aborted with it): nothing to restart.
+        let (Some(task), Some(shared)) = (self.task.upgrade(), self.shared.upgrade()) else {
+            return;
+        };
+        crate::observe::connection_task_lost(&shared.prefix);
+        // The connection went with the task's runtime (its driver ran there): wait for the
+        // new one.
+        shared.state.send_replace(State::Connecting);
+        *task.pending.lock().unwrap_or_else(PoisonError::into_inner) = self.spare.take();
+        task.has_pending.store(true, Ordering::Release);
+    }
+}
+
 impl Drop for Task {
     fn drop(&mut self) {
         let handle = self
@@ -348,7 +375,16 @@ impl Link {
             State::Up { generation, .. } => Some(*generation),
             _ => None,
         };
-        let handle = tokio::spawn(run(self.shared.clone(), connector, connected));
+        let ended = Ended {
+            task: Arc::downgrade(&self.task),
+            shared: Arc::downgrade(&self.shared),
+            spare: Some(connector.again()),
+        };
+        let shared = self.shared.clone();
+        let handle = tokio::spawn(async move {
+            let _ended = ended;
+            run(shared, connector, connected).await;
+        });
         *self
             .task
             .handle
@@ -463,6 +499,8 @@ struct Attempted {
 
 /// Makes connections: where to (asking the sentinels), with what timeouts, checked how.
 pub(crate) struct Connector {
+    /// What it was made from, to make it again.
+    target: Target,
     source: Source,
     secrets: Vec<String>,
     prefix: Arc<str>,
@@ -485,18 +523,29 @@ impl Connector {
         call_timeout: Duration,
     ) -> Connector {
         let secrets = target.secrets();
-        let source = match target {
+        let source = match target.clone() {
             Target::Standalone(info) => Source::Fixed(info),
             Target::Sentinel(s) => Source::Sentinels(Sentinels::new(s, connect_timeout)),
             Target::Cluster(c) => Source::Cluster(c),
         };
         Connector {
+            target,
             source,
             secrets,
             prefix,
             connect_timeout,
             call_timeout,
         }
+    }
+
+    /// A connector as this one was made, for a task started anew.
+    fn again(&self) -> Connector {
+        Connector::new(
+            self.target.clone(),
+            self.prefix.clone(),
+            self.connect_timeout,
+            self.call_timeout,
+        )
     }
 
     /// One attempt: resolve, connect, check. `notify` hears of the connection's end.
