@@ -179,31 +179,6 @@ pub(crate) fn breaker_probe_restarted(store: &str) {
     let _ = store;
 }
 
-/// The task that renews a store's concurrency slots ended under it (its runtime shut down):
-/// a new one was started, and the slots the old one held are renewed no more.
-pub(crate) fn keeper_lost(store: &str) {
-    #[cfg(feature = "tracing")]
-    tracing::warn!(
-        target: "tollgate",
-        store,
-        "rate-limit store's task renewing concurrency slots ended with its runtime: the slots it held expire after their lease while their requests may still run; started another for new slots"
-    );
-    let _ = store;
-}
-
-/// The task keeping a Redis store's connection ended under it (its runtime shut down): the
-/// next call starts another, on its own runtime.
-#[cfg_attr(not(feature = "redis"), allow(dead_code))]
-pub(crate) fn connection_task_lost(store: &str) {
-    #[cfg(feature = "tracing")]
-    tracing::warn!(
-        target: "tollgate",
-        store,
-        "rate-limit store's connection task ended with its runtime: the next call connects again"
-    );
-    let _ = store;
-}
-
 /// A store's breaker closed: it answers again.
 #[cfg_attr(not(feature = "redis"), allow(dead_code))]
 pub(crate) fn breaker_closed(store: &str) {
@@ -419,6 +394,21 @@ pub(crate) struct BoundedLog {
     pending: AtomicU64,
     /// When the last line was written.
     last: Mutex<Option<Instant>>,
+    /// When the next line is due, in nanoseconds since [`epoch`] (0: at once): an event
+    /// before then is counted without the lock, as events on a hot path are (a flood of
+    /// would-be denials, or of evictions).
+    due_ns: AtomicU64,
+}
+
+/// The time [`BoundedLog`]s count their due times from.
+fn epoch() -> Instant {
+    static EPOCH: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    *EPOCH.get_or_init(Instant::now)
+}
+
+/// `t` in nanoseconds since [`epoch`] (0 before it).
+fn since_epoch(t: Instant) -> u64 {
+    u64::try_from(t.saturating_duration_since(epoch()).as_nanos()).unwrap_or(u64::MAX)
 }
 
 impl BoundedLog {
@@ -536,6 +526,40 @@ impl BoundedLog {
         }
     }
 
+    /// The task keeping the connection of the Redis store `store` had ended under it (its
+    /// runtime shut down): a call started another, on its own runtime.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub(crate) fn connection_task_lost(&self, store: &str) {
+        #[cfg(feature = "tracing")]
+        if let Some((count, since)) = self.count(Instant::now()) {
+            tracing::warn!(
+                target: "tollgate",
+                store,
+                restarts = count,
+                since_s = since.map(|d| d.as_secs()),
+                "rate-limit store's connection task had ended with its runtime: connecting again from this one"
+            );
+        }
+        let _ = store;
+    }
+
+    /// The task renewing the concurrency slots of the store `store` had ended under it (its
+    /// runtime shut down) holding `slots`: they are renewed no more and expire after their
+    /// lease, while their requests may still run. Another was started.
+    pub(crate) fn keeper_lost(&self, store: &str, slots: usize) {
+        #[cfg(feature = "tracing")]
+        if let Some((count, since)) = self.count_n(Instant::now(), slots as u64) {
+            tracing::warn!(
+                target: "tollgate",
+                store,
+                slots = count,
+                since_s = since.map(|d| d.as_secs()),
+                "rate-limit store's task renewing concurrency slots ended with its runtime: the slots it held expire after their lease while their requests may still run; started another for new slots"
+            );
+        }
+        let _ = (store, slots);
+    }
+
     /// A scheduler's slot whose waiter gave up could not be given back to the store `store`
     /// (`e`): it stays taken, and the events placed after it wait that much longer.
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
@@ -612,6 +636,9 @@ impl BoundedLog {
     #[cfg_attr(not(feature = "tracing"), allow(dead_code))]
     fn count_n(&self, now: Instant, n: u64) -> Option<(u64, Option<Duration>)> {
         self.pending.fetch_add(n, Ordering::Relaxed);
+        if since_epoch(now) < self.due_ns.load(Ordering::Relaxed) {
+            return None;
+        }
         // Whoever holds the lock is writing the line: this denial is in its count or the
         // next one's.
         let mut last = self.last.try_lock().ok()?;
@@ -620,6 +647,8 @@ impl BoundedLog {
             return None;
         }
         *last = Some(now);
+        let due = now.checked_add(LOG_EVERY).map_or(u64::MAX, since_epoch);
+        self.due_ns.store(due, Ordering::Relaxed);
         Some((self.pending.swap(0, Ordering::Relaxed), since))
     }
 }

@@ -385,6 +385,47 @@ async fn an_acl_user_with_the_documented_rule_works() {
     assert!(limiter.check(&["user:7"]).await.unwrap().is_allowed());
 }
 
+/// A master without the store's ACL user (ACLs are per node in a cluster, and one was
+/// missed) refuses the store's login: the store does not connect without it, as if it were
+/// down, but fails with an error that says what to fix.
+#[tokio::test]
+async fn a_master_without_the_acl_user_fails_the_connection() {
+    let cluster = ClusterServer::shared();
+    let prefix = common::unique_prefix();
+    let masters = cluster.masters();
+    let missed = masters[0];
+    for node in cluster.nodes.iter().filter(|n| n.port != missed) {
+        let mut conn = cluster.node_conn(node.port).unwrap();
+        let () = redis::cmd("ACL")
+            .arg("SETUSER")
+            .arg(format!("{prefix}-user"))
+            .arg("on")
+            .arg(">pw")
+            .arg(format!("~{prefix}:*"))
+            .arg("+@all")
+            .query(&mut conn)
+            .unwrap();
+    }
+    let nodes: Vec<String> = cluster
+        .nodes
+        .iter()
+        .filter(|n| n.port != missed)
+        .map(|n| format!("127.0.0.1:{}", n.port))
+        .collect();
+    let url = format!("redis+cluster://{prefix}-user:pw@{}", nodes.join(","));
+    let built = RedisStore::builder(url)
+        .prefix(&prefix)
+        .connect_timeout(Duration::from_secs(3))
+        .build()
+        .await;
+    match built {
+        Err(StoreError::Misconfigured(m)) => {
+            assert_eq!(m.kind(), MisconfigurationKind::Authentication, "{m}")
+        }
+        other => panic!("expected a refused login, got {other:?}"),
+    }
+}
+
 /// A slot migrated while checks run: while it is half-way, its fresh keys live on the target
 /// and the source answers `ASK`; once moved, the client's slot map is stale and the source
 /// answers `MOVED`. Both are followed (the check script loaded on the target when it answers

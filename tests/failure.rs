@@ -691,7 +691,7 @@ fn a_connection_task_lost_with_its_runtime_is_started_again() {
     assert_eq!(d.origin(), Origin::Store);
     assert_eq!(d.statuses()[0].remaining, 8);
     assert_eq!(
-        logged("connection task ended with its runtime", "lost-task"),
+        logged("connection task had ended with its runtime", "lost-task"),
         1
     );
 }

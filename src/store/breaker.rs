@@ -74,7 +74,12 @@ impl Breaker {
             // An open breaker whose probe is gone (the runtime it ran on shut down: a store
             // shared by several runtimes, or kept past one) would stay open for good, every
             // check answered by the failure policy: this call starts another.
-            if self.probes.load(Ordering::Acquire) == 0 {
+            // (The call that opens it counts its probe before it shows open, so a count of 0
+            // here is a probe lost, not one about to start.)
+            let lost = self
+                .probes
+                .compare_exchange(0, 1, Ordering::AcqRel, Ordering::Acquire);
+            if lost.is_ok() {
                 observe::breaker_probe_restarted(&self.store);
                 self.probe(probe());
             }
@@ -92,18 +97,19 @@ impl Breaker {
     }
 
     /// Starts a task that runs `probe` every [`PROBE_EVERY`] until the store answers, on the
-    /// current runtime; without one, closes the breaker (the next call finds out).
+    /// current runtime, for the probe already counted in `probes`; without a runtime, closes
+    /// the breaker (the next call finds out).
     fn probe<P, F>(self: &Arc<Self>, probe: P)
     where
         P: Fn() -> F + Send + 'static,
         F: Future<Output = Result<(), StoreError>> + Send + 'static,
     {
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return self.close();
-        };
-        self.probes.fetch_add(1, Ordering::AcqRel);
         // counted down however the task ends: done, panicked, or dropped with its runtime
         let running = Running(Arc::downgrade(self));
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            drop(running);
+            return self.close();
+        };
         runtime.spawn(async move {
             let running = running;
             probing(running.0.clone(), probe).await;
@@ -115,7 +121,8 @@ impl Breaker {
         !self.open.load(Ordering::Acquire)
     }
 
-    /// Records the result of a call that went to the store.
+    /// Records the result of a call that went to the store. [`Tripped::Opened`] counts a
+    /// probe the caller must start ([`probe`](Self::probe)).
     pub(crate) fn record(&self, result: Result<(), &StoreError>) -> Tripped {
         match result {
             Ok(()) => {
@@ -124,12 +131,18 @@ impl Breaker {
             }
             Err(e) => {
                 let n = self.failures.fetch_add(1, Ordering::AcqRel) + 1;
-                if n >= THRESHOLD && !self.open.swap(true, Ordering::AcqRel) {
-                    observe::breaker_opened(&self.store, e);
-                    Tripped::Opened
-                } else {
-                    Tripped::No
+                if n < THRESHOLD || !self.is_closed() {
+                    return Tripped::No;
                 }
+                // The probe the caller starts is counted before the breaker shows open: a
+                // call that finds it open without one takes the probe for lost.
+                self.probes.fetch_add(1, Ordering::AcqRel);
+                if self.open.swap(true, Ordering::AcqRel) {
+                    self.probes.fetch_sub(1, Ordering::AcqRel);
+                    return Tripped::No;
+                }
+                observe::breaker_opened(&self.store, e);
+                Tripped::Opened
             }
         }
     }
@@ -232,8 +245,15 @@ mod tests {
         second.block_on(async {
             let answer = b.call(async { Ok(()) }, answering).await;
             assert!(matches!(answer, Err(StoreError::Unavailable)));
-            tokio::time::sleep(PROBE_EVERY * 2).await;
+            let deadline = std::time::Instant::now() + Duration::from_secs(10);
+            while !b.is_closed() {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "the new probe never closed it"
+                );
+                tokio::time::sleep(PROBE_EVERY / 4).await;
+            }
         });
-        assert!(b.is_closed(), "the new probe closed it");
+        assert_eq!(b.probes.load(Ordering::Acquire), 0, "one probe, done");
     }
 }

@@ -17,8 +17,8 @@ use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
 use std::hash::BuildHasher;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, PoisonError};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use tokio::sync::mpsc;
@@ -183,7 +183,12 @@ impl Keeper {
 
 /// Where a store keeps its keeper, started on first use.
 #[derive(Debug, Default)]
-pub(crate) struct KeeperSlot(Mutex<Option<Keeper>>);
+pub(crate) struct KeeperSlot {
+    keeper: Mutex<Option<Keeper>>,
+    /// The leases a keeper held when its task was dropped under it (its runtime shut down).
+    orphaned: Arc<AtomicUsize>,
+    lost_log: BoundedLog,
+}
 
 impl KeeperSlot {
     /// The keeper, started within the current Tokio runtime if not running (on a backend that
@@ -192,7 +197,7 @@ impl KeeperSlot {
     /// The task must hold the store without this slot (and so without a sender): once every
     /// handle of the store and every guard is gone, its channel closes and it ends.
     pub(crate) fn get_or_start<B: Backend>(&self, backend: impl FnOnce() -> B) -> Option<Keeper> {
-        let mut current = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut current = self.keeper.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(k) = current.as_ref().filter(|k| !k.tx.is_closed()) {
             return Some(k.clone());
         }
@@ -202,10 +207,14 @@ impl KeeperSlot {
         // This slot holds a sender, so the keeper's channel closed only because the task
         // ended under it: its runtime shut down (a store shared by several runtimes, or kept
         // past one). The slots it held are renewed no more, and expire after their lease.
-        if current.is_some() {
-            crate::observe::keeper_lost(backend.label());
+        let orphaned = self.orphaned.swap(0, Ordering::AcqRel);
+        if current.is_some() && orphaned > 0 {
+            self.lost_log.keeper_lost(backend.label(), orphaned);
         }
-        runtime.spawn(run(backend, rx));
+        // made here, not in the task, so that it reports even if the task is dropped before
+        // it first runs
+        let holding = Holding::new(rx, self.orphaned.clone());
+        runtime.spawn(run(backend, holding));
         let keeper = Keeper { tx };
         *current = Some(keeper.clone());
         Some(keeper)
@@ -232,9 +241,11 @@ impl Held {
 /// batches and retries failed releases until their lease would have expired. A lease the
 /// store no longer holds is reported (logged and counted) and renewed no more. It ends when
 /// the store's handles and guards are all gone.
-async fn run<B: Backend>(backend: B, mut rx: mpsc::UnboundedReceiver<Msg>) {
+async fn run<B: Backend>(backend: B, mut holding: Holding) {
     let lost_log = BoundedLog::default();
-    let mut held: HashMap<String, Held> = HashMap::new();
+    let Holding {
+        leases: held, rx, ..
+    } = &mut holding;
     // Releases that did not reach the store, kept until their lease has expired anyway.
     let mut unreleased: Vec<Held> = Vec::new();
     let mut tick = tokio::time::interval(TICK);
@@ -244,8 +255,8 @@ async fn run<B: Backend>(backend: B, mut rx: mpsc::UnboundedReceiver<Msg>) {
             msg = rx.recv() => {
                 let Some(msg) = msg else { return };
                 let mut released = Vec::new();
-                apply(msg, &mut held, &mut released);
-                drain(&mut rx, &mut held, &mut released);
+                apply(msg, held, &mut released);
+                drain(rx, held, &mut released);
                 release(&backend, released, &mut unreleased).await;
             }
             _ = tick.tick() => {
@@ -269,7 +280,7 @@ async fn run<B: Backend>(backend: B, mut rx: mpsc::UnboundedReceiver<Msg>) {
                 // A lease let go while its renewal ran is not lost: its guard released it
                 // (in process at once, before telling the keeper, which it does first).
                 let mut released = Vec::new();
-                drain(&mut rx, &mut held, &mut released);
+                drain(rx, held, &mut released);
                 let mut lost = 0;
                 for (id, renewal) in ids.into_iter().zip(renewals) {
                     let Some(h) = held.get_mut(&id) else { continue };
@@ -300,6 +311,35 @@ async fn run<B: Backend>(backend: B, mut rx: mpsc::UnboundedReceiver<Msg>) {
                 release(&backend, released, &mut unreleased).await;
             }
         }
+    }
+}
+
+/// The leases a keeper renews, and its messages. Dropped with leases in it, those it read or
+/// those waiting (the keeper's task dropped with its runtime: it never ends so otherwise, as
+/// its channel closes only once every guard is gone), it leaves their number for the next
+/// keeper to report.
+struct Holding {
+    leases: HashMap<String, Held>,
+    /// The keeper's messages, some perhaps not read yet when it is dropped.
+    rx: mpsc::UnboundedReceiver<Msg>,
+    orphaned: Arc<AtomicUsize>,
+}
+
+impl Holding {
+    fn new(rx: mpsc::UnboundedReceiver<Msg>, orphaned: Arc<AtomicUsize>) -> Holding {
+        Holding {
+            leases: HashMap::new(),
+            rx,
+            orphaned,
+        }
+    }
+}
+
+impl Drop for Holding {
+    fn drop(&mut self) {
+        let mut released = Vec::new();
+        drain(&mut self.rx, &mut self.leases, &mut released);
+        self.orphaned.fetch_add(self.leases.len(), Ordering::AcqRel);
     }
 }
 
@@ -446,7 +486,7 @@ mod tests {
     async fn a_lease_the_store_missed_holds_back_no_other() {
         let store = Recorder::default();
         let (tx, rx) = mpsc::unbounded_channel();
-        let keeper = tokio::spawn(run(store.clone(), rx));
+        let keeper = tokio::spawn(run(store.clone(), Holding::new(rx, Arc::default())));
         store.down.lock().unwrap().insert("b".into());
         tx.send(Msg::Hold(lease("a"))).unwrap();
         tx.send(Msg::Hold(lease("b"))).unwrap();
@@ -479,7 +519,7 @@ mod tests {
     async fn a_lost_lease_is_renewed_no_more() {
         let store = Recorder::default();
         let (tx, rx) = mpsc::unbounded_channel();
-        let keeper = tokio::spawn(run(store.clone(), rx));
+        let keeper = tokio::spawn(run(store.clone(), Holding::new(rx, Arc::default())));
         store.lost.lock().unwrap().insert("k:{b}".into());
         tx.send(Msg::Hold(lease("a"))).unwrap();
         tx.send(Msg::Hold(lease("b"))).unwrap();
@@ -501,7 +541,7 @@ mod tests {
     async fn a_lease_lost_for_one_identifier_is_renewed_for_the_other() {
         let store = Recorder::default();
         let (tx, rx) = mpsc::unbounded_channel();
-        let keeper = tokio::spawn(run(store.clone(), rx));
+        let keeper = tokio::spawn(run(store.clone(), Holding::new(rx, Arc::default())));
         store.lost.lock().unwrap().insert("user:{7}".into());
         let mut two = lease("c");
         two.keys = vec!["ip:{1}".into(), "user:{7}".into()];

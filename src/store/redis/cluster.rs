@@ -32,8 +32,8 @@ use redis::cluster_routing::{
     SlotAddr,
 };
 use redis::{
-    Arg, Cmd, ErrorKind, ProtocolVersion, RedisError, RedisFuture, RedisResult, ServerErrorKind,
-    Value,
+    Arg, AsyncConnectionConfig, Client, Cmd, ErrorKind, ProtocolVersion, RedisError, RedisFuture,
+    RedisResult, ServerErrorKind, Value,
 };
 
 use super::url::{tcp_info, ClusterTarget};
@@ -323,7 +323,7 @@ pub(crate) async fn attempt(
         }
         Err(_) => return Err(None),
     };
-    check(&mut conn, prefix, limit).await?;
+    check(&mut conn, target, prefix, limit).await?;
     Ok(conn)
 }
 
@@ -390,6 +390,7 @@ fn masters(reply: Value) -> Result<Vec<Master>, Failure> {
 /// wrong, which no wait mends. `None` when a step took longer than `limit` (no master passed).
 async fn check(
     conn: &mut ClusterConn,
+    target: &ClusterTarget,
     prefix: &str,
     limit: Duration,
 ) -> Result<(), Option<Failure>> {
@@ -405,14 +406,23 @@ async fn check(
     };
     let masters = masters(reply)?;
     let base = validate::probe_base();
-    let checks =
-        masters.iter().map(|master| {
-            let mut conn = conn.fresh();
-            let ids = probe_ids(&base, &master.slots);
-            async move {
-                tokio::time::timeout(limit, check_master(&mut conn, master, prefix, &ids)).await
+    let checks = masters.iter().map(|master| {
+        let mut conn = conn.fresh();
+        let ids = probe_ids(&base, &master.slots);
+        async move {
+            let checked = check_master(&mut conn, master, prefix, &ids);
+            match tokio::time::timeout(limit, checked).await {
+                // The cluster client drops a node it could not log in to without saying
+                // why: asked directly, a master that refuses the store's login (ACLs are
+                // per node) fails the attempt, as one whose checks it refused.
+                Ok(Err(failure)) if !misconfigured(&failure) => {
+                    let refused = refused_directly(target, master, limit).await;
+                    Ok(Err(refused.unwrap_or(failure)))
+                }
+                other => other,
             }
-        });
+        }
+    });
     let mut passed = 0;
     let mut unreachable = Vec::new();
     let mut first_failure = None;
@@ -460,6 +470,33 @@ async fn check_master(
     .map_err(RedisError::from)?;
     validate::judge_server(&info, Role::ClusterMaster)?;
     validate::probe(conn, prefix, ids).await
+}
+
+/// Whether `master`, asked directly within a third of `limit` (a connection and a `PING`),
+/// refuses the store's login or commands: the failure to report then. `None` when it cannot
+/// be reached, or answers.
+async fn refused_directly(
+    target: &ClusterTarget,
+    master: &Master,
+    limit: Duration,
+) -> Option<Failure> {
+    let info = tcp_info(&master.host, master.port, &target.login).ok()?;
+    let config = AsyncConnectionConfig::new()
+        .set_connection_timeout(Some(limit / 3))
+        .set_response_timeout(Some(limit / 3));
+    let asked = async {
+        let client = Client::open(info)?;
+        let mut conn = client
+            .get_multiplexed_async_connection_with_config(&config)
+            .await?;
+        redis::cmd("PING").query_async::<()>(&mut conn).await
+    };
+    let e = match tokio::time::timeout(limit / 3, asked).await {
+        Ok(Err(e)) => e,
+        _ => return None,
+    };
+    let kind = misconfiguration(&e).or(validate::classify_cluster(&e).misconfigured)?;
+    Some(Failure::Refused(kind, e))
 }
 
 /// What kept a master from passing its checks, for the warning: the error's kind and code,

@@ -180,6 +180,10 @@ struct Task {
     pending: Mutex<Option<Connector>>,
     /// Whether `pending` holds it, read without the lock on every call.
     has_pending: AtomicBool,
+    /// Whether `pending` holds a connector made anew for a task that ended under its link
+    /// (see [`Ended`]), whose start is logged (at most every 10 s).
+    restarting: AtomicBool,
+    restart_log: BoundedLog,
 }
 
 /// Held by the connection task, which runs for as long as its link: dropped otherwise (its
@@ -200,11 +204,12 @@ impl Drop for Ended {
         let (Some(task), Some(shared)) = (self.task.upgrade(), self.shared.upgrade()) else {
             return;
         };
-        crate::observe::connection_task_lost(&shared.prefix);
         // The connection went with the task's runtime (its driver ran there): wait for the
-        // new one.
+        // new one. (Logged when a call starts it: a store kept in a static sees its task end
+        // at every shutdown, and needs no word of it then.)
         shared.state.send_replace(State::Connecting);
         *task.pending.lock().unwrap_or_else(PoisonError::into_inner) = self.spare.take();
+        task.restarting.store(true, Ordering::Release);
         task.has_pending.store(true, Ordering::Release);
     }
 }
@@ -366,6 +371,8 @@ impl Link {
                 handle: Mutex::new(None),
                 pending: Mutex::new(None),
                 has_pending: AtomicBool::new(false),
+                restarting: AtomicBool::new(false),
+                restart_log: BoundedLog::default(),
             }),
         }
     }
@@ -404,6 +411,11 @@ impl Link {
                 .take();
             if let Some(connector) = pending {
                 self.task.has_pending.store(false, Ordering::Release);
+                if self.task.restarting.swap(false, Ordering::AcqRel) {
+                    self.task
+                        .restart_log
+                        .connection_task_lost(&self.shared.prefix);
+                }
                 self.start(connector);
             }
         }
