@@ -544,20 +544,21 @@ impl BoundedLog {
     }
 
     /// The task renewing the concurrency slots of the store `store` had ended under it (its
-    /// runtime shut down) holding `slots`: they are renewed no more and expire after their
-    /// lease, while their requests may still run. Another was started.
-    pub(crate) fn keeper_lost(&self, store: &str, slots: usize) {
+    /// runtime shut down) holding the slots of `leases` requests: those still in use are
+    /// renewed no more and expire after their lease, while their requests may still run.
+    /// Another was started.
+    pub(crate) fn keeper_lost(&self, store: &str, leases: usize) {
         #[cfg(feature = "tracing")]
-        if let Some((count, since)) = self.count_n(Instant::now(), slots as u64) {
+        if let Some((count, since)) = self.count_n(Instant::now(), leases as u64) {
             tracing::warn!(
                 target: "tollgate",
                 store,
-                slots = count,
+                leases = count,
                 since_s = since.map(|d| d.as_secs()),
-                "rate-limit store's task renewing concurrency slots ended with its runtime: the slots it held expire after their lease while their requests may still run; started another for new slots"
+                "rate-limit store's task renewing concurrency slots ended with its runtime: the slots it held that are still in use expire after their lease while their requests may still run; started another for new slots"
             );
         }
-        let _ = (store, slots);
+        let _ = (store, leases);
     }
 
     /// A scheduler's slot whose waiter gave up could not be given back to the store `store`

@@ -695,3 +695,52 @@ fn a_connection_task_lost_with_its_runtime_is_started_again() {
         1
     );
 }
+
+/// A runtime shutting down with requests holding slots drops the slot-renewing task before
+/// their guards, which then release their slots: nothing is lost, and nothing is said, then
+/// or when a later slot is taken.
+#[test]
+fn slots_let_go_as_their_runtime_shuts_down_are_not_reported() {
+    observed();
+    let runtime = || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+    };
+    let slots = Limiter::builder(
+        tollgate::MemoryStore::new(),
+        "2 concurrent".parse().unwrap(),
+    )
+    .name("shutdown-quiet")
+    .build();
+    let lost = || {
+        log_text()
+            .lines()
+            .filter(|l| l.contains("task renewing concurrency slots ended with its runtime"))
+            .count()
+    };
+    let before = lost();
+    let first = runtime();
+    first.block_on(async {
+        let held = slots.check(&["job"]).await.unwrap();
+        assert!(held.is_allowed());
+        // a request still running when the runtime shuts down
+        tokio::spawn(async move {
+            let _held = held;
+            std::future::pending::<()>().await;
+        });
+        tokio::task::yield_now().await;
+    });
+    drop(first);
+    let second = runtime();
+    let again = second.block_on(slots.check(&["job"])).unwrap();
+    assert!(again.is_allowed());
+    let third = second.block_on(slots.check(&["job"])).unwrap();
+    assert!(
+        third.is_allowed(),
+        "the slot let go at shutdown was released"
+    );
+    assert_eq!(lost() - before, 0);
+    drop((again, third));
+}

@@ -196,7 +196,11 @@ impl KeeperSlot {
     ///
     /// The task must hold the store without this slot (and so without a sender): once every
     /// handle of the store and every guard is gone, its channel closes and it ends.
-    pub(crate) fn get_or_start<B: Backend>(&self, backend: impl FnOnce() -> B) -> Option<Keeper> {
+    pub(crate) fn get_or_start<B: Backend>(
+        &self,
+        backend: impl FnOnce() -> B,
+        report: bool,
+    ) -> Option<Keeper> {
         let mut current = self.keeper.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(k) = current.as_ref().filter(|k| !k.tx.is_closed()) {
             return Some(k.clone());
@@ -207,8 +211,11 @@ impl KeeperSlot {
         // This slot holds a sender, so the keeper's channel closed only because the task
         // ended under it: its runtime shut down (a store shared by several runtimes, or kept
         // past one). The slots it held are renewed no more, and expire after their lease.
+        // Reported when a slot taken finds it (`report`), not a guard let go: guards are let
+        // go as their runtime shuts down, after the keeper went with it, and their slots are
+        // released then (the count is dropped, so that no later slot reports them).
         let orphaned = self.orphaned.swap(0, Ordering::AcqRel);
-        if current.is_some() && orphaned > 0 {
+        if report && current.is_some() && orphaned > 0 {
             self.lost_log.keeper_lost(backend.label(), orphaned);
         }
         // made here, not in the task, so that it reports even if the task is dropped before

@@ -216,7 +216,7 @@ impl Store {
 
     /// Holds a slot the check took: renews its lease until it is let go.
     pub(crate) fn hold(&self, lease: &Lease) {
-        if let Some(k) = self.keeper() {
+        if let Some(k) = self.keeper(true) {
             k.hold(lease.clone());
         }
     }
@@ -225,7 +225,9 @@ impl Store {
     /// by the keeper (and retried while they fail), so this never waits on the network.
     /// Without a keeper (no runtime) the lease expires by itself.
     pub(crate) fn let_go(&self, lease: Lease, how: LetGo) {
-        let keeper = self.keeper();
+        // (A guard let go as its runtime shuts down finds the keeper gone with it: no word of
+        // that, which the next slot taken reports.)
+        let keeper = self.keeper(false);
         match (how, self) {
             (LetGo::Release, Store::Memory(m)) => {
                 // The keeper is told first: a renewal that finds the slot released after
@@ -250,13 +252,19 @@ impl Store {
     }
 
     /// The store's keeper task, started on first use; `None` outside a Tokio runtime.
-    fn keeper(&self) -> Option<Keeper> {
+    /// The store's keeper task, started on first use; `None` outside a Tokio runtime. With
+    /// `report`, a keeper lost with its runtime holding slots is reported.
+    fn keeper(&self, report: bool) -> Option<Keeper> {
         // The task holds the store without the keeper slot (and so without its own sender):
         // once every handle of the store and every guard is gone, it ends.
         match self {
-            Store::Memory(m) => m.keeper_slot().get_or_start(|| Store::Memory(m.detached())),
+            Store::Memory(m) => m
+                .keeper_slot()
+                .get_or_start(|| Store::Memory(m.detached()), report),
             #[cfg(feature = "redis")]
-            Store::Redis(r) => r.keeper_slot().get_or_start(|| Store::Redis(r.detached())),
+            Store::Redis(r) => r
+                .keeper_slot()
+                .get_or_start(|| Store::Redis(r.detached()), report),
         }
     }
 }
