@@ -86,7 +86,12 @@ pub enum PolicyErrorKind {
 
 impl fmt::Display for PolicyError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "invalid rate limit {:?}: ", self.part)?;
+        // (not a rate limit: the setting the shedder was given)
+        if self.kind == PolicyErrorKind::ReservedShare {
+            write!(f, "invalid {}: ", self.part)?;
+        } else {
+            write!(f, "invalid rate limit {:?}: ", self.part)?;
+        }
         match &self.kind {
             PolicyErrorKind::Empty => {
                 f.write_str("no limit given (expected e.g. \"10/s, 120/min\")")

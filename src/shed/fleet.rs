@@ -172,6 +172,12 @@ mod tests {
             };
             assert_eq!(error.kind(), &PolicyErrorKind::ReservedShare, "{reserved}");
             assert!(error.part().contains(&reserved.to_string()), "{error}");
+            assert!(
+                error
+                    .to_string()
+                    .starts_with("invalid reserve_for_critical("),
+                "{error}"
+            );
         }
         for reserved in [0.0, 0.2, 0.999] {
             assert!(fleet(500, reserved).build().is_ok(), "{reserved}");

@@ -251,7 +251,6 @@ impl Store {
         }
     }
 
-    /// The store's keeper task, started on first use; `None` outside a Tokio runtime.
     /// The store's keeper task, started on first use; `None` outside a Tokio runtime. With
     /// `report`, a keeper lost with its runtime holding slots is reported.
     fn keeper(&self, report: bool) -> Option<Keeper> {
