@@ -500,12 +500,19 @@ impl RedisStore {
             match result {
                 // one flag per key, in the call's order: 0 when the set held the lease no
                 // longer
-                Ok(renewed) => {
+                Ok(renewed) if renewed.len() == chunk.len() => {
                     for (&g, _) in chunk.iter().zip(renewed).filter(|(_, r)| *r == 0) {
                         let (key, i) = pairs[g];
                         let k = leases[i].keys.iter().position(|other| other == key);
                         reached.lost(i, k.unwrap_or(0));
                     }
+                }
+                // a reply of another shape than the script gives: nothing can be told of these
+                // leases, which are tried again (and the failure logged and counted)
+                Ok(renewed) => {
+                    let what = format!("{} renewal flags for {} slots", renewed.len(), chunk.len());
+                    let e = StoreError::UnexpectedReply(what);
+                    reached.missed(chunk.iter().map(|&g| pairs[g].1), e);
                 }
                 Err(e) => reached.missed(chunk.iter().map(|&g| pairs[g].1), e),
             }
