@@ -7,7 +7,7 @@
 -- sections below (`--@ name`) and each limit's fragments (one file per algorithm), with the
 -- numbers written in: no limit is parsed, nothing dispatched, no loop run at run time. The
 -- sections between `id_open` and `id_close` are repeated for each identifier $j (its keys
--- start after KEYS[$b], at KEYS[$first]; $p is the identifier before); $x names a limit (its index in the policy); $fields / $zeros / $format are the
+-- start after KEYS[$b], at KEYS[$first]); $x names a limit (its index in the policy); $fields / $zeros / $format are the
 -- packed fields (T, then each packed limit's fields, in policy order), their zeros and their
 -- struct format, $zero a missing state (as many zero bytes). $put / $ttl name the new packed
 -- state of identifier $j and its TTL ($putp / $ttlp the previous identifier's): locals

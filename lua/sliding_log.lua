@@ -63,11 +63,14 @@ local L$x = {''}
       local held = record ~= '0,,;'
       local at = string.format('%d', now)
       local k = 0
+      -- the window's start ($cut: by the clock's time, also for a check admitted as of a
+      -- later time, reserve.lua), and the time of the newest entry held
+      local cut, newest = $cut, 0
       if held then
-        -- the entries out of the window by the clock's time ($cut: the window's start, or
-        -- for a check admitted as of a later time, reserve.lua, the clock's window's)
-        redis.call('ZREMRANGEBYSCORE', $key, '-inf', $cut)
-        if string.match(record, ',(%d+)%-%d+;') + 0 >= now then
+        -- the entries out of the window
+        redis.call('ZREMRANGEBYSCORE', $key, '-inf', cut)
+        newest = string.match(record, ',(%d+)%-%d+;') + 0
+        if newest >= now then
           k = redis.call('ZCOUNT', $key, at, at)
         end
       end
@@ -92,7 +95,7 @@ local L$x = {''}
       -- a later time set it). The trim above empties the set when even its newest entry is
       -- out (Redis then deletes it, TTL and all), and the ZADD made it anew without a TTL,
       -- which GT would leave so: such a key takes its TTL as a new one does.
-      if held and string.match(record, ',(%d+)%-%d+;') + 0 > $cut + 0 then
+      if held and newest > cut + 0 then
         redis.call('PEXPIRE', $key, $life, 'GT')
       else
         redis.call('PEXPIRE', $key, $life)

@@ -201,9 +201,14 @@ impl Limiter {
             Err(_) => return,
         }
         if let (true, Ok((answer, _))) = (mode.record, &*answer) {
-            let log = &self.inner.shadow_log;
-            observe::decision(&version.keys, answer, log, &version.name);
+            self.record(version, answer);
         }
+    }
+
+    /// Counts a decision made on `version` in the metrics, and logs it if a would-be denial.
+    pub(super) fn record(&self, version: &Version, decision: &Decision) {
+        let log = &self.inner.shadow_log;
+        observe::decision(&version.keys, decision, log, &version.name);
     }
 
     /// The check with the failure policy, without shadow mode.

@@ -4,7 +4,6 @@ use std::time::Duration;
 
 use super::{Error, Limiter, Mode};
 use crate::decision::Decision;
-use crate::observe;
 
 impl Limiter {
     /// Checks one request of cost 1, waiting up to `max_wait` for the limits to admit it. See
@@ -128,9 +127,7 @@ impl Limiter {
                 }
                 _ => {
                     if mode.record {
-                        let version = self.inner.version.load();
-                        let log = &self.inner.shadow_log;
-                        observe::decision(&version.keys, &decision, log, &version.name);
+                        self.record(&self.inner.version.load(), &decision);
                     }
                     return Ok(decision);
                 }

@@ -272,8 +272,9 @@ impl Backend for Store {
     fn label(&self) -> &str {
         match self {
             Store::Memory(_) => "memory",
+            // the name its other logs and metrics give it
             #[cfg(feature = "redis")]
-            Store::Redis(r) => r.label(),
+            Store::Redis(r) => r.prefix(),
         }
     }
 

@@ -381,7 +381,6 @@ fn generate_within(
     let id_vars = |j: usize| {
         let mut v = common.clone();
         v.push(("j", j.to_string()));
-        v.push(("p", (j - 1).max(1).to_string()));
         v.push(("b", ((j - 1) * per_id).to_string()));
         v.push(("first", ((j - 1) * per_id + 1).to_string()));
         // the first identifier has no one before it: a branch never taken, naming itself

@@ -383,12 +383,14 @@ fn masters(reply: Value) -> Result<Vec<Master>, Failure> {
 
 /// The start-up checks on every master of the cluster: `INFO` (a cluster node, a master, Redis
 /// 7.0 or later), then the probe on keys in one of its own slots, so that every master's ACL
-/// is put to the test. The masters are checked at once, each within `limit` (and a third
-/// more to ask a failing one directly): a master that
-/// cannot be reached (down before its failover, stalled, partitioned) must fail only its own
-/// slots, so the connection is made without it (and a warning names it) when another master
-/// passed. A master that answers but cannot serve the store fails the attempt: its setup is
-/// wrong, which no wait mends. `None` when a step took longer than `limit` (no master passed).
+/// is put to the test. The masters are checked at once, each within `limit`, and one that
+/// failed is asked directly within a third more (the healthy masters' checks need the whole
+/// of `limit` while the client's connection to a silent node times out under them). A master
+/// that cannot be reached (down before its failover, stalled, partitioned) must fail only
+/// its own slots, so the connection is made without it (and a warning names it) when another
+/// master passed. A master that answers but cannot serve the store fails the attempt: its
+/// setup is wrong, which no wait mends. `None` when a step took longer than `limit` (no
+/// master passed).
 async fn check(
     conn: &mut ClusterConn,
     target: &ClusterTarget,
@@ -411,9 +413,6 @@ async fn check(
         let mut conn = conn.fresh();
         let ids = probe_ids(&base, &master.slots);
         async move {
-            // (a master that failed is asked directly within a third more: the healthy
-            // masters' checks need the whole of `limit` while the client's connection to a
-            // silent node times out under them)
             let checked = check_master(&mut conn, master, prefix, &ids);
             match tokio::time::timeout(limit, checked).await {
                 // The cluster client drops a node it could not log in to without saying

@@ -474,13 +474,18 @@ impl RedisStore {
         let mut times: Vec<u64> = leases.iter().map(|l| l.lease_us).collect();
         times.sort_unstable();
         times.dedup();
-        // (slot set key, lease index) of each lease time
-        let by_time: Vec<(u64, Vec<(&str, usize)>)> = times
+        // (slot set key, lease index, key index in the lease) of each lease time
+        let by_time: Vec<(u64, Vec<Pair<'_>>)> = times
             .into_iter()
             .map(|lease_us| {
-                let pairs = lease_pairs(leases.iter().copied())
-                    .filter(|(_, (_, lease))| lease.lease_us == lease_us)
-                    .map(|(key, (i, _))| (key, i))
+                let pairs = leases
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, lease)| lease.lease_us == lease_us)
+                    .flat_map(|(i, lease)| {
+                        let keys = lease.keys.iter().enumerate();
+                        keys.map(move |(k, key)| (key.as_str(), i, k))
+                    })
                     .collect();
                 (lease_us, pairs)
             })
@@ -502,9 +507,8 @@ impl RedisStore {
                 // longer
                 Ok(renewed) if renewed.len() == chunk.len() => {
                     for (&g, _) in chunk.iter().zip(renewed).filter(|(_, r)| *r == 0) {
-                        let (key, i) = pairs[g];
-                        let k = leases[i].keys.iter().position(|other| other == key);
-                        reached.lost(i, k.unwrap_or(0));
+                        let (_, i, k) = pairs[g];
+                        reached.lost(i, k);
                     }
                 }
                 // a reply of another shape than the script gives: nothing can be told of these
@@ -520,18 +524,14 @@ impl RedisStore {
         reached
     }
 
-    /// One renewal call: the leases of the pairs at `chunk` (indices into `pairs`, the
-    /// (slot set key, lease index) pairs of one lease time), and the script's answer.
+    /// One renewal call: the leases of the pairs at `chunk` (indices into `pairs`, those of
+    /// one lease time), and the script's answer.
     async fn renew_call<'p>(
         &self,
-        (lease_us, pairs): &'p (u64, Vec<(&str, usize)>),
+        (lease_us, pairs): &'p (u64, Vec<Pair<'p>>),
         leases: &[&Lease],
         chunk: Vec<usize>,
-    ) -> (
-        &'p [(&'p str, usize)],
-        Vec<usize>,
-        Result<Vec<i64>, StoreError>,
-    ) {
+    ) -> (&'p [Pair<'p>], Vec<usize>, Result<Vec<i64>, StoreError>) {
         let now = self.clock.manual_now();
         let slot_pairs = chunk
             .iter()
@@ -587,11 +587,6 @@ impl RedisStore {
             self.lease_log.lease_call_failed(&self.prefix, call, e);
         }
         reached.leases
-    }
-
-    /// The store's name in logs and metrics: its key prefix.
-    pub(crate) fn label(&self) -> &str {
-        &self.prefix
     }
 
     /// A slot that could not be given back (`e`), logged and counted.
@@ -663,6 +658,10 @@ impl Drop for Unanswered<'_> {
         }
     }
 }
+
+/// A slot set of a lease renewed: its key, the lease's index in the call, and the key's index
+/// in the lease.
+type Pair<'a> = (&'a str, usize, usize);
 
 /// Every (slot set key, (index of the lease, lease)) pair of `leases`.
 fn lease_pairs<'a>(
