@@ -120,10 +120,16 @@ fn needs_escaping(id: &[u8]) -> bool {
     has_escaped_byte(word(&id[id.len() - 8..]))
 }
 
+/// Whether `id` is written into a key as it is: not empty, short, nothing to escape.
+#[inline]
+pub(crate) fn is_plain(id: &str) -> bool {
+    !id.is_empty() && id.len() <= MAX_PLAIN_ID && !needs_escaping(id.as_bytes())
+}
+
 /// [`escape_identifier`], appended to `out` (a key being built).
 pub(crate) fn push_escaped(out: &mut String, id: &str) {
     // The usual identifier has nothing to escape and is short: copied whole.
-    if !id.is_empty() && id.len() <= MAX_PLAIN_ID && !needs_escaping(id.as_bytes()) {
+    if is_plain(id) {
         out.push_str(id);
         return;
     }

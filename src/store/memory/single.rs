@@ -1,8 +1,9 @@
 //! The short way for a check of one identifier whose state is one key: a policy of window
 //! (rolling, sliding, fixed) and GCRA limits, which share the packed key, or of one sorted-set
 //! limit. One hash, one shard, one lookup, and for a key that exists no allocation in the
-//! store: the key is built in a buffer reused from check to check on the thread, and the state
-//! is decided in place.
+//! store: the key is built on the stack (or, when it does not fit there or its identifier must
+//! be escaped, in a buffer reused from check to check on the thread), and the state is decided
+//! in place.
 //!
 //! The shape of such a key ([`OneKey`]: the layout, and the key after the identifier) is worked
 //! out once per policy: a limiter holds it with each version of its policy and hands it to
@@ -19,6 +20,8 @@
 //! Peeks, resets and refunds take the general way.
 
 use std::cell::RefCell;
+
+use arrayvec::ArrayString;
 
 use super::{lock, make_room, MemoryStore, Stored, PREFIX};
 use crate::algorithm::{self, Counter, Counters, Layout, Sink, State, Summary};
@@ -70,6 +73,14 @@ pub(super) fn check_one(
     ask: &Ask<'_>,
     sink: &mut impl Sink,
 ) -> Summary {
+    // The usual key, of an identifier written as it is, built on the stack: without the
+    // thread's buffer to reach and borrow, and with a copy of each part rather than a push
+    // that checks the buffer's room.
+    if keyspace::is_plain(id) {
+        if let Some(key) = on_stack(id, &shape.suffix) {
+            return decide(store, &shape.layout, &key, ask, sink);
+        }
+    }
     let mut run = |key: &mut String| {
         key.clear();
         key.push_str(PREFIX);
@@ -88,6 +99,21 @@ pub(super) fn check_one(
         Ok(Some(summary)) => summary,
         _ => run(&mut String::new()),
     }
+}
+
+/// The longest key [`check_one`] builds on the stack (an identifier of up to about 80 bytes
+/// under a policy of a few limits).
+const STACK_KEY: usize = 120;
+
+/// The key of `id` (plain: written as it is) shaped by `suffix`, if it fits on the stack.
+#[inline(always)]
+fn on_stack(id: &str, suffix: &str) -> Option<ArrayString<STACK_KEY>> {
+    let mut key = ArrayString::new();
+    key.try_push_str(PREFIX).ok()?;
+    key.try_push_str(":{").ok()?;
+    key.try_push_str(id).ok()?;
+    key.try_push_str(suffix).ok()?;
+    Some(key)
 }
 
 /// A check of `id` (escaped, the plan's only identifier) that may wait up to `max_wait_us`;

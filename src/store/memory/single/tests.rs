@@ -53,6 +53,16 @@ fn the_reused_key_is_the_key_of_the_identifier() {
                 let keys = keyspace::keys_of(PREFIX, id, namespace, &limits);
                 assert_eq!([key], keys.as_slice(), "{policy} in {namespace:?}");
             }
+            // the key built on the stack for an identifier written as it is, as long as it
+            // fits there
+            let shape = OneKey::of(namespace, &limits).unwrap();
+            for id in ["ip:1.2.3.4".to_string(), "u".repeat(80), "u".repeat(110)] {
+                let keys = keyspace::keys_of(PREFIX, &id, namespace, &limits);
+                match on_stack(&id, &shape.suffix) {
+                    Some(key) => assert_eq!([key.as_str()], keys.as_slice()),
+                    None => assert!(keys[0].len() > STACK_KEY, "{}", keys[0]),
+                }
+            }
         }
     }
     // a policy whose identifiers have several keys takes the general way
@@ -104,15 +114,19 @@ fn the_short_way_decides_as_the_general_way() {
             .div_ceil(3);
         let (short, general, one) = (store(), store(), store());
         // escaped, and as a caller gives them (to `check_one`, which escapes them itself)
-        let ids = ["ip:1.2.3.4".to_string(), "%7B".to_string()];
-        let raw_ids = ["ip:1.2.3.4", "{"];
+        // (the last, written as it is, too long for a key built on the stack)
+        let long = "u".repeat(STACK_KEY);
+        let ids = ["ip:1.2.3.4".to_string(), "%7B".to_string(), long.clone()];
+        let raw_ids = ["ip:1.2.3.4", "{", &long];
         let concurrency = policy.contains("concurrent");
         let mut allowed = 0;
         for round in 0..600 {
             let namespace = NAMESPACES[round % 3];
             let lease = format!("lease-{round}");
+            // the first two identifiers in turns, the long one now and then
+            let which = if round % 10 == 9 { 2 } else { round / 3 % 2 };
             let plan = Plan {
-                ids: &ids[round / 3 % 2..][..1],
+                ids: &ids[which..][..1],
                 namespace,
                 limits: &limits,
                 cost: 1 + next(max_cost),
@@ -138,7 +152,7 @@ fn the_short_way_decides_as_the_general_way() {
             // the shape worked out beforehand
             if !concurrency {
                 let shape = OneKey::of(namespace, &limits).unwrap();
-                let raw = raw_ids[round / 3 % 2];
+                let raw = raw_ids[which];
                 let mut entries = Entries::new();
                 let ask = Ask {
                     limits: &limits,
