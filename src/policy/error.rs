@@ -51,7 +51,7 @@ pub enum PolicyErrorKind {
     Empty,
     /// The text does not follow the syntax; the message says what was expected.
     Syntax(&'static str),
-    /// The count (or burst) is not a number.
+    /// A count, window, burst or lease is not a whole number.
     BadCount,
     /// The count is 0.
     ZeroCount,
@@ -93,11 +93,17 @@ impl fmt::Display for PolicyError {
             write!(f, "invalid rate limit {:?}: ", self.part)?;
         }
         match &self.kind {
+            // (a policy with text around an empty limit names the whole policy)
+            PolicyErrorKind::Empty if !self.part.trim().is_empty() => {
+                f.write_str("an empty limit between two commas, or a comma at either end")
+            }
             PolicyErrorKind::Empty => {
                 f.write_str("no limit given (expected e.g. \"10/s, 120/min\")")
             }
             PolicyErrorKind::Syntax(what) => f.write_str(what),
-            PolicyErrorKind::BadCount => f.write_str("the count is not a whole number"),
+            PolicyErrorKind::BadCount => {
+                f.write_str("a count, window, burst or lease is not a whole number")
+            }
             PolicyErrorKind::ZeroCount => f.write_str("the count must be at least 1"),
             PolicyErrorKind::ZeroWindow => f.write_str("the window must be longer than 0"),
             PolicyErrorKind::ZeroBurst => f.write_str("the burst/capacity must be at least 1"),
@@ -109,17 +115,23 @@ impl fmt::Display for PolicyError {
             }
             PolicyErrorKind::UnknownAlgorithm(a) => write!(
                 f,
-                "unknown algorithm {a:?} (expected sliding, log, fixed, bucket or gcra)"
+                "unknown algorithm {a:?} (expected rolling, sliding, log, fixed, bucket or \
+                 gcra; a concurrency limit is written COUNT concurrent)"
             ),
             PolicyErrorKind::UnknownParameter(p) => {
-                write!(f, "unknown parameter {p:?} (expected burst= or capacity=)")
+                write!(
+                    f,
+                    "unknown parameter {p:?} (expected burst= or capacity= after bucket or \
+                     gcra, lease= after concurrent)"
+                )
             }
             PolicyErrorKind::BurstNotAllowed => {
                 f.write_str("burst= only applies to the bucket and gcra algorithms")
             }
             PolicyErrorKind::Overflow => write!(
                 f,
-                "too large (counts and bursts up to {MAX_COUNT}, windows up to 400 days)"
+                "too large (counts and bursts up to {MAX_COUNT}, windows up to 400 days, and a \
+                 burst's run ahead, burst × window / count, up to about 35 years)"
             ),
             PolicyErrorKind::Duplicate => {
                 f.write_str("the same limit (or two concurrency limits) given twice")
@@ -130,7 +142,8 @@ impl fmt::Display for PolicyError {
             PolicyErrorKind::LogTooLarge => write!(
                 f,
                 "a sliding log keeps one entry per request: at most {MAX_LOG_COUNT} \
-                 (use the sliding-window counter or gcra for larger counts)"
+                 (for larger counts, use the default rolling window, the sliding-window \
+                 counter or gcra)"
             ),
             PolicyErrorKind::LeaseTooShort => write!(
                 f,

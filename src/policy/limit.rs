@@ -205,19 +205,24 @@ impl Limit {
     }
 
     /// This limit with its count (and burst) multiplied by `share`, rounded down, never below
-    /// 1; the limit itself if the scaled one would not be valid.
+    /// one. A burst scaled less than its count (rounded down to a count of 1, say) may stand
+    /// for a longer run ahead than a limit may hold (`burst × window / count`, about 35
+    /// years): it is then cut to the longest that holds, so the scaled limit is valid.
     pub(crate) fn scaled(&self, share: f64) -> Limit {
         let scale = |n: u64| ((n as f64 * share).floor() as u64).clamp(1, n);
+        let count = scale(self.count);
+        // (at least 32: a count of 1 over the longest window, 400 days)
+        let longest = MAX_TOLERANCE_US * u128::from(count) / self.window.as_micros().max(1);
+        let burst = |n: u64| u64::try_from(longest).map_or(scale(n), |l| scale(n).min(l));
         let algorithm = match self.algorithm {
             Algorithm::TokenBucket { capacity } => Algorithm::TokenBucket {
-                capacity: scale(capacity),
+                capacity: burst(capacity),
             },
-            Algorithm::Gcra { burst } => Algorithm::Gcra {
-                burst: scale(burst),
-            },
+            Algorithm::Gcra { burst: b } => Algorithm::Gcra { burst: burst(b) },
             other => other,
         };
-        Limit::new(scale(self.count), self.window, algorithm).unwrap_or(*self)
+        // (never fails: every part is at most the valid limit's, and the burst holds)
+        Limit::new(count, self.window, algorithm).unwrap_or(*self)
     }
 
     /// `count` per second with the default algorithm.

@@ -186,7 +186,13 @@ impl FromStr for Policy {
         }
         let limits = text
             .split(',')
-            .map(str::parse)
+            .map(|part| {
+                if part.trim().is_empty() {
+                    // named by the whole text: the empty part says nothing of where it lies
+                    return Err(PolicyError::new(PolicyErrorKind::Empty, text.trim()));
+                }
+                part.parse()
+            })
             .collect::<Result<Vec<Limit>, _>>()?;
         Policy::new(limits)
     }

@@ -90,7 +90,7 @@ impl FromStr for Limit {
                 }
                 let value = parse_number(value).map_err(err)?;
                 if burst.replace(value).is_some() {
-                    return Err(err(PolicyErrorKind::Syntax("burst given twice")));
+                    return Err(err(PolicyErrorKind::Syntax("burst/capacity given twice")));
                 }
                 continue;
             }
@@ -190,7 +190,11 @@ fn parse_window(text: &str) -> Result<Duration, PolicyErrorKind> {
         "m" | "min" | "minute" | "minutes" => 60_000,
         "h" | "hr" | "hour" | "hours" => 3_600_000,
         "d" | "day" | "days" => 86_400_000,
-        "" => return Err(PolicyErrorKind::Syntax("missing window unit")),
+        "" => {
+            return Err(PolicyErrorKind::Syntax(
+                "missing window unit (written right after the number, as in 5min)",
+            ))
+        }
         other => return Err(PolicyErrorKind::UnknownUnit(other.to_string())),
     };
     let ms = n.checked_mul(unit_ms).ok_or(PolicyErrorKind::Overflow)?;

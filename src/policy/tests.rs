@@ -135,7 +135,7 @@ fn errors_name_the_bad_part() {
         ),
         (
             "10/s gcra burst=3 burst=4",
-            PolicyErrorKind::Syntax("burst given twice"),
+            PolicyErrorKind::Syntax("burst/capacity given twice"),
         ),
         ("100001/h log", PolicyErrorKind::LogTooLarge),
         (
@@ -204,4 +204,58 @@ fn algorithms_have_distinct_identities() {
             assert_eq!(a.code() == b.code(), same_automaton, "{a:?} {b:?}");
         }
     }
+}
+
+#[test]
+fn a_limit_scaled_down_keeps_a_burst_it_can_hold() {
+    // a count of 3 a day with a burst just under the longest run ahead a limit may hold: half
+    // of it rounds the count down to 1, and half the burst would then stand for 49 years
+    let limit: Policy = "3/d gcra burst=39000".parse().unwrap();
+    let (scaled, origins) = limit.scaled(0.5);
+    assert_eq!(origins, vec![0]);
+    let scaled = scaled.limits()[0];
+    assert_eq!(scaled.count(), 1);
+    // the burst cut to the longest that holds (2^50 µs over a day's window), not the fleet's
+    // whole limit given to the process
+    let longest = (1u64 << 50) / 86_400_000_000;
+    assert_eq!(scaled.algorithm(), Algorithm::Gcra { burst: longest });
+    assert_eq!(scaled.to_string().parse::<Limit>().unwrap(), scaled);
+    // the usual case: count and burst halved
+    let (scaled, _) = "100/s gcra burst=40, 10/min bucket capacity=30"
+        .parse::<Policy>()
+        .unwrap()
+        .scaled(0.5);
+    assert_eq!(
+        scaled.to_string(),
+        "50/s gcra burst=20, 5/min bucket capacity=15"
+    );
+}
+
+#[test]
+fn errors_say_what_is_wrong_where() {
+    let message = |text: &str| text.parse::<Policy>().unwrap_err().to_string();
+    assert_eq!(
+        message("10/s,,20/min"),
+        "invalid rate limit \"10/s,,20/min\": an empty limit between two commas, or a comma at \
+         either end"
+    );
+    assert!(message("10/s,").contains("a comma at either end"));
+    assert_eq!(
+        message(""),
+        "invalid rate limit \"\": no limit given (expected e.g. \"10/s, 120/min\")"
+    );
+    // the parameters of each form
+    assert_eq!(
+        message("3 concurrent ttl=5s"),
+        "invalid rate limit \"3 concurrent ttl=5s\": unknown parameter \"ttl\" (expected \
+         burst= or capacity= after bucket or gcra, lease= after concurrent)"
+    );
+    // the default algorithm is one of those named
+    assert!(message("10/s leaky").contains("expected rolling, sliding"));
+    // a burst within every bound alone, whose run ahead is too long
+    let overflow = message("1/d gcra burst=50000");
+    assert!(overflow.contains("burst × window / count"), "{overflow}");
+    // a number other than the count
+    assert!(message("10/s gcra burst=x").contains("a count, window, burst or lease"));
+    assert!(message("10/5 min").contains("right after the number"));
 }
