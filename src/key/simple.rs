@@ -99,7 +99,9 @@ impl<T> Clone for Extension<T> {
 }
 
 impl<T: fmt::Display + Send + Sync + 'static> Extension<T> {
-    /// Keys by the extension of type `T`, as `user:VALUE`.
+    /// Keys by the extension of type `T`, as `user:VALUE`. Two extractors of other types on
+    /// one store (a user id and an organisation id, say) need a [kind](Extension::kind) each:
+    /// under the same kind, user 7 and organisation 7 are one identifier and share its budget.
     pub fn new() -> Extension<T> {
         Extension {
             kind: "user",
