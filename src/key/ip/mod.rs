@@ -115,7 +115,7 @@ pub(crate) const DEFAULT_IPV6_PREFIX: u8 = 64;
 /// Whether `v6` carries an IPv4 client's address in its last bits, so that grouping it by its
 /// prefix would put many IPv4 clients under one key: the NAT64 prefixes (`64:ff9b::/96`, and
 /// the local-use `64:ff9b:1::/48`) and Teredo (`2001::/32`). (6to4, `2002::/16`, carries its
-/// IPv4 address in bits 16 to 48: a `/64` keeps it.)
+/// IPv4 address in bits 16 to 48: it is grouped by no less than a `/48`, see [`prefix_of`].)
 fn embeds_ipv4(v6: Ipv6Addr) -> bool {
     let s = v6.segments();
     let nat64 = s[0] == 0x64 && s[1] == 0xff9b && (s[2..6] == [0; 4] || s[2] == 1);
@@ -123,12 +123,23 @@ fn embeds_ipv4(v6: Ipv6Addr) -> bool {
     nat64 || teredo
 }
 
+/// The prefix a `v6` client is grouped by when `ipv6_prefix` is asked for: at least a `/48`
+/// for 6to4 (`2002::/16`), whose bits 16 to 48 are an IPv4 client's address, so that a short
+/// prefix does not put many IPv4 clients under one key.
+fn prefix_of(v6: Ipv6Addr, ipv6_prefix: u8) -> u8 {
+    if v6.segments()[0] == 0x2002 {
+        ipv6_prefix.max(48)
+    } else {
+        ipv6_prefix
+    }
+}
+
 /// Writes the key of `ip` (see [`ip_key`]).
 fn write_ip_key(out: &mut impl fmt::Write, ip: IpAddr, ipv6_prefix: u8) -> fmt::Result {
     match ip {
         IpAddr::V4(v4) => write_v4_key(out, v4),
         IpAddr::V6(v6) if ipv6_prefix < 128 && !embeds_ipv4(v6) => {
-            match Ipv6Net::new(v6, ipv6_prefix) {
+            match Ipv6Net::new(v6, prefix_of(v6, ipv6_prefix)) {
                 Ok(net) => write!(out, "ip:{}", net.trunc()),
                 Err(_) => write!(out, "ip:{v6}"),
             }
@@ -217,7 +228,8 @@ impl PeerIp {
     /// Keys IPv6 peers by their network of `bits` bits (default 64): with `56`,
     /// `2001:db8:1:2::7` is `ip:2001:db8:1::/56`. IPv4 peers are not grouped, nor IPv6
     /// addresses that carry an IPv4 client's (NAT64's `64:ff9b::/96` and `64:ff9b:1::/48`,
-    /// Teredo's `2001::/32`). `bits` of 128 and above key every address whole.
+    /// Teredo's `2001::/32`), and 6to4's `2002::/16` by no less than a `/48`, which keeps its
+    /// IPv4 client apart. `bits` of 128 and above key every address whole.
     pub fn ipv6_prefix(mut self, bits: u8) -> PeerIp {
         self.ipv6_prefix = bits.min(128);
         self

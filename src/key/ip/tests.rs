@@ -279,6 +279,14 @@ fn ipv6_prefix_groups_ipv6_only() {
         key(&grouped, &six_to_four).as_deref(),
         Some("ip:2002:c000:201:1::/64")
     );
+    // and within a shorter prefix too: 192.0.2.1 and 192.0.2.2 stay apart
+    let wide = PeerIp::new().ipv6_prefix(32);
+    let other_v4 = request(Some("[2002:c000:202:1::5]:1"), &[]);
+    assert_eq!(
+        key(&wide, &six_to_four).as_deref(),
+        Some("ip:2002:c000:201::/48")
+    );
+    assert_ne!(key(&wide, &six_to_four), key(&wide, &other_v4));
     // IPv4 untouched.
     let v4 = request(Some("192.0.2.1:1"), &[]);
     assert_eq!(key(&grouped, &v4).as_deref(), Some("ip:192.0.2.1"));
