@@ -101,6 +101,60 @@ async fn the_peer_address_is_the_default_key() {
     assert!(t <= retry, "{state} against retry-after: {retry}");
 }
 
+/// A tonic server over its own TLS (`tls_config`) records the TCP peer as over plain TCP,
+/// beside the TLS connection's info: it needs no setup either.
+#[cfg(feature = "tonic")]
+#[tokio::test]
+async fn over_tls_the_peer_address_is_the_default_key() {
+    use tonic::transport::{Certificate, Channel, ClientTlsConfig, Identity, ServerTlsConfig};
+
+    // a test authority and a certificate it signed for localhost and 127.0.0.1, valid until
+    // 2126 (made with `openssl req -x509` for the authority, `openssl x509 -req` with
+    // `subjectAltName=DNS:localhost,IP:127.0.0.1` and `basicConstraints=CA:FALSE` for the
+    // server; P-256 keys)
+    let ca = Certificate::from_pem(include_str!("common/tls/ca.pem"));
+    let identity = Identity::from_pem(
+        include_str!("common/tls/server.pem"),
+        include_str!("common/tls/server.key"),
+    );
+    let limiter = Limiter::new(MemoryStore::new(), "2/min".parse().unwrap());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        tonic::transport::Server::builder()
+            .tls_config(ServerTlsConfig::new().identity(identity))
+            .unwrap()
+            .layer(RateLimitLayer::new(limiter))
+            .add_service(GreeterServer)
+            .serve_with_incoming(TcpIncoming::from(listener))
+            .await
+            .unwrap();
+    });
+    let tls = ClientTlsConfig::new()
+        .ca_certificate(ca)
+        .domain_name("localhost");
+    let channel = Channel::from_shared(format!("https://{addr}"))
+        .unwrap()
+        .tls_config(tls)
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut client = GreeterClient::new(channel);
+    // other API keys, one peer: one budget (without the peer's address, every call would
+    // fail for want of a key)
+    for (key, left) in [("a", "1"), ("b", "0")] {
+        let reply = client.say_hello(hello("x", key)).await.unwrap();
+        let state = reply.metadata().get("ratelimit").unwrap().to_str().unwrap();
+        assert!(
+            state.starts_with(&format!("\"2/min\";r={left};t=")),
+            "{state}"
+        );
+    }
+    let status = client.say_hello(hello("x", "c")).await.unwrap_err();
+    assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+}
+
 /// The method as the key: one budget per gRPC method, whoever calls.
 #[tokio::test]
 async fn per_method_limits() {

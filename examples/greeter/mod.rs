@@ -92,9 +92,14 @@ impl GreeterClient {
     /// Connects to `url` (`http://127.0.0.1:50051`).
     pub async fn connect(url: String) -> Result<Self, tonic::transport::Error> {
         let channel = tonic::transport::Endpoint::new(url)?.connect().await?;
-        Ok(GreeterClient {
+        Ok(GreeterClient::new(channel))
+    }
+
+    /// A client over `channel` (one set up with TLS, say).
+    pub fn new(channel: tonic::transport::Channel) -> Self {
+        GreeterClient {
             inner: tonic::client::Grpc::new(channel),
-        })
+        }
     }
 
     /// Calls `SayHello`.

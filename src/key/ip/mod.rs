@@ -199,9 +199,10 @@ fn peer_addr(extensions: &Extensions) -> Option<IpAddr> {
 ///
 /// * `axum::extract::ConnectInfo<SocketAddr>` (with the `axum` feature; serve with
 ///   `into_make_service_with_connect_info::<SocketAddr>()`),
-/// * tonic's `TcpConnectInfo` (with the `tonic` feature; a server over TLS keeps it in
-///   `TlsConnectInfo<TcpConnectInfo>`, which is not read: copy its `remote_addr()` into the
-///   request as a `SocketAddr` in a layer of your own that runs before the rate limit),
+/// * tonic's `TcpConnectInfo` (with the `tonic` feature; tonic records it over its own TLS
+///   too, but a server fed TLS streams of its own gets only a `TlsConnectInfo`, which is not
+///   read: copy its `get_ref().remote_addr()` into the request as a `SocketAddr` in a layer
+///   of your own that runs before the rate limit),
 /// * a `std::net::SocketAddr`,
 /// * a `std::net::IpAddr`.
 ///
