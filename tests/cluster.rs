@@ -268,6 +268,29 @@ async fn leases_across_slots_are_renewed_and_released() {
     }
 }
 
+/// A check of identifiers in two hash slots that may wait without end (`Duration::MAX`)
+/// waits for its turn: checked again when its denial says, with no deadline to reach.
+#[tokio::test]
+async fn a_wait_without_end_across_slots_waits_its_turn() {
+    let cluster = ClusterServer::shared();
+    let limiter = Limiter::new(store_on(cluster).await, "1/s gcra".parse().unwrap());
+    let ids = ["ip:5.6.7.8", "user:43"];
+    assert_ne!(
+        cluster.master_of(&format!("{{{}}}", ids[0])),
+        cluster.master_of(&format!("{{{}}}", ids[1]))
+    );
+    assert!(limiter.check(&ids).await.unwrap().is_allowed());
+    let started = std::time::Instant::now();
+    let waited = limiter.check_waiting(&ids, Duration::MAX).await.unwrap();
+    assert!(waited.is_allowed(), "{waited:?}");
+    // its turn came after the first's second
+    assert!(
+        started.elapsed() >= Duration::from_millis(500),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
 /// A peek and a usage read of identifiers in two hash slots answer, and say what the memory
 /// store says after the same checks: one call per slot, merged as one peek.
 #[tokio::test]

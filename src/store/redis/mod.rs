@@ -326,17 +326,18 @@ impl RedisStore {
         if groups.len() <= 1 {
             return self.check_call(plan, max_wait_us).await;
         }
-        let deadline = Instant::now() + Duration::from_micros(max_wait_us);
+        // (a wait past what a clock holds, `Duration::MAX` say, has no deadline)
+        let deadline = Instant::now().checked_add(Duration::from_micros(max_wait_us));
         loop {
             let outcome = self.check_split(plan, &groups).await?;
             if outcome.allowed || max_wait_us == 0 {
                 return Ok(outcome);
             }
             let retry = outcome.entries.iter().map(|e| e.retry_after_us).max();
-            let at = Instant::now() + Duration::from_micros(retry.unwrap_or(0).max(1));
-            if at > deadline {
+            let at = Instant::now().checked_add(Duration::from_micros(retry.unwrap_or(0).max(1)));
+            let Some(at) = at.filter(|at| deadline.is_none_or(|d| *at <= d)) else {
                 return Ok(outcome);
-            }
+            };
             tokio::time::sleep_until(at).await;
         }
     }
