@@ -239,6 +239,50 @@ async fn a_client_layer_waiting_up_to_two_seconds_sends_fifteen_of_twenty() {
     assert_eq!((sent, limited), (15, 5));
 }
 
+/// A request waiting for a concurrency slot takes it soon after it frees, though a slot's
+/// denial suggests a second: with a wait shorter than that second it is admitted, not denied
+/// at once. (Tokio's clock paused: the waits pass as soon as nothing else can run.)
+#[tokio::test(start_paused = true)]
+async fn a_freed_slot_is_taken_within_a_short_wait() {
+    let limiter = Limiter::new(MemoryStore::new(), "1 concurrent".parse().unwrap());
+    let held = limiter.check(&["job:1"]).await.unwrap();
+    let denied = limiter.check(&["job:1"]).await.unwrap();
+    assert!(denied.retry_after().unwrap() >= Duration::from_millis(900));
+    let waiting = {
+        let limiter = limiter.clone();
+        tokio::spawn(async move {
+            limiter
+                .check_waiting(&["job:1"], Duration::from_millis(300))
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(!waiting.is_finished(), "the slot is still held");
+    let freed = tokio::time::Instant::now();
+    drop(held);
+    let decision = waiting.await.unwrap().unwrap();
+    assert!(decision.is_allowed(), "{decision:?}");
+    // checked again at most 100 ms apart
+    assert!(
+        freed.elapsed() <= Duration::from_millis(100),
+        "{:?}",
+        freed.elapsed()
+    );
+    drop(decision);
+
+    // A slot held past the wait: denied once the wait is over, not before (a last check at
+    // its end), and not at once.
+    let held = limiter.check(&["job:1"]).await.unwrap();
+    let started = tokio::time::Instant::now();
+    let decision = limiter
+        .check_waiting(&["job:1"], Duration::from_millis(300))
+        .await
+        .unwrap();
+    assert!(!decision.is_allowed());
+    assert_eq!(started.elapsed(), Duration::from_millis(300));
+    drop(held);
+}
+
 /// A wait as long as a `Duration` holds is no deadline: a check of a concurrency limit that
 /// may wait `Duration::MAX` waits for the slot, without a deadline to overflow.
 #[tokio::test]

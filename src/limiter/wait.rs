@@ -39,8 +39,9 @@ impl Limiter {
     /// caller gives up (the future dropped): the charge stays.
     ///
     /// A policy with a concurrency limit cannot reserve (a slot frees when a request ends,
-    /// not at a known time): its requests check again when the last denial said they might
-    /// fit, as long as that lies within `max_wait`. Nor can a check whose identifiers lie in
+    /// not at a known time): its requests check again, as long as `max_wait` lasts. A rate
+    /// limit's denial says when to; one for want of a slot is checked again after 5 ms, then
+    /// after twice as long each time up to 100 ms apart, and once more when `max_wait` ends. Nor can a check whose identifiers lie in
     /// several Redis Cluster hash slots (no one script call touches two slots): it checks
     /// again the same way, in the store's call, and so waits in shadow mode too. Otherwise,
     /// in shadow mode nothing waits: the request is charged as when enforcing and let
@@ -116,16 +117,13 @@ impl Limiter {
             record: false,
             ..mode
         };
+        let mut poll = FIRST_POLL;
         loop {
             let decision = self.run(identifiers, cost, each).await?;
-            let now = tokio::time::Instant::now();
-            match decision.retry_after() {
-                Some(wait)
-                    if deadline.is_none_or(|d| now.checked_add(wait).is_some_and(|at| at <= d)) =>
-                {
-                    tokio::time::sleep(wait).await;
-                }
-                _ => {
+            let left = deadline.map(|d| d.saturating_duration_since(tokio::time::Instant::now()));
+            match next_check(&decision, &mut poll, left) {
+                Some(wait) => tokio::time::sleep(wait).await,
+                None => {
                     if mode.record {
                         self.record(&self.inner.version.load(), &decision);
                     }
@@ -133,6 +131,45 @@ impl Limiter {
                 }
             }
         }
+    }
+}
+
+/// The first wait before a check denied a concurrency slot checks again; each next one is
+/// twice as long, up to [`LONGEST_POLL`].
+const FIRST_POLL: Duration = Duration::from_millis(5);
+
+/// The longest wait between two checks of a request denied a concurrency slot.
+const LONGEST_POLL: Duration = Duration::from_millis(100);
+
+/// How long a request `decision` denied waits before it checks again, when `left` of its wait
+/// remains (`None`: no deadline); `None` when it is not to check again. A rate limit says when
+/// it admits, and that is waited for, or nothing when it lies past the deadline. A concurrency
+/// slot frees when some request ends, which no one knows ahead (its retry time, at most a
+/// second, is only a bound): a denial by one is checked again after `poll`, which doubles each
+/// time up to [`LONGEST_POLL`], and once more at the deadline.
+fn next_check(
+    decision: &Decision,
+    poll: &mut Duration,
+    left: Option<Duration>,
+) -> Option<Duration> {
+    decision.retry_after()?;
+    let (mut known, mut slots) = (Duration::ZERO, None::<Duration>);
+    for status in decision.statuses().iter().filter(|s| !s.allowed) {
+        let retry = status.retry_after.unwrap_or_default();
+        if status.limit.is_concurrency() {
+            slots = Some(retry.min(*poll));
+        } else {
+            known = known.max(retry);
+        }
+    }
+    *poll = (*poll * 2).min(LONGEST_POLL);
+    let wait = slots.map_or(known, |slots| slots.max(known));
+    match left {
+        None => Some(wait),
+        Some(left) if wait <= left => Some(wait),
+        // A slot may free before the deadline, a rate limit not: one last check there.
+        Some(left) if slots.is_some() && known <= left && !left.is_zero() => Some(left),
+        Some(_) => None,
     }
 }
 

@@ -185,8 +185,11 @@ impl<F> KeyedRateLimitLayer<F> {
     /// at most `max_wait` (throttling: outbound calls paced to a third party's limit). The
     /// request reserves its time in the same store call that checks it
     /// ([`Limiter::check_n_waiting`]): waiting calls go in the order they came, each at the
-    /// earliest time the limits admit it, without checking again. A request that would wait
-    /// longer fails with [`RateLimited`](crate::RateLimited) at once. A waiting call gives the
+    /// earliest time the limits admit it, without checking again (a policy with a concurrency
+    /// limit checks again while the wait lasts, as [`Limiter::check_n_waiting`] says). A
+    /// request that would wait longer fails with [`RateLimited`](crate::RateLimited) at once.
+    /// A call dropped while it waits (a timeout around this layer) keeps its charge. A
+    /// waiting call gives the
     /// inner service's readiness back and gets ready again after the wait, so it does not
     /// hold a `Buffer` slot or a concurrency permit while it sleeps. With a
     /// [scheduler](Self::scheduled), the longest wait for a slot.
