@@ -744,3 +744,48 @@ fn slots_let_go_as_their_runtime_shuts_down_are_not_reported() {
     assert_eq!(lost() - before, 0);
     drop((again, third));
 }
+
+/// A Redis that answers but refuses the scripts' writes (`OOM` at `maxmemory` under
+/// `noeviction`) keeps the breaker open: its probe is a check, which fails as the checks do,
+/// so the breaker does not close on an answer and open again on the next checks (five times
+/// a second, two warnings each time). Once writes are taken again, it closes, once.
+#[tokio::test]
+async fn a_server_refusing_writes_keeps_the_breaker_open() {
+    observed();
+    let server = RedisServer::start();
+    let store = store_at(&server.url(), "refusing", 200).await;
+    let limiter = limiter(&store, "1000/s", "refusing", OnStoreError::Open);
+    assert_eq!(limiter.check(&["a"]).await.unwrap().origin(), Origin::Store);
+    let client = redis::Client::open(server.url()).unwrap();
+    let mut conn = client.get_connection().unwrap();
+    let config = |conn: &mut redis::Connection, name: &str, value: &str| {
+        let _: () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg(name)
+            .arg(value)
+            .query(conn)
+            .unwrap();
+    };
+    config(&mut conn, "maxmemory-policy", "noeviction");
+    config(&mut conn, "maxmemory", "1");
+    // two seconds of checks: ten probes would have closed a breaker probed with `TIME`
+    let until = Instant::now() + Duration::from_secs(2);
+    let mut from_store = 0;
+    while Instant::now() < until {
+        let d = limiter.check(&["a"]).await.unwrap();
+        from_store += usize::from(d.origin() == Origin::Store);
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(from_store, 0, "no check passes while writes are refused");
+    assert_eq!(logged("rate-limit store failing", "refusing"), 1);
+    assert_eq!(logged("rate-limit store answers again", "refusing"), 0);
+    config(&mut conn, "maxmemory", "0");
+    common::eventually(Duration::from_secs(5), || async {
+        match limiter.check(&["a"]).await {
+            Ok(d) if d.origin() == Origin::Store => Ok(()),
+            other => Err(format!("still failing: {other:?}")),
+        }
+    })
+    .await;
+    assert_eq!(logged("rate-limit store answers again", "refusing"), 1);
+}

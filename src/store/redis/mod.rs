@@ -23,7 +23,7 @@ use tokio::time::Instant;
 use super::breaker::Breaker;
 use super::error::{redact_url, ConfigError, ConfigErrorKind};
 use super::keyspace;
-use super::lease::{KeeperSlot, Lease, Reached};
+use super::lease::{lease_id, KeeperSlot, Lease, Reached};
 use super::script;
 use super::{Outcome, Plan, StoreError};
 use crate::clock::Clock;
@@ -417,17 +417,41 @@ impl RedisStore {
         self.breaker.call(call, || self.prober()).await
     }
 
-    /// What the breaker runs to learn whether Redis is back: a `TIME` (a command the store's
-    /// ACL grants anyway) on a connection that passed the start-up checks, under the timeout.
-    /// It holds the connection's handle only, not the store's keeper or breaker.
+    /// What the breaker runs to learn whether Redis is back: a check, as the store sends
+    /// them, of a limit of its own (`1/s fixed`) on an identifier of its own, new each time
+    /// (`PREFIX:{tollgate-probe-breaker-RANDOM}:…`, a key that expires within seconds: in a
+    /// cluster, on any master, as the breaker counts the failures of every master), on a
+    /// connection that passed the start-up checks, under the timeout. It holds the
+    /// connection's handle only, not the store's keeper or breaker.
+    ///
+    /// A check rather than a command that merely answers (`TIME`): a server that answers but
+    /// refuses the scripts' writes (`OOM` at `maxmemory` under `noeviction`, `MISCONF` after
+    /// a failed save) would pass such a probe, close the breaker, fail the next three checks
+    /// and open it again, five times a second, each time with a warning.
     fn prober(&self) -> impl Fn() -> Pin<Box<dyn Future<Output = Result<(), StoreError>> + Send>> {
-        let (link, timeout) = (self.link.clone(), self.timeout);
+        let (link, timeout, prefix) = (self.link.clone(), self.timeout, self.prefix.clone());
+        let limits: Arc<[crate::policy::Limit]> = validate::breaker_probe_limits().into();
+        let check = script::check_script(&limits, 1);
         move || {
-            let link = link.clone();
+            let (link, prefix, limits, check) =
+                (link.clone(), prefix.clone(), limits.clone(), check.clone());
             Box::pin(async move {
-                let time = redis::cmd("TIME");
+                let ids = [format!(
+                    "{}-breaker-{}",
+                    validate::PROBE_ID,
+                    &lease_id()[..8]
+                )];
+                let plan = Plan {
+                    ids: &ids,
+                    namespace: None,
+                    limits: &limits,
+                    cost: 1,
+                    lease: "",
+                };
+                let mut call = check.script.prepare_invoke();
+                script::check_args(&mut call, &prefix, None, &plan);
                 run_on(&link, timeout, |mut conn| async move {
-                    time.query_async::<redis::Value>(&mut conn).await.map(drop)
+                    call.invoke_async::<redis::Value>(&mut conn).await.map(drop)
                 })
                 .await
             })

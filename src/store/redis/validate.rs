@@ -248,6 +248,14 @@ fn probe_limits() -> Vec<Limit> {
     .collect()
 }
 
+/// The limit of the breaker's probe (`RedisStore::prober`): one check a second, in a key that
+/// expires with its window.
+pub(crate) fn breaker_probe_limits() -> Vec<Limit> {
+    Limit::new(1, Duration::from_secs(1), Algorithm::FixedWindow)
+        .into_iter()
+        .collect()
+}
+
 /// A packed limit alone, for the probe's second part: a day long, so that its two checks
 /// fall in one window (the second keeps the key's TTL).
 fn probe_packed() -> Vec<Limit> {
