@@ -475,6 +475,20 @@ impl BoundedLog {
         let _ = (store, count);
     }
 
+    /// A call to the store `store` failed with `e` (the breaker closed: it went to the
+    /// store): a check among such calls was answered by its limiter's failure policy. Failures
+    /// that come now and then never open the breaker, and without this line only the
+    /// `debug` log and the metrics would show them.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub(crate) fn store_call_failed(&self, store: &str, e: &StoreError) {
+        self.warn_store_failed(
+            store,
+            "call",
+            e,
+            "rate-limit store calls failed: each check among them was answered by its limiter's failure policy",
+        );
+    }
+
     /// An attempt to connect to the store `store` failed with `e`: checks are answered by
     /// the failure policy (as `Unavailable`, without the cause) until one succeeds, and the
     /// task keeps trying with a backoff. Logged only (each check answered meanwhile is

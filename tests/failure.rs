@@ -756,18 +756,7 @@ async fn a_server_refusing_writes_keeps_the_breaker_open() {
     let store = store_at(&server.url(), "refusing", 200).await;
     let limiter = limiter(&store, "1000/s", "refusing", OnStoreError::Open);
     assert_eq!(limiter.check(&["a"]).await.unwrap().origin(), Origin::Store);
-    let client = redis::Client::open(server.url()).unwrap();
-    let mut conn = client.get_connection().unwrap();
-    let config = |conn: &mut redis::Connection, name: &str, value: &str| {
-        let _: () = redis::cmd("CONFIG")
-            .arg("SET")
-            .arg(name)
-            .arg(value)
-            .query(conn)
-            .unwrap();
-    };
-    config(&mut conn, "maxmemory-policy", "noeviction");
-    config(&mut conn, "maxmemory", "1");
+    let mut conn = refusing_writes(&server);
     // two seconds of checks: ten probes would have closed a breaker probed with `TIME`
     let until = Instant::now() + Duration::from_secs(2);
     let mut from_store = 0;
@@ -779,7 +768,7 @@ async fn a_server_refusing_writes_keeps_the_breaker_open() {
     assert_eq!(from_store, 0, "no check passes while writes are refused");
     assert_eq!(logged("rate-limit store failing", "refusing"), 1);
     assert_eq!(logged("rate-limit store answers again", "refusing"), 0);
-    config(&mut conn, "maxmemory", "0");
+    config_set(&mut conn, "maxmemory", "0");
     common::eventually(Duration::from_secs(5), || async {
         match limiter.check(&["a"]).await {
             Ok(d) if d.origin() == Origin::Store => Ok(()),
@@ -788,4 +777,45 @@ async fn a_server_refusing_writes_keeps_the_breaker_open() {
     })
     .await;
     assert_eq!(logged("rate-limit store answers again", "refusing"), 1);
+}
+
+/// `CONFIG SET name value` on `conn`.
+fn config_set(conn: &mut redis::Connection, name: &str, value: &str) {
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg(name)
+        .arg(value)
+        .query(conn)
+        .unwrap();
+}
+
+/// Makes `server` refuse the scripts' writes (`OOM`: `maxmemory` under `noeviction`), and
+/// gives the connection that did it (`maxmemory 0` takes writes again).
+fn refusing_writes(server: &RedisServer) -> redis::Connection {
+    let mut conn = redis::Client::open(server.url())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    config_set(&mut conn, "maxmemory-policy", "noeviction");
+    config_set(&mut conn, "maxmemory", "1");
+    conn
+}
+
+/// A store call that fails now and then, never three in a row, does not open the breaker:
+/// the checks it failed were answered by the failure policy all the same, and a warning says
+/// so (with the default features, no metric would).
+#[tokio::test]
+async fn failures_that_never_open_the_breaker_are_logged() {
+    observed();
+    let server = RedisServer::start();
+    let store = store_at(&server.url(), "now-and-then", 200).await;
+    let limiter = limiter(&store, "1000/s", "now-and-then", OnStoreError::Open);
+    assert_eq!(limiter.check(&["a"]).await.unwrap().origin(), Origin::Store);
+    let mut conn = refusing_writes(&server);
+    let failed = limiter.check(&["a"]).await.unwrap();
+    assert_eq!(failed.origin(), Origin::FailOpen);
+    config_set(&mut conn, "maxmemory", "0");
+    assert_eq!(limiter.check(&["a"]).await.unwrap().origin(), Origin::Store);
+    assert_eq!(logged("rate-limit store calls failed", "now-and-then"), 1);
+    assert_eq!(logged("rate-limit store failing", "now-and-then"), 0);
 }

@@ -17,7 +17,7 @@ use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use super::StoreError;
-use crate::observe::{self, StoreKeys};
+use crate::observe::{self, BoundedLog, StoreKeys};
 
 /// Failures in a row that open the breaker.
 pub(crate) const THRESHOLD: u32 = 3;
@@ -35,6 +35,8 @@ pub(crate) struct Breaker {
     /// Probe tasks running: one while the breaker is open, unless its task was dropped (its
     /// runtime shut down) before the store answered.
     probes: AtomicU32,
+    /// Calls that failed, logged at most every 10 s.
+    failed_calls: BoundedLog,
 }
 
 /// What a call's result means for the breaker.
@@ -54,6 +56,7 @@ impl Breaker {
             failures: AtomicU32::new(0),
             open: AtomicBool::new(false),
             probes: AtomicU32::new(0),
+            failed_calls: BoundedLog::default(),
         }
     }
 
@@ -90,6 +93,9 @@ impl Breaker {
         let result = call.await;
         let outcome = result.as_ref().map(|_| ());
         observe::store_call(&self.store, &self.keys, Some(started.elapsed()), outcome);
+        if let Err(e) = outcome {
+            self.failed_calls.store_call_failed(&self.store, e);
+        }
         if self.record(outcome) == Tripped::Opened {
             self.probe(probe());
         }
