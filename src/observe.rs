@@ -11,7 +11,7 @@
 //! | `tollgate_deny_cache_hits_total` | counter | `limiter` |
 //! | `tollgate_failure_policy_total` | counter | `limiter`, `action` (`open`, `closed`, `fallback`) |
 //! | `tollgate_store_errors_total` | counter | `store`, `kind` ([`StoreError::kind_label`]) |
-//! | `tollgate_store_breaker_open` | gauge (0 or 1) | `store` |
+//! | `tollgate_store_breaker_open` | gauge (0 or 1; 0 from the store's start, and when a store is dropped open) | `store` |
 //! | `tollgate_store_call_seconds` | histogram | `store` |
 //! | `tollgate_refund_failures_total` | counter | `store`, `kind` ([`StoreError::kind_label`]) |
 //! | `tollgate_missing_key_total` | counter | `limiter` (the layer's default limiter), `action` (`allow`, `reject`, `shadow`: let through in shadow mode) |
@@ -164,6 +164,16 @@ pub(crate) fn breaker_opened(store: &str, e: &StoreError) {
         "rate-limit store failing: checks are answered by each limiter's failure policy until it answers again"
     );
     let _ = (store, e);
+}
+
+/// A store's breaker was made, or let go (its store dropped) while open: the gauge says
+/// closed, so that it is there before any failure, and is not left open by a store gone
+/// while it failed.
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
+pub(crate) fn breaker_at_rest(store: &str) {
+    #[cfg(feature = "metrics")]
+    metrics::gauge!("tollgate_store_breaker_open", "store" => store.to_string()).set(0.0);
+    let _ = store;
 }
 
 /// A store's open breaker had no probe running (its task went with the runtime it ran on):

@@ -819,3 +819,33 @@ async fn failures_that_never_open_the_breaker_are_logged() {
     assert_eq!(logged("rate-limit store calls failed", "now-and-then"), 1);
     assert_eq!(logged("rate-limit store failing", "now-and-then"), 0);
 }
+
+/// Whether the metric `name` with the label `store` = `store` has been written.
+fn recorded(name: &str, store: &str) -> bool {
+    observed::observed()
+        .metrics
+        .0
+        .lock()
+        .unwrap()
+        .keys()
+        .any(|k| k.name() == name && k.labels().any(|l| l.key() == "store" && l.value() == store))
+}
+
+/// The breaker's gauge is there, closed, from the store's start (before any failure), and is
+/// not left open by a store dropped while its breaker was open.
+#[tokio::test]
+async fn the_breaker_gauge_is_there_from_the_start_and_closed_when_its_store_goes() {
+    observed();
+    let gauge = "tollgate_store_breaker_open";
+    let store = store_at(&common::dead_url(), "gauged", 100).await;
+    assert!(recorded(gauge, "gauged"));
+    assert_eq!(metric(gauge, &[("store", "gauged")]), 0.0);
+    let limiter = limiter(&store, "2/min", "gauged", OnStoreError::Open);
+    for _ in 0..3 {
+        let d = limiter.check(&["a"]).await.unwrap();
+        assert_eq!(d.origin(), Origin::FailOpen);
+    }
+    assert_eq!(metric(gauge, &[("store", "gauged")]), 1.0);
+    drop((limiter, store));
+    assert_eq!(metric(gauge, &[("store", "gauged")]), 0.0);
+}

@@ -384,3 +384,26 @@ async fn a_waiting_check_of_slots_counts_one_decision() {
     assert_eq!(decisions("rechecks", "allowed").0, 2.0);
     assert_eq!(decisions("rechecks", "denied").0, 0.0);
 }
+
+/// A fleet shedder's decisions are counted under its name (`shed:NAME`), not under its
+/// policy's text, which shedders of one capacity share.
+#[tokio::test]
+async fn a_fleet_shedders_decisions_bear_its_name() {
+    observed();
+    let layer = tollgate::shed::FleetShedder::new(MemoryStore::new(), 1)
+        .name("metrics-fleet")
+        .build()
+        .unwrap();
+    let mut svc = layer.layer(service_fn(|_: Request<Full<bytes::Bytes>>| async {
+        Ok::<_, Infallible>(Response::new(Full::new(bytes::Bytes::new())))
+    }));
+    let response = svc
+        .ready()
+        .await
+        .unwrap()
+        .call(Request::new(Full::new(bytes::Bytes::new())))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(decisions("shed:metrics-fleet", "allowed").0, 1.0);
+}

@@ -142,9 +142,13 @@ impl FleetShedder {
             Limit::new(0, self.lease, crate::Algorithm::Concurrency)?;
         }
         let limit = Limit::new(self.share(), self.lease, crate::Algorithm::Concurrency)?;
-        let limiter = Limiter::new(self.store, Policy::new([limit])?);
-        let classify = self.classify;
         let name = format!("shed:{}", self.name);
+        // named as its budget, so that its decisions are counted under the shedder's name
+        // rather than the policy's text (which two shedders of one capacity share)
+        let limiter = Limiter::builder(self.store, Policy::new([limit])?)
+            .name(name.clone())
+            .build();
+        let classify = self.classify;
         Ok(RateLimitLayer::new(limiter)
             .key(move |_: &RequestView<'_>| Some(name.clone()))
             .bypass(move |req| classify(req) == Priority::Critical)

@@ -50,6 +50,7 @@ pub(crate) enum Tripped {
 
 impl Breaker {
     pub(crate) fn new(store: Arc<str>) -> Breaker {
+        observe::breaker_at_rest(&store);
         Breaker {
             keys: StoreKeys::new(&store),
             store,
@@ -158,6 +159,14 @@ impl Breaker {
         self.failures.store(0, Ordering::Release);
         if self.open.swap(false, Ordering::AcqRel) {
             observe::breaker_closed(&self.store);
+        }
+    }
+}
+
+impl Drop for Breaker {
+    fn drop(&mut self) {
+        if !self.is_closed() {
+            observe::breaker_at_rest(&self.store);
         }
     }
 }
