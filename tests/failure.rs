@@ -849,3 +849,41 @@ async fn the_breaker_gauge_is_there_from_the_start_and_closed_when_its_store_goe
     drop((limiter, store));
     assert_eq!(metric(gauge, &[("store", "gauged")]), 0.0);
 }
+
+/// A peek (`Limiter::peek`) is no check: the failure policy answering it, or the deny cache,
+/// is not counted as answering a check; a check is.
+#[tokio::test]
+async fn peeks_are_not_counted_as_checks_answered() {
+    observed();
+    let answered = |limiter: &str| {
+        metric(
+            "tollgate_failure_policy_total",
+            &[("limiter", limiter), ("action", "open")],
+        )
+    };
+    let down = store_at(&common::dead_url(), "peek-down", 100).await;
+    let open = limiter(&down, "2/min", "peek-down", OnStoreError::Open);
+    assert_eq!(open.peek(&["a"]).await.unwrap().origin(), Origin::FailOpen);
+    assert_eq!(answered("peek-down"), 0.0);
+    let d = open.check(&["a"]).await.unwrap();
+    assert_eq!(d.origin(), Origin::FailOpen);
+    assert_eq!(answered("peek-down"), 1.0);
+
+    let server = RedisServer::start();
+    let store = store_at(&server.url(), "peek-cached", 200).await;
+    let cached = limiter(&store, "1/min", "peek-cached", OnStoreError::Open);
+    let hits = || {
+        metric(
+            "tollgate_deny_cache_hits_total",
+            &[("limiter", "peek-cached")],
+        )
+    };
+    assert!(cached.check(&["a"]).await.unwrap().is_allowed());
+    assert!(!cached.check(&["a"]).await.unwrap().is_allowed());
+    let peeked = cached.peek(&["a"]).await.unwrap();
+    assert_eq!(peeked.origin(), Origin::DenyCache);
+    assert_eq!(hits(), 0.0);
+    let d = cached.check(&["a"]).await.unwrap();
+    assert_eq!(d.origin(), Origin::DenyCache);
+    assert_eq!(hits(), 1.0);
+}

@@ -107,14 +107,17 @@ impl Limiter {
         // the memory store's too, to save a few hundred instructions beside a round trip.
         let target = self.target(&version, None);
         if let Some(decision) = cached_denial(&target, identifiers, cost, max_wait) {
+            // (a peek answered by the cache is no check the cache saved)
+            if mode.record {
+                observe::deny_cache_hit(target.keys);
+            }
             let mut answer = Ok((decision, Duration::ZERO));
             self.settle(&version, &mut answer, cost, mode, shadow);
             return answer;
         }
         // Boxed: the remote check's state machine runs to kilobytes, and a future that held
         // it inline would be copied whole wherever it is moved.
-        let mut answer =
-            Box::pin(self.answer(&version, identifiers, cost, mode.charge, max_wait)).await;
+        let mut answer = Box::pin(self.answer(&version, identifiers, cost, mode, max_wait)).await;
         self.settle(&version, &mut answer, cost, mode, shadow);
         answer
     }
@@ -211,15 +214,18 @@ impl Limiter {
         observe::decision(&version.keys, decision, log, &version.name);
     }
 
-    /// The check with the failure policy, without shadow mode.
+    /// The check with the failure policy, without shadow mode. A failure policy's answer is
+    /// counted when the call charges: a peek's is not (`Limiter::peek_n`, or the layer's
+    /// peek before a charge by response, whose charge counts it).
     async fn answer<I: AsRef<str>>(
         &self,
         version: &Arc<Version>,
         identifiers: &[I],
         cost: u64,
-        charge: bool,
+        mode: Mode,
         max_wait: Duration,
     ) -> Result<(Decision, Duration), Error> {
+        let charge = mode.charge;
         let target = self.target(version, None);
         let started = tokio::time::Instant::now();
         let error = match decide(&target, identifiers, cost, charge, max_wait).await {
@@ -230,6 +236,11 @@ impl Limiter {
         // failure left of it (a timeout may have taken much of it).
         let max_wait = max_wait.saturating_sub(started.elapsed());
         let name = &*version.name;
+        let answered = |action| {
+            if charge {
+                observe::failure_answered(name, &version.keys, action, &error);
+            }
+        };
         match (
             self.inner.on_error,
             &self.inner.fallback_store,
@@ -239,24 +250,24 @@ impl Limiter {
                 let fallback = self.target(version, Some((store, policy)));
                 match decide(&fallback, identifiers, cost, charge, max_wait).await {
                     Ok((mut decision, wait)) => {
-                        observe::failure_answered(name, &version.keys, Action::Fallback, &error);
+                        answered(Action::Fallback);
                         decision.origin = Origin::Fallback;
                         Ok((decision, wait))
                     }
                     // The scaled policy cannot hold this cost: the store's failure stands,
                     // counted as the closed answer it is.
                     Err(_) => {
-                        observe::failure_answered(name, &version.keys, Action::Closed, &error);
+                        answered(Action::Closed);
                         Err(Error::Store(error))
                     }
                 }
             }
             (OnStoreError::Closed, ..) => {
-                observe::failure_answered(name, &version.keys, Action::Closed, &error);
+                answered(Action::Closed);
                 Err(Error::Store(error))
             }
             _ => {
-                observe::failure_answered(name, &version.keys, Action::Open, &error);
+                answered(Action::Open);
                 Ok((Decision::unchecked(cost), Duration::ZERO))
             }
         }
@@ -435,7 +446,6 @@ fn cached_denial<I: AsRef<str>>(
     let decision = cache
         .lookup(&escaped.ids, escaped.firsts(), cost, generation)
         .filter(|d| d.retry_after().is_some_and(|r| r > max_wait))?;
-    observe::deny_cache_hit(target.keys);
     Some(decision)
 }
 
