@@ -19,6 +19,7 @@
 //! | `tollgate_lease_failures_total` | counter | `store`, `call` (`renew`, `release`), `kind` ([`StoreError::kind_label`]) |
 //! | `tollgate_leases_lost_total` | counter | `store` (`memory` for the memory store) |
 //! | `tollgate_memory_evictions_total` | counter | none (states still in use that a memory store at its bound evicted) |
+//! | `tollgate_shed_total` | counter | `priority` (`high`, `normal`, `low`: requests a [`UtilizationShedLayer`](crate::shed::UtilizationShedLayer) shed) |
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -497,6 +498,26 @@ impl BoundedLog {
             e,
             "rate-limit store calls failed: each check among them was answered by its limiter's failure policy",
         );
+    }
+
+    /// A [`UtilizationShedLayer`](crate::shed::UtilizationShedLayer) shed a request of
+    /// `priority` (its label) under the shedding amount `amount`: counted, and logged at
+    /// `info` (shedding is the policy working, not a failure) at most every 10 s.
+    pub(crate) fn shed(&self, priority: &'static str, amount: f64) {
+        #[cfg(feature = "metrics")]
+        metrics::counter!("tollgate_shed_total", "priority" => priority).increment(1);
+        #[cfg(feature = "tracing")]
+        if let Some((count, since)) = self.count(Instant::now()) {
+            tracing::info!(
+                target: "tollgate",
+                shed = count,
+                since_s = since.map(|d| d.as_secs()),
+                priority,
+                amount,
+                "load shedder refused requests with 503 (or UNAVAILABLE) to keep the service's utilization down"
+            );
+        }
+        let _ = (priority, amount);
     }
 
     /// An attempt to connect to the store `store` failed with `e`: checks are answered by

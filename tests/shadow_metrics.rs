@@ -407,3 +407,38 @@ async fn a_fleet_shedders_decisions_bear_its_name() {
     assert_eq!(response.status(), StatusCode::OK);
     assert_eq!(decisions("shed:metrics-fleet", "allowed").0, 1.0);
 }
+
+/// The requests a utilization shedder's layer sheds are counted by priority, and logged.
+#[tokio::test]
+async fn shed_requests_are_counted_and_logged() {
+    use tollgate::shed::{Priority, ShedConfig, UtilizationShedLayer, UtilizationShedder};
+
+    observed();
+    let clock = manual_clock();
+    let shedder =
+        UtilizationShedder::new(ShedConfig::default(), || 1.0).clock(Clock::Manual(clock.clone()));
+    // full utilization for long enough to shed everything but critical traffic
+    for _ in 0..150 {
+        shedder.should_shed(Priority::Low);
+        clock.advance(std::time::Duration::from_secs(1));
+    }
+    let shed = |priority: &str| observed::metric("tollgate_shed_total", &[("priority", priority)]);
+    let before = shed("normal");
+    let mut svc = UtilizationShedLayer::new(shedder).layer(service_fn(
+        |_: Request<Full<bytes::Bytes>>| async {
+            Ok::<_, Infallible>(Response::new(Full::new(bytes::Bytes::new())))
+        },
+    ));
+    for _ in 0..3 {
+        let response = svc
+            .ready()
+            .await
+            .unwrap()
+            .call(Request::new(Full::new(bytes::Bytes::new())))
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+    }
+    assert_eq!(shed("normal") - before, 3.0);
+    assert!(log_text().contains("load shedder refused requests"));
+}

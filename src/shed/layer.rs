@@ -179,6 +179,7 @@ where
         let view = RequestView::of(&req);
         let priority = (layer.classify)(&view);
         if layer.shedder.should_shed(priority) {
+            layer.shedder.record_shed(priority);
             return ResponseFuture {
                 kind: Kind::Shed {
                     grpc: view.is_grpc(),

@@ -30,6 +30,16 @@ pub enum Priority {
 }
 
 impl Priority {
+    /// Its name in metrics and logs: `critical`, `high`, `normal`, `low`.
+    pub(crate) fn label(self) -> &'static str {
+        match self {
+            Priority::Critical => "critical",
+            Priority::High => "high",
+            Priority::Normal => "normal",
+            Priority::Low => "low",
+        }
+    }
+
     /// A classifier by HTTP method: `GET`, `HEAD` and `OPTIONS` are [`Normal`](Self::Normal),
     /// every other method [`High`](Self::High). Since gRPC calls are `POST`s, they are all
     /// `High` under this classifier.

@@ -10,6 +10,7 @@ use std::time::Instant;
 
 use super::{InFlight, Priority, ShedConfig, UtilizationSource};
 use crate::clock::{system_micros, Clock};
+use crate::observe::BoundedLog;
 
 /// The mutable part of a shedder.
 #[derive(Debug)]
@@ -95,6 +96,8 @@ pub struct UtilizationShedder {
     epoch: Instant,
     rng: SplitMix,
     state: Mutex<State>,
+    /// Requests a layer shed, logged at most every 10 s.
+    shed_log: BoundedLog,
 }
 
 impl fmt::Debug for UtilizationShedder {
@@ -122,7 +125,14 @@ impl UtilizationShedder {
                 amount: config.resting_amount(),
                 last_update: None,
             }),
+            shed_log: BoundedLog::default(),
         }
+    }
+
+    /// A request of `priority` a layer shed: counted (`tollgate_shed_total{priority}`) and
+    /// logged at most every 10 s, with the shedding amount.
+    pub(crate) fn record_shed(&self, priority: Priority) {
+        self.shed_log.shed(priority.label(), self.amount());
     }
 
     /// A shedder whose utilization is the number of requests in flight out of `capacity`
