@@ -385,6 +385,34 @@ async fn a_waiting_check_of_slots_counts_one_decision() {
     assert_eq!(decisions("rechecks", "denied").0, 0.0);
 }
 
+/// The status of a request sent through `layer` over a service answering `200 OK`.
+async fn status_through<L, B>(layer: &L) -> StatusCode
+where
+    L: Layer<
+        tower::util::BoxCloneService<
+            Request<Full<bytes::Bytes>>,
+            Response<Full<bytes::Bytes>>,
+            Infallible,
+        >,
+    >,
+    L::Service: Service<Request<Full<bytes::Bytes>>, Response = Response<B>>,
+    <L::Service as Service<Request<Full<bytes::Bytes>>>>::Error: std::fmt::Debug,
+{
+    let ok =
+        tower::util::BoxCloneService::new(service_fn(|_: Request<Full<bytes::Bytes>>| async {
+            Ok::<_, Infallible>(Response::new(Full::new(bytes::Bytes::new())))
+        }));
+    let mut svc = layer.layer(ok);
+    let response = svc
+        .ready()
+        .await
+        .unwrap()
+        .call(Request::new(Full::new(bytes::Bytes::new())))
+        .await
+        .unwrap();
+    response.status()
+}
+
 /// A fleet shedder's decisions are counted under its name (`shed:NAME`), not under its
 /// policy's text, which shedders of one capacity share.
 #[tokio::test]
@@ -394,17 +422,7 @@ async fn a_fleet_shedders_decisions_bear_its_name() {
         .name("metrics-fleet")
         .build()
         .unwrap();
-    let mut svc = layer.layer(service_fn(|_: Request<Full<bytes::Bytes>>| async {
-        Ok::<_, Infallible>(Response::new(Full::new(bytes::Bytes::new())))
-    }));
-    let response = svc
-        .ready()
-        .await
-        .unwrap()
-        .call(Request::new(Full::new(bytes::Bytes::new())))
-        .await
-        .unwrap();
-    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(status_through(&layer).await, StatusCode::OK);
     assert_eq!(decisions("shed:metrics-fleet", "allowed").0, 1.0);
 }
 
@@ -424,20 +442,10 @@ async fn shed_requests_are_counted_and_logged() {
     }
     let shed = |priority: &str| observed::metric("tollgate_shed_total", &[("priority", priority)]);
     let before = shed("normal");
-    let mut svc = UtilizationShedLayer::new(shedder).layer(service_fn(
-        |_: Request<Full<bytes::Bytes>>| async {
-            Ok::<_, Infallible>(Response::new(Full::new(bytes::Bytes::new())))
-        },
-    ));
+    let layer = UtilizationShedLayer::new(shedder);
     for _ in 0..3 {
-        let response = svc
-            .ready()
-            .await
-            .unwrap()
-            .call(Request::new(Full::new(bytes::Bytes::new())))
-            .await
-            .unwrap();
-        assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+        let status = status_through(&layer).await;
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
     }
     assert_eq!(shed("normal") - before, 3.0);
     assert!(log_text().contains("load shedder refused requests"));
