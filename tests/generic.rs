@@ -196,3 +196,32 @@ async fn a_waiting_call_does_not_block_others() {
     waiting.await.unwrap();
     assert_eq!(*order.lock().unwrap(), ["idle", "busy"]);
 }
+
+/// A service that is not `Send` (state in an `Rc`, run on one thread), keyed by a closure
+/// that is not either: the layer asks neither to be.
+#[tokio::test]
+async fn a_service_that_is_not_send_is_limited() {
+    use std::rc::Rc;
+
+    let calls = Rc::new(std::cell::Cell::new(0));
+    let counted = calls.clone();
+    let service = service_fn(move |charge: Charge| {
+        counted.set(counted.get() + 1);
+        provider(charge)
+    });
+    let prefix = Rc::new("psp:".to_string());
+    let limiter = Limiter::new(MemoryStore::new(), "1/min".parse().unwrap());
+    let svc = ServiceBuilder::new()
+        .layer(KeyedRateLimitLayer::new(limiter, move |c: &Charge| {
+            format!("{prefix}{}", c.provider).into()
+        }))
+        .service(service);
+    let charge = || Charge {
+        provider: "acme",
+        cents: 1,
+    };
+    assert!(svc.clone().oneshot(charge()).await.is_ok());
+    let err = svc.clone().oneshot(charge()).await.unwrap_err();
+    assert!(err.is::<RateLimited>(), "{err}");
+    assert_eq!(calls.get(), 1);
+}

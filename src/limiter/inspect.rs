@@ -76,7 +76,9 @@ impl Limiter {
 
     /// Gives the identifiers their whole quota back, for every limit of the policy in force:
     /// what was counted for them is forgotten, and their next request starts afresh. Slots
-    /// they hold are freed too (the requests holding them run on, no longer counted).
+    /// they hold are freed too (the requests holding them run on, no longer counted; their
+    /// next renewal finds the slots gone, and is reported as lost leases, with
+    /// `tollgate_leases_lost_total` and a warning, as a slot lost otherwise would be).
     ///
     /// Exactly the state of these identifiers under this policy goes, and nothing else: on
     /// Redis one `DEL` of their keys (the ACL user needs `+del`), in the memory store their

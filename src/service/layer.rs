@@ -188,8 +188,10 @@ impl<F> KeyedRateLimitLayer<F> {
     /// earliest time the limits admit it, without checking again (a policy with a concurrency
     /// limit checks again while the wait lasts, as [`Limiter::check_n_waiting`] says). A
     /// request that would wait longer fails with [`RateLimited`](crate::RateLimited) at once.
-    /// A call dropped while it waits (a timeout around this layer) keeps its charge. A
-    /// waiting call gives the
+    /// A call dropped while it waits (a timeout around this layer) keeps its charge. Calls
+    /// are paced here: an inner service that then makes them wait again for its readiness
+    /// (a full `Buffer`, a `ConcurrencyLimit`) may send them closer together than paced, so
+    /// put this layer next to the transport. A waiting call gives the
     /// inner service's readiness back and gets ready again after the wait, so it does not
     /// hold a `Buffer` slot or a concurrency permit while it sleeps. With a
     /// [scheduler](Self::scheduled), the longest wait for a slot.

@@ -61,9 +61,9 @@ impl<S: fmt::Debug, F> fmt::Debug for KeyedRateLimit<S, F> {
 
 impl<S, F, Req> Service<Req> for KeyedRateLimit<S, F>
 where
-    S: Service<Req> + Clone + Send + 'static,
+    S: Service<Req> + Clone,
     S::Error: Into<BoxError>,
-    F: Fn(&Req) -> Identifiers + Send + Sync + 'static,
+    F: Fn(&Req) -> Identifiers,
     Req: Send + 'static,
 {
     type Response = S::Response;
