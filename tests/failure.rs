@@ -887,3 +887,45 @@ async fn peeks_are_not_counted_as_checks_answered() {
     assert_eq!(d.origin(), Origin::DenyCache);
     assert_eq!(hits(), 1.0);
 }
+
+/// A scheduled waiter dropped where no Tokio runtime runs (moved to a thread of its own)
+/// cannot send its give-back: its slot stays taken, and that is counted and logged.
+#[test]
+fn a_give_back_without_a_runtime_is_counted_and_logged() {
+    observed();
+    let server = RedisServer::start();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let waiter = runtime.block_on(async {
+        let store = store_at(&server.url(), "give-back-alone", 200).await;
+        let scheduler = tollgate::Scheduler::new(store, "1/min".parse().unwrap());
+        let first = scheduler
+            .schedule("psp:alone", Duration::ZERO)
+            .await
+            .unwrap();
+        assert!(first.is_allowed());
+        // placed a minute ahead, and waiting
+        let mut waiter = Box::pin(async move {
+            scheduler
+                .schedule("psp:alone", Duration::from_secs(120))
+                .await
+        });
+        let waited = tokio::time::timeout(Duration::from_millis(500), &mut waiter).await;
+        assert!(waited.is_err(), "still waiting for its slot");
+        waiter
+    });
+    drop(waiter);
+    assert_eq!(
+        metric(
+            "tollgate_give_back_failures_total",
+            &[("store", "give-back-alone"), ("kind", "unavailable")],
+        ),
+        1.0
+    );
+    assert_eq!(
+        logged("could not give back scheduled slots", "give-back-alone"),
+        1
+    );
+}

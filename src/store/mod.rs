@@ -124,8 +124,9 @@ impl Store {
 
     /// Gives a slot back without waiting (from `Drop`): in process at once; for Redis in a
     /// task of its own, once, on the current Tokio runtime (without one, the slot stays
-    /// used). Best effort: a give-back that fails leaves the slot used, as one that comes
-    /// after a later placement does; it is logged and counted.
+    /// used, counted and logged as a give-back that failed). Best effort: a give-back that
+    /// fails leaves the slot used, as one that comes after a later placement does; it is
+    /// logged and counted.
     pub(crate) fn give_back_soon(&self, key: String, placement: Placement) {
         match self {
             Store::Memory(m) => {
@@ -133,14 +134,17 @@ impl Store {
             }
             #[cfg(feature = "redis")]
             Store::Redis(r) => {
-                if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-                    let r = r.clone();
-                    runtime.spawn(async move {
-                        if let Err(e) = r.give_back(&key, &placement).await {
-                            r.give_back_failed(&e);
-                        }
-                    });
-                }
+                let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+                    // (no runtime to send it from: dropped on a thread of its own)
+                    r.give_back_failed(&StoreError::Unavailable);
+                    return;
+                };
+                let r = r.clone();
+                runtime.spawn(async move {
+                    if let Err(e) = r.give_back(&key, &placement).await {
+                        r.give_back_failed(&e);
+                    }
+                });
             }
         }
     }
