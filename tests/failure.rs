@@ -898,7 +898,7 @@ fn a_give_back_without_a_runtime_is_counted_and_logged() {
         .enable_all()
         .build()
         .unwrap();
-    let waiter = runtime.block_on(async {
+    let scheduler = runtime.block_on(async {
         let store = store_at(&server.url(), "give-back-alone", 200).await;
         let scheduler = tollgate::Scheduler::new(store, "1/min".parse().unwrap());
         let first = scheduler
@@ -906,16 +906,19 @@ fn a_give_back_without_a_runtime_is_counted_and_logged() {
             .await
             .unwrap();
         assert!(first.is_allowed());
-        // placed a minute ahead, and waiting
-        let mut waiter = Box::pin(async move {
-            scheduler
-                .schedule("psp:alone", Duration::from_secs(120))
-                .await
-        });
-        let waited = tokio::time::timeout(Duration::from_millis(500), &mut waiter).await;
-        assert!(waited.is_err(), "still waiting for its slot");
-        waiter
+        scheduler
     });
+    // placed a minute ahead, and waiting
+    let mut waiter = Box::pin(async move {
+        scheduler
+            .schedule("psp:alone", Duration::from_secs(120))
+            .await
+    });
+    let waited = runtime.block_on(tokio::time::timeout(
+        Duration::from_millis(500),
+        &mut waiter,
+    ));
+    assert!(waited.is_err(), "still waiting for its slot");
     drop(waiter);
     assert_eq!(
         metric(
