@@ -914,10 +914,8 @@ fn a_give_back_without_a_runtime_is_counted_and_logged() {
             .schedule("psp:alone", Duration::from_secs(120))
             .await
     });
-    let waited = runtime.block_on(tokio::time::timeout(
-        Duration::from_millis(500),
-        &mut waiter,
-    ));
+    let waited = runtime
+        .block_on(async { tokio::time::timeout(Duration::from_millis(500), &mut waiter).await });
     assert!(waited.is_err(), "still waiting for its slot");
     drop(waiter);
     assert_eq!(
