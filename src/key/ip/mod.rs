@@ -323,8 +323,10 @@ impl PeerIp {
 /// headers that disagree (say, a second proxy sets `X-Real-IP` to the first proxy's
 /// address), every client gets the proxy's key. A client can bring that about for itself
 /// too, by sending a header its proxy passes through (or a `Forwarded` line it leaves
-/// unclosed for the proxy to append to): it then shares the proxy's key with every client that
-/// does so, one more quota than its own, which it cannot move onto any other client. Name the
+/// unclosed for the proxy to append to): it then shares the proxy's key with every client
+/// whose headers disagree too, one more quota than its own. It cannot take another client's
+/// key, but it can spend that shared quota, and with it deny the clients that share it
+/// innocently (behind an intermediary that adds an element without `for`, say). Name the
 /// header your proxies maintain with [`ClientIp::only_forwarded`],
 /// [`ClientIp::only_x_forwarded_for`] or [`ClientIp::only_x_real_ip`] — which is the better
 /// configuration anyway: headers the proxy does not maintain are then not read at all.
