@@ -11,7 +11,7 @@
 //! | `tollgate_deny_cache_hits_total` | counter | `limiter` |
 //! | `tollgate_failure_policy_total` | counter | `limiter`, `action` (`open`, `closed`, `fallback`) |
 //! | `tollgate_store_errors_total` | counter | `store`, `kind` ([`StoreError::kind_label`]) |
-//! | `tollgate_store_breaker_open` | gauge (0 or 1; 0 from the store's start, and when a store is dropped open) | `store` |
+//! | `tollgate_store_breaker_open` | gauge (the store's breaker open: 1, or 0 from its start; stores of one prefix add up) | `store` |
 //! | `tollgate_store_call_seconds` | histogram | `store` |
 //! | `tollgate_refund_failures_total` | counter | `store`, `kind` ([`StoreError::kind_label`]) |
 //! | `tollgate_missing_key_total` | counter | `limiter` (the layer's default limiter), `action` (`allow`, `reject`, `shadow`: let through in shadow mode) |
@@ -155,7 +155,7 @@ pub(crate) fn refund_failed(store: &str, e: &StoreError) {
 #[cfg_attr(not(feature = "redis"), allow(dead_code))]
 pub(crate) fn breaker_opened(store: &str, e: &StoreError) {
     #[cfg(feature = "metrics")]
-    metrics::gauge!("tollgate_store_breaker_open", "store" => store.to_string()).set(1.0);
+    metrics::gauge!("tollgate_store_breaker_open", "store" => store.to_string()).increment(1.0);
     #[cfg(feature = "tracing")]
     tracing::warn!(
         target: "tollgate",
@@ -167,13 +167,22 @@ pub(crate) fn breaker_opened(store: &str, e: &StoreError) {
     let _ = (store, e);
 }
 
-/// A store's breaker was made, or let go (its store dropped) while open: the gauge says
-/// closed, so that it is there before any failure, and is not left open by a store gone
-/// while it failed.
+/// A store's breaker was made: its gauge is there, at rest, before any failure (counted
+/// from where it is: stores of one prefix share the gauge, which counts their open
+/// breakers).
 #[cfg_attr(not(feature = "redis"), allow(dead_code))]
-pub(crate) fn breaker_at_rest(store: &str) {
+pub(crate) fn breaker_made(store: &str) {
     #[cfg(feature = "metrics")]
-    metrics::gauge!("tollgate_store_breaker_open", "store" => store.to_string()).set(0.0);
+    metrics::gauge!("tollgate_store_breaker_open", "store" => store.to_string()).increment(0.0);
+    let _ = store;
+}
+
+/// A store's breaker was let go (its store dropped) while open: it is no longer counted
+/// open, so that a store gone while failing does not leave the gauge open for good.
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
+pub(crate) fn breaker_dropped_open(store: &str) {
+    #[cfg(feature = "metrics")]
+    metrics::gauge!("tollgate_store_breaker_open", "store" => store.to_string()).decrement(1.0);
     let _ = store;
 }
 
@@ -194,7 +203,7 @@ pub(crate) fn breaker_probe_restarted(store: &str) {
 #[cfg_attr(not(feature = "redis"), allow(dead_code))]
 pub(crate) fn breaker_closed(store: &str) {
     #[cfg(feature = "metrics")]
-    metrics::gauge!("tollgate_store_breaker_open", "store" => store.to_string()).set(0.0);
+    metrics::gauge!("tollgate_store_breaker_open", "store" => store.to_string()).decrement(1.0);
     #[cfg(feature = "tracing")]
     tracing::warn!(target: "tollgate", store, "rate-limit store answers again: checks go through it");
     let _ = store;

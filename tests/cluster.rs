@@ -279,13 +279,13 @@ async fn a_wait_without_end_across_slots_waits_its_turn() {
         cluster.master_of(&format!("{{{}}}", ids[0])),
         cluster.master_of(&format!("{{{}}}", ids[1]))
     );
-    assert!(limiter.check(&ids).await.unwrap().is_allowed());
     let started = std::time::Instant::now();
+    assert!(limiter.check(&ids).await.unwrap().is_allowed());
     let waited = limiter.check_waiting(&ids, Duration::MAX).await.unwrap();
     assert!(waited.is_allowed(), "{waited:?}");
-    // its turn came after the first's second
+    // its turn came once the first's second was over
     assert!(
-        started.elapsed() >= Duration::from_millis(500),
+        started.elapsed() >= Duration::from_millis(900),
         "{:?}",
         started.elapsed()
     );

@@ -831,8 +831,9 @@ fn recorded(name: &str, store: &str) -> bool {
         .any(|k| k.name() == name && k.labels().any(|l| l.key() == "store" && l.value() == store))
 }
 
-/// The breaker's gauge is there, closed, from the store's start (before any failure), and is
-/// not left open by a store dropped while its breaker was open.
+/// The breaker's gauge is there, closed, from the store's start (before any failure), is not
+/// closed by another store of the prefix made meanwhile, and is not left open by a store
+/// dropped while its breaker was open.
 #[tokio::test]
 async fn the_breaker_gauge_is_there_from_the_start_and_closed_when_its_store_goes() {
     observed();
@@ -846,8 +847,12 @@ async fn the_breaker_gauge_is_there_from_the_start_and_closed_when_its_store_goe
         assert_eq!(d.origin(), Origin::FailOpen);
     }
     assert_eq!(metric(gauge, &[("store", "gauged")]), 1.0);
+    // another store of the prefix (one rebuilt during the outage) leaves it open
+    let rebuilt = store_at(&common::dead_url(), "gauged", 100).await;
+    assert_eq!(metric(gauge, &[("store", "gauged")]), 1.0);
     drop((limiter, store));
     assert_eq!(metric(gauge, &[("store", "gauged")]), 0.0);
+    drop(rebuilt);
 }
 
 /// A peek (`Limiter::peek`) is no check: the failure policy answering it, or the deny cache,
@@ -929,4 +934,45 @@ fn a_give_back_without_a_runtime_is_counted_and_logged() {
         logged("could not give back scheduled slots", "give-back-alone"),
         1
     );
+}
+
+/// A layer that charges by response peeks first, then charges the responses it selects: a
+/// request the failure policy answered is counted once, at the peek, whether it is refused
+/// (under `Closed`, where no charge follows) or let through and charged.
+#[tokio::test]
+async fn a_layer_charging_by_response_counts_each_failure_answer_once() {
+    use tower::{Layer, Service, ServiceExt};
+
+    observed();
+    let down = store_at(&common::dead_url(), "by-response-down", 100).await;
+    let answered = |limiter: &str, action: &str| {
+        metric(
+            "tollgate_failure_policy_total",
+            &[("limiter", limiter), ("action", action)],
+        )
+    };
+    for (name, on_error, action, status) in [
+        ("by-response-closed", OnStoreError::Closed, "closed", 503),
+        ("by-response-open", OnStoreError::Open, "open", 401),
+    ] {
+        let layer = tollgate::RateLimitLayer::new(limiter(&down, "5/min", name, on_error))
+            .key(|_: &tollgate::key::RequestView<'_>| Some("client".to_string()))
+            .charge_if(|res: &http::response::Parts| res.status == http::StatusCode::UNAUTHORIZED);
+        let mut svc = layer.layer(tower::service_fn(|_: http::Request<String>| async {
+            let mut res = http::Response::new(String::new());
+            *res.status_mut() = http::StatusCode::UNAUTHORIZED;
+            Ok::<_, std::convert::Infallible>(res)
+        }));
+        let res = svc
+            .ready()
+            .await
+            .unwrap()
+            .call(http::Request::new(String::new()))
+            .await
+            .unwrap();
+        assert_eq!(res.status().as_u16(), status, "{name}");
+        // the charge, if any, runs once the response is out
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(answered(name, action), 1.0, "{name}");
+    }
 }

@@ -183,6 +183,7 @@ impl Pending {
             shadow: self.shadow,
             charge: true,
             record: false,
+            answers: false,
         };
         let done = match check_both_now(
             &self.first,

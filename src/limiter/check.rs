@@ -28,6 +28,10 @@ pub(crate) struct Mode {
     pub(crate) charge: bool,
     /// Count the decision in the metrics and the shadow log.
     pub(crate) record: bool,
+    /// Count an answer of the failure policy or the deny cache (a check does; a peek does
+    /// not, nor the layer's charge after its peek, which counted them; a waiting check's
+    /// every check does, though it records one decision).
+    pub(crate) answers: bool,
 }
 
 impl Mode {
@@ -36,6 +40,7 @@ impl Mode {
         shadow: false,
         charge: true,
         record: true,
+        answers: true,
     };
 
     /// A read-only check as [`Limiter::peek_n`] makes it: not counted as a decision.
@@ -43,6 +48,7 @@ impl Mode {
         shadow: false,
         charge: false,
         record: false,
+        answers: false,
     };
 
     /// The same mode, in shadow mode if `shadow`.
@@ -108,7 +114,7 @@ impl Limiter {
         let target = self.target(&version, None);
         if let Some(decision) = cached_denial(&target, identifiers, cost, max_wait) {
             // (a peek answered by the cache is no check the cache saved)
-            if mode.record {
+            if mode.answers {
                 observe::deny_cache_hit(target.keys);
             }
             let mut answer = Ok((decision, Duration::ZERO));
@@ -215,8 +221,7 @@ impl Limiter {
     }
 
     /// The check with the failure policy, without shadow mode. A failure policy's answer is
-    /// counted when the call charges: a peek's is not (`Limiter::peek_n`, or the layer's
-    /// peek before a charge by response, whose charge counts it).
+    /// counted when the mode counts answers ([`Mode::answers`]): a peek's is not.
     async fn answer<I: AsRef<str>>(
         &self,
         version: &Arc<Version>,
@@ -237,7 +242,7 @@ impl Limiter {
         let max_wait = max_wait.saturating_sub(started.elapsed());
         let name = &*version.name;
         let answered = |action| {
-            if charge {
+            if mode.answers {
                 observe::failure_answered(name, &version.keys, action, &error);
             }
         };

@@ -100,8 +100,8 @@ impl Limiter {
         Ok(decision)
     }
 
-    /// For a policy with a concurrency limit: checks again after each denial's retry time,
-    /// while that lies within `max_wait` from the first check.
+    /// For a policy with a concurrency limit: checks again while `max_wait` from the first
+    /// check lasts, when [`next_check`] says.
     async fn recheck_within<I: AsRef<str>>(
         &self,
         identifiers: &[I],
@@ -157,7 +157,7 @@ fn next_check(
     for status in decision.statuses().iter().filter(|s| !s.allowed) {
         let retry = status.retry_after.unwrap_or_default();
         if status.limit.is_concurrency() {
-            slots = Some(retry.min(*poll));
+            slots = Some(slots.unwrap_or_default().max(retry.min(*poll)));
         } else {
             known = known.max(retry);
         }

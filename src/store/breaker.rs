@@ -50,7 +50,7 @@ pub(crate) enum Tripped {
 
 impl Breaker {
     pub(crate) fn new(store: Arc<str>) -> Breaker {
-        observe::breaker_at_rest(&store);
+        observe::breaker_made(&store);
         Breaker {
             keys: StoreKeys::new(&store),
             store,
@@ -166,7 +166,7 @@ impl Breaker {
 impl Drop for Breaker {
     fn drop(&mut self) {
         if !self.is_closed() {
-            observe::breaker_at_rest(&self.store);
+            observe::breaker_dropped_open(&self.store);
         }
     }
 }

@@ -326,7 +326,7 @@ impl RedisStore {
         if groups.len() <= 1 {
             return self.check_call(plan, max_wait_us).await;
         }
-        // (a wait past what a clock holds, `Duration::MAX` say, has no deadline)
+        // (a wait past what the clock holds has no deadline)
         let deadline = Instant::now().checked_add(Duration::from_micros(max_wait_us));
         loop {
             let outcome = self.check_split(plan, &groups).await?;
