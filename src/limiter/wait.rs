@@ -157,7 +157,9 @@ fn next_check(
     for status in decision.statuses().iter().filter(|s| !s.allowed) {
         let retry = status.retry_after.unwrap_or_default();
         if status.limit.is_concurrency() {
-            slots = Some(slots.unwrap_or_default().max(retry.min(*poll)));
+            // (at least a millisecond: a retry time of zero must not make a loop of checks)
+            let poll = retry.min(*poll).max(Duration::from_millis(1));
+            slots = Some(slots.unwrap_or_default().max(poll));
         } else {
             known = known.max(retry);
         }
@@ -350,6 +352,49 @@ mod tests {
         assert!(!d.is_allowed());
         assert!(wait.is_zero());
         assert_eq!(d.retry_after(), Some(Duration::from_millis(6500)));
+    }
+
+    /// A denial for want of a slot is checked again after 5 ms, then twice as long each time
+    /// up to 100 ms, with a last check at the deadline; a rate limit's denial after its
+    /// retry time, or never when that lies past the deadline.
+    #[tokio::test]
+    async fn checks_for_a_slot_again_sooner_and_sooner_apart() {
+        let clock = ManualClock::new(1_000 * S);
+        let slots = limiter(&clock, "1 concurrent");
+        let held = slots.check(&["a"]).await.unwrap();
+        let denied = slots.check(&["a"]).await.unwrap();
+        assert!(!denied.is_allowed());
+        let ms = Duration::from_millis;
+        let mut poll = FIRST_POLL;
+        let waits: Vec<_> = (0..7)
+            .map(|_| next_check(&denied, &mut poll, None).unwrap())
+            .collect();
+        assert_eq!(
+            waits,
+            [ms(5), ms(10), ms(20), ms(40), ms(80), ms(100), ms(100)]
+        );
+        // a last check at the deadline, and none once it has come
+        let mut poll = FIRST_POLL;
+        assert_eq!(next_check(&denied, &mut poll, Some(ms(3))), Some(ms(3)));
+        assert_eq!(next_check(&denied, &mut poll, Some(Duration::ZERO)), None);
+        drop(held);
+
+        // a slot and a rate limit, both denying: the rate limit's retry time decides
+        let both = limiter(&clock, "1/min, 1 concurrent");
+        let held = both.check(&["a"]).await.unwrap();
+        let denied = both.check(&["a"]).await.unwrap();
+        let retry = denied.retry_after().unwrap();
+        assert!(retry > Duration::from_secs(50), "{retry:?}");
+        let mut poll = FIRST_POLL;
+        assert_eq!(next_check(&denied, &mut poll, None), Some(retry));
+        assert_eq!(
+            next_check(&denied, &mut poll, Some(Duration::from_secs(1))),
+            None
+        );
+        drop(held);
+        // an admission is not checked again
+        let allowed = both.check(&["b"]).await.unwrap();
+        assert_eq!(next_check(&allowed, &mut poll, None), None);
     }
 }
 
