@@ -386,6 +386,18 @@ pub(crate) fn decision(
     let _ = (keys, decision);
 }
 
+/// The policy channel the limiter `limiter` followed closed (its sender dropped: a reloader
+/// that ended, or panicked): the limiter keeps the policy it has, and follows no more.
+pub(crate) fn policy_channel_closed(limiter: &str) {
+    #[cfg(feature = "tracing")]
+    tracing::info!(
+        target: "tollgate",
+        limiter,
+        "rate-limit policy channel closed (its sender dropped): the limiter keeps its current policy"
+    );
+    let _ = limiter;
+}
+
 /// A limiter's policy changed.
 /// `afresh`: the limit parts of the store keys whose counts the new policy does not carry over
 /// (`r1s,r1m`): a warning, since requests counted there are admitted again.

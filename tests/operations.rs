@@ -391,6 +391,24 @@ async fn a_watch_channel_drives_the_policy() {
         .unwrap();
 }
 
+/// The task following a channel ends with the limiter, though the channel's sender lives on
+/// and sends nothing more (it used to wait for the next change, which may never come, holding
+/// the limiter's memory meanwhile).
+#[tokio::test]
+async fn following_ends_when_the_limiter_goes() {
+    let clock = manual_clock();
+    let (_reload, policies) = tokio::sync::watch::channel(policy("1/min"));
+    let limiter = Limiter::new(memory(&clock), policy("50/min"));
+    let task = tokio::spawn(limiter.follow(policies));
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    assert_eq!(limiter.policy(), policy("1/min"));
+    drop(limiter);
+    tokio::time::timeout(Duration::from_secs(5), task)
+        .await
+        .expect("ends with its limiter")
+        .unwrap();
+}
+
 #[tokio::test]
 async fn a_raised_limit_is_not_held_back_by_the_deny_cache() {
     let server = RedisServer::start();

@@ -25,9 +25,11 @@ pub enum OnStoreError {
     /// fails the call.
     Closed,
     /// Decide with a limiter in this process, on the same policy scaled to this process's
-    /// share of the fleet. Its counts start empty when the store fails and are its own: what
-    /// was counted in Redis is not known to it, and what it counts is not written back. A
-    /// cost the scaled policy cannot hold fails as when closed.
+    /// share of the fleet. Its counts are its own: what was counted in Redis is not known to
+    /// it, and what it counts is not written back. They start empty with the limiter and
+    /// live until they expire, as any count does (a second outage within an hour of the
+    /// first finds the first's counts of an hourly limit). A cost the scaled policy cannot
+    /// hold fails as when closed.
     Fallback(Fallback),
 }
 

@@ -77,6 +77,9 @@ struct Inner {
     shadow_log: BoundedLog,
     /// Serializes policy changes, so that versions are numbered in the order they apply.
     changing: Mutex<()>,
+    /// Never sent to: dropped with the limiter, which tells the tasks that follow a policy
+    /// channel for it ([`Limiter::follow`]) to end.
+    alive: tokio::sync::watch::Sender<()>,
 }
 
 /// One version of a limiter's policy, with what follows from it.
@@ -281,6 +284,7 @@ impl LimiterBuilder {
                 shadow_log: BoundedLog::default(),
                 version: ArcSwap::from_pointee(version),
                 changing: Mutex::new(()),
+                alive: tokio::sync::watch::Sender::new(()),
             }),
         }
     }
@@ -410,9 +414,11 @@ impl Limiter {
     }
 
     /// Follows `policies`: applies its current value, then every value sent to it
-    /// ([`set_policy`](Limiter::set_policy)), until the sender is dropped or every clone of
-    /// the limiter is. Spawn the returned future; the channel's sender is the handle that
-    /// changes the policy (a configuration reloader, an admin endpoint).
+    /// ([`set_policy`](Limiter::set_policy)), until the sender is dropped (logged: the
+    /// limiter keeps the policy it has) or every clone of the limiter is (the future ends
+    /// then, whether the channel still lives or not). Spawn the returned future; the
+    /// channel's sender is the handle that changes the policy (a configuration reloader, an
+    /// admin endpoint).
     ///
     /// ```
     /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
@@ -432,17 +438,30 @@ impl Limiter {
         &self,
         mut policies: tokio::sync::watch::Receiver<Policy>,
     ) -> impl Future<Output = ()> + Send + 'static {
-        // Held weakly: the task must not keep a limiter nobody uses alive.
+        // Held weakly: the task must not keep a limiter nobody uses alive; and told when it is
+        // gone, rather than finding out at the next change, which may never come.
         let limiter: Weak<Inner> = Arc::downgrade(&self.inner);
+        let mut alive = self.inner.alive.subscribe();
         async move {
             loop {
                 let policy = policies.borrow_and_update().clone();
-                match limiter.upgrade() {
-                    Some(inner) => Limiter { inner }.set_policy(policy),
+                let name = match limiter.upgrade() {
+                    Some(inner) => {
+                        let limiter = Limiter { inner };
+                        limiter.set_policy(policy);
+                        limiter.inner.version.load().name.clone()
+                    }
                     None => return,
-                }
-                if policies.changed().await.is_err() {
-                    return;
+                };
+                tokio::select! {
+                    changed = policies.changed() => {
+                        if changed.is_err() {
+                            observe::policy_channel_closed(&name);
+                            return;
+                        }
+                    }
+                    // (never sent to: this is its sender dropped with the limiter)
+                    _ = alive.changed() => return,
                 }
             }
         }
