@@ -52,10 +52,37 @@ pub(crate) fn commit(st: &mut Log, lim: &Limit, real: u64, now: u64, cost: u64) 
     {
         st.entries.pop_front();
     }
-    // ZADD: entries at the same time go after the ones already there
+    // ZADD: entries at the same time go after the ones already there, and before those a
+    // waiting check reserved later (moved once, not once a unit: a cost of thousands inserted
+    // one by one before reserved entries took time in the square of it, under the shard's
+    // lock)
     let at = st.entries.partition_point(|&s| s <= now);
-    for _ in 0..cost {
-        st.entries.insert(at, now);
+    let later = st.entries.split_off(at);
+    let units = usize::try_from(cost).unwrap_or(usize::MAX);
+    st.entries.extend(std::iter::repeat_n(now, units));
+    st.entries.extend(later);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::Algorithm;
+    use std::time::Duration;
+
+    /// Units charged now go after the entries already at or before now and before those
+    /// reserved later, in one move.
+    #[test]
+    fn a_charge_goes_between_the_past_and_the_reserved() {
+        let lim = Limit::new(100, Duration::from_secs(1), Algorithm::SlidingLog).unwrap();
+        let mut st = Log::default();
+        commit(&mut st, &lim, 1_000, 1_000, 2);
+        // a waiting check's reservation, half a second on
+        commit(&mut st, &lim, 1_000, 501_000, 1);
+        commit(&mut st, &lim, 2_000, 2_000, 3);
+        assert_eq!(
+            st.entries.iter().copied().collect::<Vec<_>>(),
+            [1_000, 1_000, 2_000, 2_000, 2_000, 501_000]
+        );
     }
 }
 

@@ -10,8 +10,9 @@
 //! Every state knows when it stops mattering (the same instant the Redis store uses for its
 //! TTL). Expired states are swept whenever a shard has doubled since its last sweep, so memory
 //! follows the live key count. On top of that each of the 64 shards holds at most its share of
-//! `max_keys` states (default 1,000,000 in all, rounded up per shard). A flood of distinct keys
-//! that reaches a shard's bound evicts, among a sample of states of the full shard, the one
+//! `max_keys` states (default 1,000,000 in all, rounded up per shard). A full shard sweeps its
+//! expired states again after every eighth of its bound inserted, and a flood of distinct keys
+//! that keeps it full of live states evicts, among a sample of states of the shard, the one
 //! closest to expiry — the
 //! policy Redis calls `volatile-ttl`. An evicted key starts again from an empty state: at the
 //! bound the store errs on the side of admitting a client it no longer remembers, rather than
@@ -75,6 +76,8 @@ struct Inner {
 struct Shard {
     map: Table,
     next_sweep: usize,
+    /// New states inserted since the last sweep (see `make_room`).
+    inserted: usize,
 }
 
 /// A shard behind its lock, aligned to 128 bytes (two cache lines, which some processors
@@ -563,13 +566,25 @@ fn lock(shard: &Locked) -> MutexGuard<'_, Shard> {
 }
 
 /// Before inserting into `shard`: sweep expired states when the shard has grown enough since
-/// the last sweep, and evict one when it is at its bound.
+/// the last sweep, or when it is at its bound and an eighth of the bound was inserted since
+/// the last sweep; then evict one when it is still at its bound.
 fn make_room(inner: &Inner, shard: &mut Shard, now: u64, protected: impl Fn(&str) -> bool) {
-    // Sweeping scans the shard: only when it has doubled since the last sweep, so the cost
-    // stays amortised even while a flood keeps the shard at its bound.
-    if shard.map.len() >= shard.next_sweep.max(MIN_SWEEP) {
+    // Sweeping scans the shard, so it runs when the shard has doubled since the last sweep
+    // (memory follows the live count), and at the bound after every eighth of it inserted:
+    // eight states visited an insertion, amortised, while a flood keeps the shard full. The
+    // second rule keeps eviction for live states: without it, a shard whose live states were
+    // more than half its bound at its last sweep (or whose bound is below `MIN_SWEEP`) never
+    // swept again, and the states it evicted, among the first few of its table, were as
+    // often live ones (a long-lived client's count, started afresh) as the expired ones
+    // piling up elsewhere in it.
+    shard.inserted += 1;
+    let full = shard.map.len() >= inner.max_per_shard;
+    if shard.map.len() >= shard.next_sweep.max(MIN_SWEEP)
+        || (full && shard.inserted >= (inner.max_per_shard / 8).max(1))
+    {
         shard.map.retain(|s| s.expires_at > now);
         shard.next_sweep = (shard.map.len() * 2).max(MIN_SWEEP);
+        shard.inserted = 0;
     }
     while shard.map.len() >= inner.max_per_shard {
         match shard.map.closest_to_expiry(EVICTION_SAMPLE, &protected) {
@@ -637,6 +652,39 @@ mod tests {
         // the newest keys survived the evictions and are still limited
         let d = l.check(&["flood:49999"]).await.unwrap();
         assert_eq!(d.statuses()[0].remaining, 3);
+    }
+
+    /// A shard at its bound sweeps its expired states before it evicts a live one: a flood of
+    /// short-lived keys (a scan, spoofed addresses) passing through full shards does not take
+    /// the state of long-lived clients with it, whatever the bound (below `MIN_SWEEP` a shard,
+    /// the growth rule alone never sweeps).
+    #[tokio::test]
+    async fn a_flood_through_full_shards_keeps_the_live_states() {
+        let clock = ManualClock::new(1_000_000_000_000);
+        let store = MemoryStore::builder()
+            .clock(Clock::Manual(clock.clone()))
+            .max_keys(SHARDS * 64)
+            .build();
+        // about a third of the bound: clients counted over a day
+        let daily = limiter(&store, "1000/d");
+        let users = SHARDS * 20;
+        for u in 0..users {
+            assert!(daily.check(&[format!("user:{u}")]).await.unwrap().is_allowed());
+        }
+        // a flood of keys that live about two seconds, a thousand a second
+        let flood = limiter(&store, "1/s");
+        for i in 0..60_000 {
+            let _ = flood.check(&[format!("flood:{i}")]).await.unwrap();
+            if i % 100 == 99 {
+                clock.advance(Duration::from_millis(100));
+            }
+        }
+        let mut lost = 0;
+        for u in 0..users {
+            let d = daily.peek(&[format!("user:{u}")]).await.unwrap();
+            lost += usize::from(d.statuses()[0].remaining == 1000);
+        }
+        assert_eq!(lost, 0, "clients whose count was evicted, of {users}");
     }
 
     #[tokio::test]
