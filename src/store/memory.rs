@@ -17,7 +17,8 @@
 //! policy Redis calls `volatile-ttl`. An evicted key starts again from an empty state: at the
 //! bound the store errs on the side of admitting a client it no longer remembers, rather than
 //! refusing clients it has never seen. A sliding-log state holds one `u64` per admitted cost
-//! unit, so its size is bounded by the limit's count.
+//! unit, so its size is bounded by the limit's count, and with checks that wait, by what they
+//! reserved ahead as well (up to the count again for each window of the longest wait).
 
 use std::cell::Cell;
 use std::collections::hash_map::RandomState;
