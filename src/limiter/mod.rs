@@ -454,14 +454,16 @@ impl Limiter {
                     None => return,
                 };
                 tokio::select! {
+                    // (the limiter gone first: one dropped with the channel says nothing)
+                    biased;
+                    // (never sent to: this is its sender dropped with the limiter)
+                    _ = alive.changed() => return,
                     changed = policies.changed() => {
                         if changed.is_err() {
                             observe::policy_channel_closed(&name);
                             return;
                         }
                     }
-                    // (never sent to: this is its sender dropped with the limiter)
-                    _ = alive.changed() => return,
                 }
             }
         }

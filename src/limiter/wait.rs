@@ -377,6 +377,13 @@ mod tests {
         let mut poll = FIRST_POLL;
         assert_eq!(next_check(&denied, &mut poll, Some(ms(3))), Some(ms(3)));
         assert_eq!(next_check(&denied, &mut poll, Some(Duration::ZERO)), None);
+        // a lease half a millisecond from its deadline: checked again no sooner than a
+        // millisecond on, not in a loop
+        clock.advance(Duration::from_secs(15) - Duration::from_micros(500));
+        let denied = slots.check(&["a"]).await.unwrap();
+        assert_eq!(denied.retry_after(), Some(Duration::from_micros(500)));
+        let mut poll = FIRST_POLL;
+        assert_eq!(next_check(&denied, &mut poll, None), Some(ms(1)));
         drop(held);
 
         // a slot and a rate limit, both denying: the rate limit's retry time decides

@@ -572,16 +572,16 @@ fn lock(shard: &Locked) -> MutexGuard<'_, Shard> {
 fn make_room(inner: &Inner, shard: &mut Shard, now: u64, protected: impl Fn(&str) -> bool) {
     // Sweeping scans the shard, so it runs when the shard has doubled since the last sweep
     // (memory follows the live count), and at the bound after every eighth of it inserted:
-    // eight states visited an insertion, amortised, while a flood keeps the shard full. The
-    // second rule keeps eviction for live states: without it, a shard whose live states were
-    // more than half its bound at its last sweep (or whose bound is below `MIN_SWEEP`) never
-    // swept again, and the states it evicted, among the first few of its table, were as
-    // often live ones (a long-lived client's count, started afresh) as the expired ones
-    // piling up elsewhere in it.
+    // at most eight states visited an insertion, amortised, while a flood keeps the shard
+    // full. The second rule keeps expired states from piling up in a full shard: without it,
+    // a shard whose live states were more than half its bound at its last sweep (or whose
+    // bound is below `MIN_SWEEP`) never swept again, and the states it evicted, among the
+    // first few of its table, were as often live ones (a long-lived client's count, started
+    // afresh) as the expired ones piling up elsewhere in it.
     shard.inserted += 1;
     let full = shard.map.len() >= inner.max_per_shard;
     if shard.map.len() >= shard.next_sweep.max(MIN_SWEEP)
-        || (full && shard.inserted >= (inner.max_per_shard / 8).max(1))
+        || (full && shard.inserted >= inner.max_per_shard.div_ceil(8))
     {
         shard.map.retain(|s| s.expires_at > now);
         shard.next_sweep = (shard.map.len() * 2).max(MIN_SWEEP);
@@ -670,7 +670,11 @@ mod tests {
         let daily = limiter(&store, "1000/d");
         let users = SHARDS * 20;
         for u in 0..users {
-            assert!(daily.check(&[format!("user:{u}")]).await.unwrap().is_allowed());
+            assert!(daily
+                .check(&[format!("user:{u}")])
+                .await
+                .unwrap()
+                .is_allowed());
         }
         // a flood of keys that live about two seconds, a thousand a second
         let flood = limiter(&store, "1/s");
