@@ -41,9 +41,10 @@ impl Limiter {
     /// A policy with a concurrency limit cannot reserve (a slot frees when a request ends,
     /// not at a known time): its requests check again, as long as `max_wait` lasts. A rate
     /// limit's denial says when to; one for want of a slot is checked again after 5 ms, then
-    /// after twice as long each time up to 100 ms apart, and once more when `max_wait` ends. Nor can a check whose identifiers lie in
-    /// several Redis Cluster hash slots (no one script call touches two slots): it checks
-    /// again the same way, in the store's call, and so waits in shadow mode too. Otherwise,
+    /// after twice as long each time up to 100 ms apart, and once more when `max_wait` ends.
+    /// Nor can a check whose identifiers lie in several Redis Cluster hash slots (no one
+    /// script call touches two slots): it checks again at each denial's retry time, in the
+    /// store's call, and so waits in shadow mode too. Otherwise,
     /// in shadow mode nothing waits: the request is charged as when enforcing and let
     /// through at once.
     ///
