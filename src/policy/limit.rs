@@ -153,7 +153,8 @@ impl Limit {
     ///
     /// # Errors
     ///
-    /// Fails, with the limit displayed as the error's [part](PolicyError::part), when:
+    /// Fails, with the limit displayed as the error's [part](PolicyError::part) (a window of a
+    /// fraction of a millisecond as given, `1/1.5ms`), when:
     /// * `count` is 0 ([`PolicyErrorKind::ZeroCount`]) or the capacity/burst is 0
     ///   ([`PolicyErrorKind::ZeroBurst`]);
     /// * `window` is 0 ([`PolicyErrorKind::ZeroWindow`]) or not a whole number of milliseconds
@@ -183,7 +184,12 @@ impl Limit {
             return err(PolicyErrorKind::Overflow);
         }
         if !window.subsec_nanos().is_multiple_of(1_000_000) {
-            return err(PolicyErrorKind::SubMillisecondWindow);
+            // (named with the window as given: displayed, it would be rounded to a valid one)
+            let part = format!("{count}/{window:?}");
+            return Err(PolicyError::new(
+                PolicyErrorKind::SubMillisecondWindow,
+                part,
+            ));
         }
         if algorithm == Algorithm::SlidingLog && count > MAX_LOG_COUNT {
             return err(PolicyErrorKind::LogTooLarge);

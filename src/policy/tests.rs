@@ -155,7 +155,9 @@ fn errors_name_the_bad_part() {
 
 #[test]
 fn limits_validate_their_fields() {
-    assert!(Limit::new(1, Duration::from_micros(1500), Algorithm::DEFAULT).is_err());
+    let e = Limit::new(1, Duration::from_micros(1500), Algorithm::DEFAULT).unwrap_err();
+    // named as given, not rounded to the valid `1/ms`
+    assert_eq!(e.part(), "1/1.5ms");
     assert!(Limit::new(
         1,
         Duration::from_secs(1),
