@@ -62,8 +62,8 @@
 //! | `redis` | yes | [`RedisStore`] |
 //! | `axum` | yes | the peer address from axum's `ConnectInfo`, route templates from `MatchedPath` |
 //! | `tonic` | yes | the peer address from tonic's `TcpConnectInfo` |
-//! | `tracing` | yes | log events: a store failing and recovering, would-be denials in shadow mode, requests without a key |
-//! | `metrics` | no | counters, a gauge and a histogram through the `metrics` facade (decisions, failure-policy answers, store errors and latency) |
+//! | `tracing` | yes | log events: a store failing and recovering, failed calls, lost slots and give-backs, would-be denials in shadow mode, requests without a key, policy changes, sheds |
+//! | `metrics` | no | counters, a gauge and a histogram through the `metrics` facade (decisions, failure-policy answers, store errors and latency, sheds and more: the README's failures table lists them) |
 //! | `serde` | no | `Serialize`/`Deserialize` for [`Policy`] and [`Limit`] (as their text) and [`LayerSettings`](layer::LayerSettings) |
 //!
 //! ## Without tower
