@@ -524,7 +524,8 @@ impl BoundedLog {
     /// A [`UtilizationShedLayer`](crate::shed::UtilizationShedLayer) shed a request of
     /// `priority` (its label) under the shedding amount `amount`: counted, and logged at
     /// `info` (shedding is the policy working, not a failure) at most every 10 s.
-    pub(crate) fn shed(&self, priority: &'static str, amount: f64) {
+    /// (`amount` is read only when a line is written: it takes the shedder's lock.)
+    pub(crate) fn shed(&self, priority: &'static str, amount: impl FnOnce() -> f64) {
         #[cfg(feature = "metrics")]
         metrics::counter!("tollgate_shed_total", "priority" => priority).increment(1);
         #[cfg(feature = "tracing")]
@@ -534,10 +535,11 @@ impl BoundedLog {
                 shed = count,
                 since_s = since.map(|d| d.as_secs()),
                 priority,
-                amount,
+                amount = amount(),
                 "load shedder refused requests with 503 (or UNAVAILABLE) to keep the service's utilization down"
             );
         }
+        #[cfg(not(feature = "tracing"))]
         let _ = (priority, amount);
     }
 

@@ -132,7 +132,7 @@ impl UtilizationShedder {
     /// A request of `priority` a layer shed: counted (`tollgate_shed_total{priority}`) and
     /// logged at most every 10 s, with the shedding amount.
     pub(crate) fn record_shed(&self, priority: Priority) {
-        self.shed_log.shed(priority.label(), self.amount());
+        self.shed_log.shed(priority.label(), || self.amount());
     }
 
     /// A shedder whose utilization is the number of requests in flight out of `capacity`
