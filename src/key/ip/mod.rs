@@ -112,25 +112,19 @@ const OCTET_TEXT: &str = match std::str::from_utf8(&OCTET_SLOTS) {
 /// key each time).
 pub(crate) const DEFAULT_IPV6_PREFIX: u8 = 64;
 
-/// Whether `v6` carries an IPv4 client's address in its last bits, so that grouping it by its
-/// prefix would put many IPv4 clients under one key: the NAT64 prefixes (`64:ff9b::/96`, and
-/// the local-use `64:ff9b:1::/48`) and Teredo (`2001::/32`). (6to4, `2002::/16`, carries its
-/// IPv4 address in bits 16 to 48: it is grouped by no less than a `/48`, see [`prefix_of`].)
-fn embeds_ipv4(v6: Ipv6Addr) -> bool {
+/// The shortest prefix a `v6` client may be grouped by without putting many IPv4 clients
+/// under one key: the whole address (128) for those that carry an IPv4 client's address in
+/// their last bits, the NAT64 prefixes (`64:ff9b::/96`, and the local-use `64:ff9b:1::/48`)
+/// and Teredo (`2001::/32`); a `/48` for 6to4 (`2002::/16`), whose bits 16 to 48 are one;
+/// none (0) for the rest.
+fn shortest_prefix(v6: Ipv6Addr) -> u8 {
     let s = v6.segments();
     let nat64 = s[0] == 0x64 && s[1] == 0xff9b && (s[2..6] == [0; 4] || s[2] == 1);
     let teredo = s[0] == 0x2001 && s[1] == 0;
-    nat64 || teredo
-}
-
-/// The prefix a `v6` client is grouped by when `ipv6_prefix` is asked for: at least a `/48`
-/// for 6to4 (`2002::/16`), whose bits 16 to 48 are an IPv4 client's address, so that a short
-/// prefix does not put many IPv4 clients under one key.
-fn prefix_of(v6: Ipv6Addr, ipv6_prefix: u8) -> u8 {
-    if v6.segments()[0] == 0x2002 {
-        ipv6_prefix.max(48)
-    } else {
-        ipv6_prefix
+    match s[0] {
+        _ if nat64 || teredo => 128,
+        0x2002 => 48,
+        _ => 0,
     }
 }
 
@@ -138,13 +132,13 @@ fn prefix_of(v6: Ipv6Addr, ipv6_prefix: u8) -> u8 {
 fn write_ip_key(out: &mut impl fmt::Write, ip: IpAddr, ipv6_prefix: u8) -> fmt::Result {
     match ip {
         IpAddr::V4(v4) => write_v4_key(out, v4),
-        IpAddr::V6(v6) if ipv6_prefix < 128 && !embeds_ipv4(v6) => {
-            match Ipv6Net::new(v6, prefix_of(v6, ipv6_prefix)) {
+        IpAddr::V6(v6) => match ipv6_prefix.max(shortest_prefix(v6)) {
+            bits @ 0..128 => match Ipv6Net::new(v6, bits) {
                 Ok(net) => write!(out, "ip:{}", net.trunc()),
                 Err(_) => write!(out, "ip:{v6}"),
-            }
-        }
-        IpAddr::V6(v6) => write!(out, "ip:{v6}"),
+            },
+            _ => write!(out, "ip:{v6}"),
+        },
     }
 }
 
