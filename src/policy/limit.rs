@@ -228,7 +228,9 @@ impl Limit {
             other => other,
         };
         // (never fails: every part is at most the valid limit's, and the burst holds)
-        Limit::new(count, self.window, algorithm).unwrap_or(*self)
+        let scaled = Limit::new(count, self.window, algorithm);
+        debug_assert!(scaled.is_ok(), "{self} scaled by {share}: {scaled:?}");
+        scaled.unwrap_or(*self)
     }
 
     /// `count` per second with the default algorithm.
