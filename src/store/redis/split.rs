@@ -7,9 +7,7 @@
 //! the groups that admitted are given their charge back ([`RedisStore::refund`], the script of
 //! `lua/refund.lua`). DESIGN.md ("Checks across Cluster slots") says what this guarantees.
 
-use std::future::Future;
-use std::pin::Pin;
-use std::task::Poll;
+use futures_util::future::join_all;
 
 use super::{script, RedisStore};
 use crate::observe;
@@ -80,7 +78,7 @@ impl RedisStore {
         }
         let ids = group_ids(plan, groups);
         let plans = group_plans(plan, &ids);
-        let results = join_all(plans.iter().map(|p| self.check_call(p, 0)).collect()).await;
+        let results = join_all(plans.iter().map(|p| self.check_call(p, 0))).await;
 
         let admitted: Vec<(Vec<String>, u64)> = results
             .iter()
@@ -122,7 +120,7 @@ impl RedisStore {
         }
         let ids = group_ids(plan, groups);
         let plans = group_plans(plan, &ids);
-        let results = join_all(plans.iter().map(|p| self.peek_call(p)).collect()).await;
+        let results = join_all(plans.iter().map(|p| self.peek_call(p))).await;
         let outcomes = results.into_iter().collect::<Result<Vec<_>, _>>()?;
         merge(groups, &outcomes, plan.ids.len(), plan.limits.len())
             .ok_or_else(|| StoreError::UnexpectedReply("a peek of the wrong size".into()))
@@ -142,20 +140,17 @@ impl RedisStore {
         let (limits, lease, cost) = (plan.limits.to_vec(), plan.lease.to_string(), plan.cost);
         let namespace = plan.namespace.map(str::to_string);
         let task = async move {
-            let calls = groups
-                .iter()
-                .map(|(ids, at)| {
-                    let plan = Plan {
-                        ids,
-                        namespace: namespace.as_deref(),
-                        limits: &limits,
-                        cost,
-                        lease: &lease,
-                    };
-                    let store = &store;
-                    async move { store.refund(&plan, *at).await }
-                })
-                .collect();
+            let calls = groups.iter().map(|(ids, at)| {
+                let plan = Plan {
+                    ids,
+                    namespace: namespace.as_deref(),
+                    limits: &limits,
+                    cost,
+                    lease: &lease,
+                };
+                let store = &store;
+                async move { store.refund(&plan, *at).await }
+            });
             for result in join_all(calls).await {
                 if let Err(e) = result {
                     observe::refund_failed(&store.prefix, &e);
@@ -252,30 +247,6 @@ fn merge(
         at_us: outcomes.iter().map(|o| o.at_us).min()?,
         wait_us: 0,
     })
-}
-
-/// Runs `futures` concurrently in the calling task; their outputs in order.
-async fn join_all<F: Future>(futures: Vec<F>) -> Vec<F::Output> {
-    let mut futures: Vec<Pin<Box<F>>> = futures.into_iter().map(Box::pin).collect();
-    let mut outputs: Vec<Option<F::Output>> = futures.iter().map(|_| None).collect();
-    std::future::poll_fn(|cx| {
-        let mut pending = false;
-        for (future, output) in futures.iter_mut().zip(outputs.iter_mut()) {
-            if output.is_none() {
-                match future.as_mut().poll(cx) {
-                    Poll::Ready(v) => *output = Some(v),
-                    Poll::Pending => pending = true,
-                }
-            }
-        }
-        if pending {
-            Poll::Pending
-        } else {
-            Poll::Ready(())
-        }
-    })
-    .await;
-    outputs.into_iter().flatten().collect()
 }
 
 #[cfg(test)]
