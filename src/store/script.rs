@@ -190,7 +190,6 @@ fn limit_vars(
         ("n", n.to_string()),
         ("w", w.to_string()),
         ("key", format!("KEYS[base + {}]", key + 1)),
-        ("ttl", ttl.to_string()),
         ("cut", cut),
         ("life", life),
     ];
