@@ -90,10 +90,9 @@ impl<E> Reached<E> {
         self.leases
             .iter()
             .zip(&self.lost)
-            .map(|(&reached, lost)| match (reached, lost.is_empty()) {
-                (false, _) => Renewal::Missed,
-                (true, false) => Renewal::Lost(lost.clone()),
-                (true, true) => Renewal::Renewed,
+            .map(|(&reached, lost)| match reached {
+                false => Renewal::Missed,
+                true => Renewal::of_lost(lost.clone()),
             })
             .collect()
     }
@@ -122,6 +121,18 @@ pub(crate) enum Renewal {
     Lost(Vec<usize>),
     /// The call did not reach the store; tried again on the next tick.
     Missed,
+}
+
+impl Renewal {
+    /// The renewal that reached the store of a lease whose keys `lost` (indices) held it no
+    /// longer: renewed when there are none.
+    pub(crate) fn of_lost(lost: Vec<usize>) -> Renewal {
+        if lost.is_empty() {
+            Renewal::Renewed
+        } else {
+            Renewal::Lost(lost)
+        }
+    }
 }
 
 /// What the keeper needs of a store.
@@ -452,10 +463,7 @@ mod tests {
                 let gone: Vec<usize> = (0..l.keys.len())
                     .filter(|&k| lost.contains(&l.keys[k]))
                     .collect();
-                match gone.is_empty() {
-                    true => Renewal::Renewed,
-                    false => Renewal::Lost(gone),
-                }
+                Renewal::of_lost(gone)
             });
             let reached = self.answer("renew", ids);
             reached

@@ -284,14 +284,7 @@ impl Backend for Store {
 
     async fn renew(&self, leases: &[&Lease]) -> Vec<Renewal> {
         match self {
-            Store::Memory(m) => m
-                .renew(leases)
-                .into_iter()
-                .map(|lost| match lost.is_empty() {
-                    true => Renewal::Renewed,
-                    false => Renewal::Lost(lost),
-                })
-                .collect(),
+            Store::Memory(m) => m.renew(leases).into_iter().map(Renewal::of_lost).collect(),
             #[cfg(feature = "redis")]
             Store::Redis(r) => {
                 let reached = r.renew(leases).await;
