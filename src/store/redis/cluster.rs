@@ -506,10 +506,7 @@ async fn refused_directly(
 /// not its text (which could quote the URL's password).
 fn why_unreachable(failure: &Failure) -> String {
     match failure {
-        Failure::Redis(e) => match e.code() {
-            Some(code) => format!("answered {code}"),
-            None => format!("{:?}", e.kind()),
-        },
+        Failure::Redis(e) => validate::error_label(e),
         Failure::Transient(why) => (*why).to_string(),
         Failure::Reply(_) => "an unexpected reply".to_string(),
         Failure::Misconfigured(_) | Failure::Refused(..) => "misconfigured".to_string(),

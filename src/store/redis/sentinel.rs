@@ -111,10 +111,7 @@ impl Sentinels {
                 // the kind of failure, not its text (which could quote a password)
                 let why = match &lookup {
                     Lookup::Misconfigured(kind) => format!("{kind:?}"),
-                    Lookup::Failed(e) => match e.code() {
-                        Some(code) => format!("answered {code}"),
-                        None => format!("{:?}", e.kind()),
-                    },
+                    Lookup::Failed(e) => validate::error_label(e),
                 };
                 self.recheck_log
                     .sentinel_recheck_failed(&self.target.service, &why);

@@ -53,6 +53,15 @@ impl From<RedisError> for Failure {
     }
 }
 
+/// A Redis error as a warning may name it: its code, or its kind, never its text (which
+/// could quote a URL's password).
+pub(crate) fn error_label(e: &RedisError) -> String {
+    match e.code() {
+        Some(code) => format!("answered {code}"),
+        None => format!("{:?}", e.kind()),
+    }
+}
+
 /// What a failed call says about the connection and the server.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Verdict {
