@@ -18,6 +18,27 @@ use common::{Proxy, RedisServer};
 use observed::{log_text, metric, observed};
 use tollgate::{Error, Limiter, OnStoreError, Origin, RedisStore, StoreError};
 
+/// A runtime of one thread, with its time and IO drivers, for tests that run several in turn.
+fn current_thread() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// Held by the tests that count the lines of a slot-renewing task lost, one test at a time:
+/// the line names the memory store (`memory`), not one of a test's own, so one test's line
+/// would fall in the other's count.
+static KEEPER_LINES: Mutex<()> = Mutex::new(());
+
+/// How many lines say that a slot-renewing task ended with its runtime.
+fn keeper_lost_lines() -> usize {
+    log_text()
+        .lines()
+        .filter(|l| l.contains("task renewing concurrency slots ended with its runtime"))
+        .count()
+}
+
 /// How many log lines contain `text` and name the store `store`.
 fn logged(text: &str, store: &str) -> usize {
     let tag = format!("store=\"{store}\"");
@@ -615,32 +636,21 @@ async fn a_fallback_waits_only_what_the_failure_left() {
 /// held are renewed no more); new slots get a task of their own.
 #[test]
 fn a_renewing_task_lost_with_its_runtime_is_logged() {
+    let _serial = KEEPER_LINES.lock().unwrap_or_else(|e| e.into_inner());
     observed();
-    let runtime = || {
-        tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap()
-    };
     let store = tollgate::MemoryStore::new();
     let slots = Limiter::builder(store, "2 concurrent".parse().unwrap())
         .name("keeper-lost")
         .build();
-    let lost = || {
-        log_text()
-            .lines()
-            .filter(|l| l.contains("task renewing concurrency slots ended with its runtime"))
-            .count()
-    };
-    let before = lost();
-    let first = runtime();
+    let before = keeper_lost_lines();
+    let first = current_thread();
     let held = first.block_on(slots.check(&["job"])).unwrap();
     assert!(held.is_allowed());
     drop(first);
-    let second = runtime();
+    let second = current_thread();
     let again = second.block_on(slots.check(&["job"])).unwrap();
     assert!(again.is_allowed());
-    assert_eq!(lost() - before, 1);
+    assert_eq!(keeper_lost_lines() - before, 1);
     drop((held, again));
 }
 
@@ -667,13 +677,7 @@ async fn live_states_evicted_at_the_bound_are_counted_and_logged() {
 fn a_connection_task_lost_with_its_runtime_is_started_again() {
     observed();
     let server = RedisServer::start();
-    let runtime = || {
-        tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap()
-    };
-    let first = runtime();
+    let first = current_thread();
     let store = first
         .block_on(
             RedisStore::builder(server.url())
@@ -686,7 +690,7 @@ fn a_connection_task_lost_with_its_runtime_is_started_again() {
     let d = first.block_on(limiter.check(&["a"])).unwrap();
     assert_eq!(d.origin(), Origin::Store);
     drop(first);
-    let second = runtime();
+    let second = current_thread();
     let d = second.block_on(limiter.check(&["a"])).unwrap();
     assert_eq!(d.origin(), Origin::Store);
     assert_eq!(d.statuses()[0].remaining, 8);
@@ -701,27 +705,16 @@ fn a_connection_task_lost_with_its_runtime_is_started_again() {
 /// or when a later slot is taken.
 #[test]
 fn slots_let_go_as_their_runtime_shuts_down_are_not_reported() {
+    let _serial = KEEPER_LINES.lock().unwrap_or_else(|e| e.into_inner());
     observed();
-    let runtime = || {
-        tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap()
-    };
     let slots = Limiter::builder(
         tollgate::MemoryStore::new(),
         "2 concurrent".parse().unwrap(),
     )
     .name("shutdown-quiet")
     .build();
-    let lost = || {
-        log_text()
-            .lines()
-            .filter(|l| l.contains("task renewing concurrency slots ended with its runtime"))
-            .count()
-    };
-    let before = lost();
-    let first = runtime();
+    let before = keeper_lost_lines();
+    let first = current_thread();
     first.block_on(async {
         let held = slots.check(&["job"]).await.unwrap();
         assert!(held.is_allowed());
@@ -733,7 +726,7 @@ fn slots_let_go_as_their_runtime_shuts_down_are_not_reported() {
         tokio::task::yield_now().await;
     });
     drop(first);
-    let second = runtime();
+    let second = current_thread();
     let again = second.block_on(slots.check(&["job"])).unwrap();
     assert!(again.is_allowed());
     let third = second.block_on(slots.check(&["job"])).unwrap();
@@ -741,7 +734,7 @@ fn slots_let_go_as_their_runtime_shuts_down_are_not_reported() {
         third.is_allowed(),
         "the slot let go at shutdown was released"
     );
-    assert_eq!(lost() - before, 0);
+    assert_eq!(keeper_lost_lines() - before, 0);
     drop((again, third));
 }
 
@@ -899,10 +892,7 @@ async fn peeks_are_not_counted_as_checks_answered() {
 fn a_give_back_without_a_runtime_is_counted_and_logged() {
     observed();
     let server = RedisServer::start();
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let runtime = current_thread();
     let scheduler = runtime.block_on(async {
         let store = store_at(&server.url(), "give-back-alone", 200).await;
         let scheduler = tollgate::Scheduler::new(store, "1/min".parse().unwrap());
@@ -971,8 +961,6 @@ async fn a_layer_charging_by_response_counts_each_failure_answer_once() {
             .await
             .unwrap();
         assert_eq!(res.status().as_u16(), status, "{name}");
-        // the charge, if any, runs once the response is out
-        tokio::time::sleep(Duration::from_millis(300)).await;
         assert_eq!(answered(name, action), 1.0, "{name}");
     }
 }

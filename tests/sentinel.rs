@@ -137,17 +137,7 @@ async fn failovers_are_followed() {
         .iter()
         .map(|s| format!("127.0.0.1:{}", s.port))
         .collect();
-    let url = format!(
-        "redis+sentinel://:{MASTER_PASSWORD}@{}/{SERVICE}",
-        hosts.join(",")
-    );
-    let store = RedisStore::builder(url)
-        .sentinel_password(SENTINEL_PASSWORD)
-        .prefix(unique_prefix())
-        .timeout(Duration::from_millis(500))
-        .build()
-        .await
-        .unwrap();
+    let store = store_through(&hosts.join(",")).await;
     let debug = format!("{store:?}");
     assert!(!debug.contains(MASTER_PASSWORD) && !debug.contains(SENTINEL_PASSWORD));
     let l = closed(store, "100000/min".parse().unwrap());
@@ -256,6 +246,20 @@ async fn sentinel_misconfigurations_are_refused() {
     assert!(l.check(&["a"]).await.unwrap().is_allowed());
 }
 
+/// A store of the service through the sentinels at `hosts` (`host:port,…`), with both
+/// passwords, a prefix of its own and a 500 ms timeout.
+async fn store_through(hosts: &str) -> RedisStore {
+    RedisStore::builder(format!(
+        "redis+sentinel://:{MASTER_PASSWORD}@{hosts}/{SERVICE}"
+    ))
+    .sentinel_password(SENTINEL_PASSWORD)
+    .prefix(unique_prefix())
+    .timeout(Duration::from_millis(500))
+    .build()
+    .await
+    .unwrap()
+}
+
 /// A limiter that fails closed, so that a store failure shows as the error it is rather
 /// than as an allowed decision.
 fn closed(store: impl Into<tollgate::Store>, policy: tollgate::Policy) -> Limiter {
@@ -271,17 +275,7 @@ async fn sentinels_out_of_reach_are_logged() {
     observed::observed();
     let master = data_server(None);
     let watcher = sentinel(master.port);
-    let url = format!(
-        "redis+sentinel://:{MASTER_PASSWORD}@127.0.0.1:{}/{SERVICE}",
-        watcher.port
-    );
-    let store = RedisStore::builder(url)
-        .sentinel_password(SENTINEL_PASSWORD)
-        .prefix(unique_prefix())
-        .timeout(Duration::from_millis(500))
-        .build()
-        .await
-        .unwrap();
+    let store = store_through(&format!("127.0.0.1:{}", watcher.port)).await;
     let l = closed(store, "100000/min".parse().unwrap());
     checks_run_on(&l, &master).await.unwrap();
     drop(watcher);
