@@ -257,11 +257,8 @@ async fn dropped_waiters_do_not_stall_the_rest() {
     );
 }
 
-/// A caller that gives up while its placement is on its way to Redis (the server silent
-/// for a moment) leaves no slot behind: the script places the event when it arrives, and,
-/// nobody waiting for it, the slot is given back.
-#[tokio::test]
-async fn a_caller_gone_during_the_round_trip_gives_its_slot_back() {
+/// A `1/min` scheduler on Redis through a proxy that can hold its calls.
+async fn scheduler_behind_proxy() -> (RedisServer, Proxy, Scheduler) {
     let server = RedisServer::start();
     let proxy = Proxy::start(server.port).await;
     let store = RedisStore::builder(proxy.url())
@@ -271,30 +268,46 @@ async fn a_caller_gone_during_the_round_trip_gives_its_slot_back() {
         .await
         .unwrap();
     let scheduler = Scheduler::new(store, "1/min".parse().unwrap());
-    // the first event goes at once; the next slot is a minute away
-    assert!(scheduler
-        .schedule("psp:acme", Duration::ZERO)
-        .await
-        .unwrap()
-        .is_allowed());
+    (server, proxy, scheduler)
+}
+
+/// Schedules an event waiting up to `max_wait` while the proxy holds the call, gives up, and
+/// returns once the placement has reached Redis and run for nobody.
+async fn give_up_during_the_round_trip(
+    server: &RedisServer,
+    proxy: &Proxy,
+    scheduler: &Scheduler,
+    max_wait: Duration,
+) {
     proxy.freeze(true);
     let gone = {
         let scheduler = scheduler.clone();
-        tokio::spawn(async move {
-            scheduler
-                .schedule("psp:acme", Duration::from_secs(120))
-                .await
-        })
+        tokio::spawn(async move { scheduler.schedule("psp:acme", max_wait).await })
     };
     tokio::time::sleep(Duration::from_millis(300)).await;
     gone.abort();
     assert!(gone.await.unwrap_err().is_cancelled());
     let before = server.script_calls();
     proxy.freeze(false);
-    // the placement reaches Redis now, and runs for nobody
     server
         .ran_scripts_past(before, "the placement held by the proxy")
         .await;
+}
+
+/// A caller that gives up while its placement is on its way to Redis (the server silent
+/// for a moment) leaves no slot behind: the script places the event when it arrives, and,
+/// nobody waiting for it, the slot is given back.
+#[tokio::test]
+async fn a_caller_gone_during_the_round_trip_gives_its_slot_back() {
+    let (server, proxy, scheduler) = scheduler_behind_proxy().await;
+    // the first event goes at once; the next slot is a minute away
+    assert!(scheduler
+        .schedule("psp:acme", Duration::ZERO)
+        .await
+        .unwrap()
+        .is_allowed());
+    // the placement, a minute ahead, runs for nobody
+    give_up_during_the_round_trip(&server, &proxy, &scheduler, Duration::from_secs(120)).await;
     // its slot comes back, so the next event's slot is the one a minute after the first
     // (two minutes after it, were the slot kept)
     let (wait, _) = common::eventually(Duration::from_secs(3), || async {
@@ -312,6 +325,27 @@ async fn a_caller_gone_during_the_round_trip_gives_its_slot_back() {
         wait > Duration::from_secs(50),
         "the first event's minute: {wait:?}"
     );
+}
+
+/// A slot for now is given back too when its caller is gone before the placement's answer
+/// came: a `1/min` queue that nobody used stays empty.
+#[tokio::test]
+async fn a_caller_gone_during_the_round_trip_gives_a_slot_for_now_back() {
+    let (server, proxy, scheduler) = scheduler_behind_proxy().await;
+    // the placement (an empty queue: its slot is now) runs for nobody
+    give_up_during_the_round_trip(&server, &proxy, &scheduler, Duration::ZERO).await;
+    // its slot comes back: the next event goes at once, not a minute later
+    common::eventually(Duration::from_secs(3), || async {
+        let d = scheduler
+            .schedule("psp:acme", Duration::ZERO)
+            .await
+            .unwrap();
+        match d.retry_after() {
+            None => Ok(()),
+            Some(wait) => Err(format!("the next slot in {wait:?}")),
+        }
+    })
+    .await;
 }
 
 /// The memory store places events exactly as Redis does (the same waits, the same queue

@@ -54,11 +54,12 @@ const LONGEST_WAIT_US: u64 = 1 << 52;
 ///
 /// # A caller that gives up
 ///
-/// Dropping the future of [`schedule`](Scheduler::schedule) before its slot gives the slot
-/// back when it is still the last one placed for its identifier (one compare-and-set script
-/// call, in the background): the next event goes where it would have. Otherwise its slot
-/// stays used and passes unused — the events placed after it keep their own slots, so nobody
-/// waits longer than they were told, but the queue does not close up behind it.
+/// Dropping the future of [`schedule`](Scheduler::schedule) before its slot — also a slot
+/// for now, while its placement is on its way back from Redis — gives the slot back when it
+/// is still the last one placed for its identifier (one compare-and-set script call, in the
+/// background): the next event goes where it would have. Otherwise its slot stays used and
+/// passes unused — the events placed after it keep their own slots, so nobody waits longer
+/// than they were told, but the queue does not close up behind it.
 ///
 /// # Schedulers sharing a store
 ///
@@ -278,18 +279,21 @@ impl Scheduler {
     ) -> Result<Decision, Error> {
         let (decision, pending) = self.place(identifier, cost, max_wait, false).await?;
         if let Some(mut pending) = pending {
-            tokio::time::sleep(Duration::from_micros(pending.placement.wait_us)).await;
+            if pending.placement.wait_us > 0 {
+                tokio::time::sleep(Duration::from_micros(pending.placement.wait_us)).await;
+            }
             // the slot has come: it is the caller's, whatever it does next
             pending.store = None;
         }
         Ok(decision)
     }
 
-    /// Places the event without waiting: the decision, and when its slot lies ahead the
-    /// pending slot, given back if dropped. Counted in the decision metrics as a limiter's
-    /// checks are; in `shadow` mode (a scheduled layer's) as a would-be rejection when the
-    /// event would be rejected, logged at a bounded rate, and never an error for want of a
-    /// store or for a cost above the burst: the event goes, as a would-be rejection.
+    /// Places the event without waiting: the decision, and when it was placed its slot
+    /// (ahead, or now), given back if dropped before [`Pending::store`] is cleared. Counted
+    /// in the decision metrics as a limiter's checks are; in `shadow` mode (a scheduled
+    /// layer's) as a would-be rejection when the event would be rejected, logged at a
+    /// bounded rate, and never an error for want of a store or for a cost above the burst:
+    /// the event goes, as a would-be rejection.
     pub(crate) async fn place(
         &self,
         identifier: &str,
@@ -451,7 +455,9 @@ async fn place_now(
         guard: None,
         origin: Origin::Store,
     };
-    let pending = (placement.placed && placement.wait_us > 0).then(|| Pending {
+    // Every placed slot, one for now included: on Redis a caller gone during the round trip
+    // drops it unseen, and a slot nobody uses goes back.
+    let pending = placement.placed.then(|| Pending {
         store: Some(store.clone()),
         key,
         placement,
