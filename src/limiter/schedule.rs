@@ -599,7 +599,9 @@ mod tests {
         let s = scheduler(&clock, "4/s");
         let long = Duration::from_secs(5);
         let (_, first) = s.place("psp:acme", 1, long, false).await.unwrap();
-        assert!(first.is_none(), "the first goes at once");
+        let mut first = first.expect("placed");
+        assert_eq!(first.placement.wait_us, 0, "the first goes at once");
+        first.store = None;
         let (_, second) = s.place("psp:acme", 1, long, false).await.unwrap();
         let (_, third) = s.place("psp:acme", 1, long, false).await.unwrap();
         // the second is not the last one placed: its slot stays used
