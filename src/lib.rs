@@ -117,8 +117,10 @@
 //! * **A Tokio runtime, for what waits.** Checks that wait
 //!   ([`Limiter::check_n_waiting`], [`Scheduler::schedule_n`]) sleep on Tokio's timer (they
 //!   panic outside a runtime with its time driver), and a concurrency slot's lease is renewed
-//!   by a task on the runtime of its first check: a slot taken outside a runtime is not
-//!   renewed, and lapses after its lease.
+//!   by a task on the runtime of its first check, which also needs the time driver
+//!   (`enable_time`, or `enable_all`). A slot taken outside a runtime is renewed once a slot
+//!   is taken within one, and lapses after its lease if none is; a store used from several
+//!   runtimes moves the task to another when the runtime it ran on shuts down.
 //! * **Bounded state.** Every Redis key has a TTL no shorter than its state's lifetime; the
 //!   memory store evicts expired state and holds a bounded number of keys.
 

@@ -611,10 +611,10 @@ impl BoundedLog {
         let _ = store;
     }
 
-    /// The task renewing the concurrency slots of the store `store` had ended under it (its
-    /// runtime shut down) holding the slots of `leases` requests: those still in use are
-    /// renewed no more and expire after their lease, while their requests may still run.
-    /// Another was started.
+    /// The slots of `leases` requests on the store `store` went unrenewed for a while (the
+    /// task renewing them ended under them, its runtime shut down, or they were taken outside
+    /// a runtime): a task started on this runtime took them over. Renewed late, a slot whose
+    /// lease ran out meanwhile is reported lost when the new task renews it.
     pub(crate) fn keeper_lost(&self, store: &str, leases: usize) {
         #[cfg(feature = "tracing")]
         if let Some((count, since)) = self.count_n(Instant::now(), leases as u64) {
@@ -623,7 +623,7 @@ impl BoundedLog {
                 store,
                 leases = count,
                 since_s = since.map(|d| d.as_secs()),
-                "rate-limit store's task renewing concurrency slots ended with its runtime: the slots it held that are still in use expire after their lease while their requests may still run; started another for new slots"
+                "rate-limit store's concurrency slots went unrenewed (the task renewing them ended with its runtime, or they were taken outside a runtime): a task started on this runtime took them over, late (a slot whose lease ran out meanwhile is reported lost)"
             );
         }
         let _ = (store, leases);

@@ -26,16 +26,46 @@ fn current_thread() -> tokio::runtime::Runtime {
         .unwrap()
 }
 
+/// A Redis store of `prefix` on `server`, connected on `runtime`.
+fn connected_on(
+    runtime: &tokio::runtime::Runtime,
+    server: &RedisServer,
+    prefix: &str,
+) -> RedisStore {
+    runtime
+        .block_on(
+            RedisStore::builder(server.url())
+                .prefix(prefix)
+                .timeout(Duration::from_secs(2))
+                .build(),
+        )
+        .unwrap()
+}
+
+/// Takes a slot of `slots` on `runtime` for a request still running when the runtime shuts
+/// down (its task never ends).
+fn hold_a_slot_until_shutdown(runtime: &tokio::runtime::Runtime, slots: &Limiter) {
+    runtime.block_on(async {
+        let held = slots.check(&["job"]).await.unwrap();
+        assert!(held.is_allowed());
+        tokio::spawn(async move {
+            let _held = held;
+            std::future::pending::<()>().await;
+        });
+        tokio::task::yield_now().await;
+    });
+}
+
 /// Held by the tests that count the lines of a slot-renewing task lost, one test at a time:
 /// the line names the memory store (`memory`), not one of a test's own, so one test's line
 /// would fall in the other's count.
 static KEEPER_LINES: Mutex<()> = Mutex::new(());
 
-/// How many lines say that a slot-renewing task ended with its runtime.
+/// How many lines say that a slot-renewing task took over slots that went unrenewed.
 fn keeper_lost_lines() -> usize {
     log_text()
         .lines()
-        .filter(|l| l.contains("task renewing concurrency slots ended with its runtime"))
+        .filter(|l| l.contains("concurrency slots went unrenewed"))
         .count()
 }
 
@@ -631,27 +661,74 @@ async fn a_fallback_waits_only_what_the_failure_left() {
     proxy.freeze(false);
 }
 
-/// A store used from a second runtime once the first, on which its slot-renewing task ran,
-/// has shut down: the task went with it, and that is said, not left unseen (the slots it
-/// held are renewed no more); new slots get a task of their own.
+/// A store used from two runtimes, its slot-renewing task on the first: when that one shuts
+/// down, the task started on the second (here by a guard let go) takes over the slots the
+/// lost one renewed, so a request still running on the second keeps its slot past its lease,
+/// and the takeover is said.
 #[test]
-fn a_renewing_task_lost_with_its_runtime_is_logged() {
+fn a_renewing_task_lost_with_its_runtime_is_taken_over() {
     let _serial = KEEPER_LINES.lock().unwrap_or_else(|e| e.into_inner());
     observed();
-    let store = tollgate::MemoryStore::new();
-    let slots = Limiter::builder(store, "2 concurrent".parse().unwrap())
-        .name("keeper-lost")
-        .build();
+    let slots = Limiter::builder(
+        tollgate::MemoryStore::new(),
+        "3 concurrent lease=1s".parse().unwrap(),
+    )
+    .name("keeper-taken-over")
+    .build();
     let before = keeper_lost_lines();
     let first = current_thread();
-    let held = first.block_on(slots.check(&["job"])).unwrap();
-    assert!(held.is_allowed());
+    let second = current_thread();
+    // the task starts on the first runtime, and renews the second's slots too
+    let on_first = first.block_on(slots.check(&["job"])).unwrap();
+    let long = second.block_on(slots.check(&["job"])).unwrap();
+    let short = second.block_on(slots.check(&["job"])).unwrap();
+    assert!(on_first.is_allowed() && long.is_allowed() && short.is_allowed());
+    drop(first);
+    second.block_on(async {
+        drop(short);
+        // past the lease: the slots still held are still held
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let next = slots.check(&["job"]).await.unwrap();
+        assert!(next.is_allowed(), "the short request's slot was given back");
+        let over = slots.check(&["job"]).await.unwrap();
+        assert!(!over.is_allowed(), "three slots held: {over:?}");
+        drop(next);
+    });
+    assert_eq!(keeper_lost_lines() - before, 1);
+    drop((on_first, long));
+}
+
+/// A Redis store's slot let go as its runtime shuts down is released: the release goes to
+/// the slot-renewing task started on the next runtime, rather than being lost with the old
+/// one and leaving the slot taken until its lease runs out (15 s).
+#[test]
+fn a_redis_slot_let_go_as_its_runtime_shuts_down_is_released() {
+    observed();
+    let server = RedisServer::start();
+    let first = current_thread();
+    let store = connected_on(&first, &server, "shutdown-release");
+    let slots = limiter(
+        &store,
+        "2 concurrent",
+        "shutdown-release",
+        OnStoreError::Closed,
+    );
+    hold_a_slot_until_shutdown(&first, &slots);
     drop(first);
     let second = current_thread();
-    let again = second.block_on(slots.check(&["job"])).unwrap();
-    assert!(again.is_allowed());
-    assert_eq!(keeper_lost_lines() - before, 1);
-    drop((held, again));
+    second.block_on(async {
+        let again = slots.check(&["job"]).await.unwrap();
+        assert!(again.is_allowed());
+        common::eventually(Duration::from_secs(3), || async {
+            let d = slots.check(&["job"]).await.unwrap();
+            if d.is_allowed() {
+                Ok(())
+            } else {
+                Err("the slot let go at shutdown is still taken")
+            }
+        })
+        .await;
+    });
 }
 
 /// A memory store at its bound that evicts states still in use (a flood of new identifiers)
@@ -678,14 +755,7 @@ fn a_connection_task_lost_with_its_runtime_is_started_again() {
     observed();
     let server = RedisServer::start();
     let first = current_thread();
-    let store = first
-        .block_on(
-            RedisStore::builder(server.url())
-                .prefix("lost-task")
-                .timeout(Duration::from_secs(2))
-                .build(),
-        )
-        .unwrap();
+    let store = connected_on(&first, &server, "lost-task");
     let limiter = limiter(&store, "10/min", "lost-task", OnStoreError::Closed);
     let d = first.block_on(limiter.check(&["a"])).unwrap();
     assert_eq!(d.origin(), Origin::Store);
@@ -715,16 +785,7 @@ fn slots_let_go_as_their_runtime_shuts_down_are_not_reported() {
     .build();
     let before = keeper_lost_lines();
     let first = current_thread();
-    first.block_on(async {
-        let held = slots.check(&["job"]).await.unwrap();
-        assert!(held.is_allowed());
-        // a request still running when the runtime shuts down
-        tokio::spawn(async move {
-            let _held = held;
-            std::future::pending::<()>().await;
-        });
-        tokio::task::yield_now().await;
-    });
+    hold_a_slot_until_shutdown(&first, &slots);
     drop(first);
     let second = current_thread();
     let again = second.block_on(slots.check(&["job"])).unwrap();

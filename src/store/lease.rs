@@ -17,7 +17,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
 use std::hash::BuildHasher;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -149,7 +149,6 @@ enum Msg {
     /// A slot was taken: renew it until told otherwise.
     Hold(Lease),
     /// A guard was dropped: release the slot (Redis only: in process it is released at once).
-    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     Release(Lease),
     /// Stop renewing (the slot was forgotten, or released already).
     Forget(String),
@@ -170,25 +169,9 @@ impl fmt::Debug for Keeper {
 }
 
 impl Keeper {
-    fn send(&self, msg: Msg) {
-        // The task is gone only when the runtime is: leases then expire by themselves.
-        let _ = self.tx.send(msg);
-    }
-
-    /// Renews `lease` until it is released or forgotten.
-    pub(crate) fn hold(&self, lease: Lease) {
-        self.send(Msg::Hold(lease));
-    }
-
-    /// Releases `lease` (batched with others) and stops renewing it.
-    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
-    pub(crate) fn release(&self, lease: Lease) {
-        self.send(Msg::Release(lease));
-    }
-
-    /// Stops renewing the lease `id`.
-    pub(crate) fn forget(&self, id: String) {
-        self.send(Msg::Forget(id));
+    /// Sends `msg`; the message back when the task is gone (its runtime shut down).
+    fn send(&self, msg: Msg) -> Result<(), Msg> {
+        self.tx.send(msg).map_err(|e| e.0)
     }
 }
 
@@ -196,47 +179,115 @@ impl Keeper {
 #[derive(Debug, Default)]
 pub(crate) struct KeeperSlot {
     keeper: Mutex<Option<Keeper>>,
-    /// The leases a keeper held when its task was dropped under it (its runtime shut down).
-    orphaned: Arc<AtomicUsize>,
-    lost_log: BoundedLog,
+    /// What a keeper left when its task was dropped under it (its runtime shut down), for the
+    /// next one to take over.
+    orphans: Arc<Mutex<Orphans>>,
+}
+
+/// What a keeper dropped with its runtime leaves behind: the leases it renewed and the
+/// releases it had still to make. A store used from several runtimes (or kept past one)
+/// starts its next keeper on another runtime, which takes them over: the requests still
+/// running keep their slots, and the slots let go are released.
+#[derive(Default)]
+struct Orphans {
+    held: HashMap<String, Held>,
+    unreleased: Vec<Held>,
+}
+
+impl fmt::Debug for Orphans {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Orphans")
+            .field("held", &self.held.len())
+            .field("unreleased", &self.unreleased.len())
+            .finish()
+    }
 }
 
 impl KeeperSlot {
+    /// Renews `lease` (a slot a check took) until it is let go, in the keeper started within
+    /// the current Tokio runtime if not running (on a backend that `backend` makes). Outside
+    /// a runtime, with no keeper running, the lease is left for the next keeper to take over,
+    /// or expires by itself.
+    pub(crate) fn hold<B: Backend>(&self, backend: impl FnOnce() -> B, lease: Lease) {
+        let Some(keeper) = self.get_or_start(backend) else {
+            return self.orphan(lease);
+        };
+        if let Err(Msg::Hold(lease)) = keeper.send(Msg::Hold(lease)) {
+            self.orphan(lease);
+        }
+    }
+
+    /// Ends `lease`'s renewal, and with `release` gives its slot back through the keeper
+    /// (Redis: batched, retried while it fails; a slot in process is released by its store at
+    /// once, after this).
+    pub(crate) fn let_go<B: Backend>(
+        &self,
+        backend: impl FnOnce() -> B,
+        lease: Lease,
+        release: bool,
+    ) {
+        let keeper = self.get_or_start(backend);
+        // Under the lock of what a lost keeper left: a keeper dropped before or while this is
+        // sent has either read the message (and left it for the next keeper) or left the
+        // lease among the orphans, where it is found here.
+        let mut orphans = lock(&self.orphans);
+        let orphaned = orphans.held.remove(&lease.id);
+        let msg = if release {
+            Msg::Release(lease)
+        } else {
+            Msg::Forget(lease.id)
+        };
+        let unsent = match keeper {
+            Some(k) => k.send(msg).err(),
+            None => Some(msg),
+        };
+        match unsent {
+            // not sent, or sent to a keeper that had left the lease to the next one: the next
+            // keeper releases it (releases are idempotent)
+            Some(Msg::Release(lease)) => orphans.unreleased.push(Held::now(lease)),
+            None if orphaned.is_some() && release => {
+                if let Some(h) = orphaned {
+                    orphans.unreleased.push(h);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Leaves `lease` to the next keeper.
+    fn orphan(&self, lease: Lease) {
+        lock(&self.orphans)
+            .held
+            .insert(lease.id.clone(), Held::now(lease));
+    }
+
     /// The keeper, started within the current Tokio runtime if not running (on a backend that
-    /// `backend` makes). `None` outside a runtime: leases then expire by themselves.
+    /// `backend` makes), taking over what a lost keeper left. `None` outside a runtime.
     ///
     /// The task must hold the store without this slot (and so without a sender): once every
     /// handle of the store and every guard is gone, its channel closes and it ends.
-    pub(crate) fn get_or_start<B: Backend>(
-        &self,
-        backend: impl FnOnce() -> B,
-        report: bool,
-    ) -> Option<Keeper> {
-        let mut current = self.keeper.lock().unwrap_or_else(PoisonError::into_inner);
+    fn get_or_start<B: Backend>(&self, backend: impl FnOnce() -> B) -> Option<Keeper> {
+        let mut current = lock(&self.keeper);
         if let Some(k) = current.as_ref().filter(|k| !k.tx.is_closed()) {
             return Some(k.clone());
         }
         let runtime = tokio::runtime::Handle::try_current().ok()?;
         let (tx, rx) = mpsc::unbounded_channel();
         let backend = backend();
-        // This slot holds a sender, so the keeper's channel closed only because the task
-        // ended under it: its runtime shut down (a store shared by several runtimes, or kept
-        // past one). The slots it held are renewed no more, and expire after their lease.
-        // Reported when a slot taken finds it (`report`), not a guard let go: guards are let
-        // go as their runtime shuts down, after the keeper went with it, and their slots are
-        // released then (the count is dropped, so that no later slot reports them).
-        let orphaned = self.orphaned.swap(0, Ordering::AcqRel);
-        if report && current.is_some() && orphaned > 0 {
-            self.lost_log.keeper_lost(backend.label(), orphaned);
-        }
-        // made here, not in the task, so that it reports even if the task is dropped before
-        // it first runs
-        let holding = Holding::new(rx, self.orphaned.clone());
+        // Made here, not in the task, so that what it took over goes back to the orphans even
+        // if the task is dropped before it first runs (spawned on a runtime shutting down).
+        let mut holding = Holding::new(rx, self.orphans.clone());
+        holding.take_over();
         runtime.spawn(run(backend, holding));
         let keeper = Keeper { tx };
         *current = Some(keeper.clone());
         Some(keeper)
     }
+}
+
+/// `mutex` locked, poisoned or not (nothing under these locks panics half way).
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// How often the keeper looks for leases to renew and releases to retry.
@@ -250,6 +301,12 @@ struct Held {
 }
 
 impl Held {
+    /// `lease`, as if renewed now.
+    fn now(lease: Lease) -> Held {
+        let renewed = Instant::now();
+        Held { lease, renewed }
+    }
+
     fn expires(&self) -> Instant {
         self.renewed + Duration::from_micros(self.lease.lease_us)
     }
@@ -262,10 +319,25 @@ impl Held {
 async fn run<B: Backend>(backend: B, mut holding: Holding) {
     let lost_log = BoundedLog::default();
     let Holding {
-        leases: held, rx, ..
+        leases: held,
+        unreleased,
+        rx,
+        taken_over,
+        ..
     } = &mut holding;
-    // Releases that did not reach the store, kept until their lease has expired anyway.
-    let mut unreleased: Vec<Held> = Vec::new();
+    // The slots taken over from a keeper lost with its runtime, still held once the messages
+    // sent before this first ran are read, are said: not those let go meanwhile, as a
+    // runtime's guards are when it shuts down (a keeper started then never runs).
+    let mut released = Vec::new();
+    drain(rx, held, &mut released);
+    unreleased.append(&mut released);
+    let still_held = taken_over
+        .iter()
+        .filter(|id| held.contains_key(*id))
+        .count();
+    if still_held > 0 {
+        lost_log.keeper_lost(backend.label(), still_held);
+    }
     let mut tick = tokio::time::interval(TICK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -275,7 +347,7 @@ async fn run<B: Backend>(backend: B, mut holding: Holding) {
                 let mut released = Vec::new();
                 apply(msg, held, &mut released);
                 drain(rx, held, &mut released);
-                release(&backend, released, &mut unreleased).await;
+                release(&backend, released, unreleased).await;
             }
             _ = tick.tick() => {
                 let now = Instant::now();
@@ -283,7 +355,7 @@ async fn run<B: Backend>(backend: B, mut holding: Holding) {
                 if !unreleased.is_empty() {
                     let leases: Vec<Lease> = unreleased.iter().map(|h| h.lease.clone()).collect();
                     let reached = backend.release(&leases).await;
-                    unreleased = missed(std::mem::take(&mut unreleased), &reached);
+                    *unreleased = missed(std::mem::take(unreleased), &reached);
                 }
                 let due: Vec<&Lease> = held
                     .values()
@@ -326,38 +398,57 @@ async fn run<B: Backend>(backend: B, mut holding: Holding) {
                 if lost > 0 {
                     lost_log.leases_lost(backend.label(), lost);
                 }
-                release(&backend, released, &mut unreleased).await;
+                release(&backend, released, unreleased).await;
             }
         }
     }
 }
 
-/// The leases a keeper renews, and its messages. Dropped with leases in it, those it read or
-/// those waiting (the keeper's task dropped with its runtime: it never ends so otherwise, as
-/// its channel closes only once every guard is gone), it leaves their number for the next
-/// keeper to report.
+/// The leases a keeper renews, the releases it retries, and its messages. Dropped with its
+/// task (the runtime shut down: it never ends so otherwise, as its channel closes only once
+/// every guard is gone), it leaves them, those it had not read yet applied, to the next
+/// keeper.
 struct Holding {
     leases: HashMap<String, Held>,
+    /// Releases that did not reach the store, kept until their lease has expired anyway.
+    unreleased: Vec<Held>,
     /// The keeper's messages, some perhaps not read yet when it is dropped.
     rx: mpsc::UnboundedReceiver<Msg>,
-    orphaned: Arc<AtomicUsize>,
+    orphans: Arc<Mutex<Orphans>>,
+    /// The ids of the leases taken over from a lost keeper.
+    taken_over: Vec<String>,
 }
 
 impl Holding {
-    fn new(rx: mpsc::UnboundedReceiver<Msg>, orphaned: Arc<AtomicUsize>) -> Holding {
+    fn new(rx: mpsc::UnboundedReceiver<Msg>, orphans: Arc<Mutex<Orphans>>) -> Holding {
         Holding {
             leases: HashMap::new(),
+            unreleased: Vec::new(),
             rx,
-            orphaned,
+            orphans,
+            taken_over: Vec::new(),
         }
+    }
+
+    /// Takes over what a lost keeper left.
+    fn take_over(&mut self) {
+        let mut orphans = lock(&self.orphans);
+        self.taken_over.extend(orphans.held.keys().cloned());
+        self.leases.extend(orphans.held.drain());
+        self.unreleased.append(&mut orphans.unreleased);
     }
 }
 
 impl Drop for Holding {
     fn drop(&mut self) {
+        // Under the lock, so that a guard let go meanwhile finds its lease here or its
+        // message read (see `KeeperSlot::let_go`).
+        let mut orphans = lock(&self.orphans);
         let mut released = Vec::new();
         drain(&mut self.rx, &mut self.leases, &mut released);
-        self.orphaned.fetch_add(self.leases.len(), Ordering::AcqRel);
+        orphans.held.extend(self.leases.drain());
+        orphans.unreleased.append(&mut self.unreleased);
+        orphans.unreleased.append(&mut released);
     }
 }
 

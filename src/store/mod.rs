@@ -24,7 +24,7 @@ pub(crate) use crate::algorithm::Outcome;
 pub(crate) use error::KIND_LABELS;
 pub use error::{ConfigError, ConfigErrorKind, Misconfiguration, MisconfigurationKind, StoreError};
 pub use keyspace::Namespace;
-use lease::{Backend, Keeper, Lease, Renewal};
+use lease::{Backend, KeeperSlot, Lease, Renewal};
 pub(crate) use memory::OneKey;
 pub use memory::{MemoryStore, MemoryStoreBuilder};
 #[cfg(feature = "redis")]
@@ -220,54 +220,45 @@ impl Store {
 
     /// Holds a slot the check took: renews its lease until it is let go.
     pub(crate) fn hold(&self, lease: &Lease) {
-        if let Some(k) = self.keeper(true) {
-            k.hold(lease.clone());
-        }
+        self.keeper_slot().hold(|| self.detached(), lease.clone());
     }
 
     /// Ends a held slot. In process a release happens at once; Redis releases are batched
     /// by the keeper (and retried while they fail), so this never waits on the network.
-    /// Without a keeper (no runtime) the lease expires by itself.
+    /// Without a keeper (no runtime) a Redis release is left to the next keeper started,
+    /// and the lease expires by itself if none is.
     pub(crate) fn let_go(&self, lease: Lease, how: LetGo) {
-        // (A guard let go as its runtime shuts down finds the keeper gone with it: no word of
-        // that, which the next slot taken reports.)
-        let keeper = self.keeper(false);
+        let slot = self.keeper_slot();
         match (how, self) {
             (LetGo::Release, Store::Memory(m)) => {
                 // The keeper is told first: a renewal that finds the slot released after
                 // this then finds the message too, and does not take the slot for lost.
-                if let Some(k) = keeper {
-                    k.forget(lease.id.clone());
-                }
+                slot.let_go(|| self.detached(), lease.clone(), false);
                 m.release(std::slice::from_ref(&lease));
             }
             #[cfg(feature = "redis")]
-            (LetGo::Release, Store::Redis(_)) => {
-                if let Some(k) = keeper {
-                    k.release(lease);
-                }
-            }
-            (LetGo::Expire, _) => {
-                if let Some(k) = keeper {
-                    k.forget(lease.id);
-                }
-            }
+            (LetGo::Release, Store::Redis(_)) => slot.let_go(|| self.detached(), lease, true),
+            (LetGo::Expire, _) => slot.let_go(|| self.detached(), lease, false),
         }
     }
 
-    /// The store's keeper task, started on first use; `None` outside a Tokio runtime. With
-    /// `report`, a keeper lost with its runtime holding slots is reported.
-    fn keeper(&self, report: bool) -> Option<Keeper> {
-        // The task holds the store without the keeper slot (and so without its own sender):
-        // once every handle of the store and every guard is gone, it ends.
+    /// Where the store keeps its keeper task (one per store and its clones).
+    fn keeper_slot(&self) -> &KeeperSlot {
         match self {
-            Store::Memory(m) => m
-                .keeper_slot()
-                .get_or_start(|| Store::Memory(m.detached()), report),
+            Store::Memory(m) => m.keeper_slot(),
             #[cfg(feature = "redis")]
-            Store::Redis(r) => r
-                .keeper_slot()
-                .get_or_start(|| Store::Redis(r.detached()), report),
+            Store::Redis(r) => r.keeper_slot(),
+        }
+    }
+
+    /// The same store without the keeper handle, for the keeper task itself: holding its
+    /// own sender would keep it (and the store) alive forever. The task ends once every
+    /// handle of the store and every guard is gone, its channel closed.
+    fn detached(&self) -> Store {
+        match self {
+            Store::Memory(m) => Store::Memory(m.detached()),
+            #[cfg(feature = "redis")]
+            Store::Redis(r) => Store::Redis(r.detached()),
         }
     }
 }
