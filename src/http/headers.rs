@@ -19,12 +19,14 @@ pub(crate) use fresh::HeaderCache;
 pub(crate) const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 /// `RateLimit-Policy`: the limits.
 pub(crate) const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
-/// `X-RateLimit-Limit`: the quota of the limit closest to exhaustion.
+/// `X-RateLimit-Limit`: the quota of the limit closest to exhaustion (on a denial, of the one
+/// that denied longest).
 pub(crate) const X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
 /// `X-RateLimit-Remaining`: what remains of it.
 pub(crate) const X_RATELIMIT_REMAINING: HeaderName =
     HeaderName::from_static("x-ratelimit-remaining");
-/// `X-RateLimit-Reset`: the seconds until its whole quota is back.
+/// `X-RateLimit-Reset`: the seconds until its whole quota is back (on a denial, no sooner than
+/// the request is admitted).
 pub(crate) const X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
 /// `grpc-status`: the gRPC status code of a trailers-only response.
 pub(crate) const GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
@@ -55,7 +57,8 @@ pub enum HeaderStyle {
     #[default]
     Ietf,
     /// `X-RateLimit-Limit`, `X-RateLimit-Remaining` and `X-RateLimit-Reset`, for the rate
-    /// limit closest to exhaustion (concurrency limits are not reported in this style).
+    /// limit closest to exhaustion, or on a denial for the limit that holds the request back
+    /// longest (a concurrency limit is reported in this style only when it denies).
     Legacy,
     /// Both sets.
     Both,
@@ -100,6 +103,8 @@ pub(crate) struct Advert {
     pub(crate) full: u64,
     /// The partition key (`pk`): a keyed hash of the identifier the item describes.
     pub(crate) pk: Option<Vec<u8>>,
+    /// When the limit denied: the seconds until it would admit the request (rounded up).
+    pub(crate) retry: Option<u64>,
 }
 
 impl Advert {
@@ -216,6 +221,7 @@ fn advert(s: &LimitStatus) -> Advert {
             t: None,
             full: 0,
             pk: None,
+            retry: s.retry_after.map(ceil_secs),
         };
     }
     let (q, w) = quota_and_window(&s.limit);
@@ -227,6 +233,7 @@ fn advert(s: &LimitStatus) -> Advert {
         t: Some(effective_window(s, w)),
         full: ceil_secs(s.reset_after),
         pk: None,
+        retry: s.retry_after.map(ceil_secs),
     }
 }
 
@@ -567,14 +574,22 @@ fn push_base64(out: &mut impl std::fmt::Write, bytes: &[u8]) -> std::fmt::Result
     Ok(())
 }
 
+/// The legacy fields describe one limit: on a denial the one that holds the request back
+/// longest (its reset no sooner than the `Retry-After`), otherwise the rate limit closest to
+/// exhaustion.
 fn merge_legacy(headers: &mut HeaderMap, ours: &[Advert]) {
-    let Some(tightest) = ours
+    let denying = ours
         .iter()
-        .filter(|a| !a.is_concurrency())
-        .min_by_key(|a| (a.r, Reverse(a.full)))
-    else {
+        .filter(|a| a.retry.is_some())
+        .max_by_key(|a| a.retry);
+    let Some(tightest) = denying.or_else(|| {
+        ours.iter()
+            .filter(|a| !a.is_concurrency())
+            .min_by_key(|a| (a.r, Reverse(a.full)))
+    }) else {
         return;
     };
+    let reset = tightest.full.max(tightest.retry.unwrap_or(0));
     let theirs = headers
         .get(X_RATELIMIT_REMAINING)
         .and_then(|v| v.to_str().ok())
@@ -584,7 +599,7 @@ fn merge_legacy(headers: &mut HeaderMap, ours: &[Advert]) {
     }
     headers.insert(X_RATELIMIT_LIMIT, HeaderValue::from(tightest.q));
     headers.insert(X_RATELIMIT_REMAINING, HeaderValue::from(tightest.r));
-    headers.insert(X_RATELIMIT_RESET, HeaderValue::from(tightest.full));
+    headers.insert(X_RATELIMIT_RESET, HeaderValue::from(reset));
 }
 
 #[cfg(test)]

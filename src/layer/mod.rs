@@ -71,8 +71,10 @@
 //! carries `pk`, a keyed hash of the identifier it describes (never the identifier).
 //!
 //! [`HeaderStyle::Legacy`] sends `X-RateLimit-Limit`, `X-RateLimit-Remaining` (the `q` and `r`
-//! of the rate limit closest to exhaustion; concurrency limits are not reported in this style) and `X-RateLimit-Reset` (the seconds until its whole
-//! quota is back) instead.
+//! of the rate limit closest to exhaustion, or on a denial of the limit that holds the
+//! request back longest; a concurrency limit is reported in this style only when it denies)
+//! and `X-RateLimit-Reset` (the seconds until its whole quota is back, on a denial no sooner
+//! than the `Retry-After`) instead.
 
 mod check;
 mod config;

@@ -40,6 +40,7 @@ fn advert(name: &str, q: u64, w: u64, r: u64, t: u64) -> Advert {
         t: Some(t),
         full: 0,
         pk: None,
+        retry: None,
     }
 }
 
@@ -261,6 +262,33 @@ async fn the_legacy_style_shows_the_limit_closest_to_exhaustion() {
     assert_eq!(headers[RATELIMIT], r#""100/min";r=99;t=60"#);
 }
 
+/// On a denial the legacy fields describe the limit that holds the request back longest, so
+/// that a client retrying at `X-RateLimit-Reset` is not refused again: not the one with the
+/// least left, which may admit the request a second later while the other refuses it for an
+/// hour.
+#[tokio::test]
+async fn the_legacy_style_shows_the_limit_that_denied_longest() {
+    let (l, _) = limiter("10/s fixed, 12/h fixed");
+    assert!(l.check_n(&["k"], 9).await.unwrap().is_allowed());
+    // 1 left of 10/s, 3 of 12/h: a cost of 4 fits neither
+    let d = l.check_n(&["k"], 4).await.unwrap();
+    assert!(!d.is_allowed());
+    let mut headers = HeaderMap::new();
+    add_headers(&mut headers, &d, HeaderStyle::Legacy, None);
+    assert_eq!(headers["x-ratelimit-limit"], "12");
+    assert_eq!(headers["x-ratelimit-remaining"], "3");
+    let reset: u64 = headers["x-ratelimit-reset"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let retry: u64 = headers["retry-after"].to_str().unwrap().parse().unwrap();
+    assert!(
+        retry > 3000 && reset >= retry,
+        "reset {reset}, retry {retry}"
+    );
+}
+
 #[test]
 fn adverts_serialize_as_structured_fields() {
     let mut headers = HeaderMap::new();
@@ -308,6 +336,7 @@ fn fields_written_directly_are_those_the_serializer_writes() {
         t: None,
         full: 0,
         pk: None,
+        retry: None,
     };
     for ours in [
         vec![advert("10/s", 10, 1, 9, 1)],
