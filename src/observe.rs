@@ -14,7 +14,7 @@
 //! | `tollgate_store_breaker_open` | gauge (the store's breaker open: 1, or 0 from its start; stores of one prefix add up) | `store` |
 //! | `tollgate_store_call_seconds` | histogram | `store` |
 //! | `tollgate_refund_failures_total` | counter | `store`, `kind` ([`StoreError::kind_label`]) |
-//! | `tollgate_missing_key_total` | counter | `limiter` (the layer's default limiter), `action` (`allow`, `reject`, `shadow`: let through in shadow mode) |
+//! | `tollgate_missing_key_total` | counter | `limiter` (the one that would have checked the request: a route's, or the layer's default), `action` (`allow`, `reject`, `shadow`: let through in shadow mode) |
 //! | `tollgate_give_back_failures_total` | counter | `store`, `kind` ([`StoreError::kind_label`]) |
 //! | `tollgate_lease_failures_total` | counter | `store`, `call` (`renew`, `release`), `kind` ([`StoreError::kind_label`]) |
 //! | `tollgate_leases_lost_total` | counter | `store` (`memory` for the memory store) |

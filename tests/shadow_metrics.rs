@@ -200,6 +200,34 @@ async fn requests_without_a_key_are_counted_and_shadow_mode_lets_them_through() 
     }
 }
 
+/// A request without a key on a route with a limiter of its own is counted and logged under
+/// that limiter's name, not the default one's.
+#[tokio::test]
+async fn a_route_request_without_a_key_is_counted_under_the_routes_limiter() {
+    observed();
+    let missing = |name: &str| {
+        observed::metric(
+            "tollgate_missing_key_total",
+            &[("limiter", name), ("action", "reject")],
+        )
+    };
+    let layer = RateLimitLayer::new(memory_limiter("2/min", "keyless-default", false))
+        .key(Header::named("x-user").unwrap())
+        .route_replacing(
+            |req: &tollgate::key::RequestView<'_>| req.uri.path() == "/login",
+            memory_limiter("1/min", "keyless-login", false),
+        );
+    let mut svc = layer.layer(service_fn(|_: Request<Full<bytes::Bytes>>| async {
+        Ok::<_, Infallible>(Response::new(Full::<bytes::Bytes>::default()))
+    }));
+    let req = Request::get("/login").body(Full::default()).unwrap();
+    let res = svc.ready().await.unwrap().call(req).await.unwrap();
+    assert_ne!(res.status(), StatusCode::OK);
+    assert_eq!(missing("keyless-login"), 1.0);
+    assert_eq!(missing("keyless-default"), 0.0);
+    assert_eq!(log_lines("limiter=\"keyless-login\"").len(), 1);
+}
+
 /// A denial by the fallback's policy is counted under the limit it stands for, also when
 /// limits of the policy scaled to one: `10/min, 11/min, 1/s` at half the fleet falls back to
 /// `5/min, 1/s`, and the fallback's second limit is the policy's third.

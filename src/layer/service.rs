@@ -88,8 +88,9 @@ enum Checked {
     /// Passed on unchecked (a rule bypasses the layer).
     Bypassed,
     /// No key found in the request; `shadow`: every limiter that would have checked it is
-    /// in shadow mode (or the layer is).
-    NoKey { shadow: bool },
+    /// in shadow mode (or the layer is); `limiter`: the name of the one that would have
+    /// checked it first (a route's, or the default).
+    NoKey { shadow: bool, limiter: String },
     /// Admitted at once; with `pending`, the charge to make if the response is selected.
     Admitted {
         decision: Decision,
@@ -135,7 +136,10 @@ fn check_request<B>(config: &Config, req: &Request<B>) -> Checked {
         // in shadow mode when the layer is, or every limiter that would check the request is
         // (`LimiterBuilder::shadow`, `Limiter::set_shadow`)
         let shadow = config.shadow || (limiter.is_shadow() && also.is_none_or(Limiter::is_shadow));
-        return Checked::NoKey { shadow };
+        return Checked::NoKey {
+            shadow,
+            limiter: limiter.name(),
+        };
     }
     let cost = config.cost.as_ref().map_or(1, |f| f(&view));
     let pks = config
@@ -241,7 +245,7 @@ impl<S> RateLimit<S> {
                 ResponseFuture::refused(&req, outcome, config, pks)
             }
             Checked::Bypassed => ResponseFuture::called(self.inner.call(req), self.config.clone()),
-            Checked::NoKey { shadow } => self.without_key(req, shadow),
+            Checked::NoKey { shadow, limiter } => self.without_key(req, shadow, &limiter),
             Checked::Later {
                 later,
                 pending,
@@ -269,13 +273,15 @@ struct Later {
 // and a request would run through more of the processor's instruction cache.
 impl<S> RateLimit<S> {
     /// A request without a key: let through or answered, as the layer is configured (let
-    /// through in shadow mode, which refuses nothing), and recorded.
+    /// through in shadow mode, which refuses nothing), and recorded under `limiter`, the
+    /// limiter that would have checked it.
     #[cold]
     #[inline(never)]
     fn without_key<ReqBody>(
         &mut self,
         req: Request<ReqBody>,
         shadow: bool,
+        limiter: &str,
     ) -> ResponseFuture<S, ReqBody>
     where
         S: Service<Request<ReqBody>>,
@@ -286,8 +292,7 @@ impl<S> RateLimit<S> {
             MissingKey::Reject(_) if shadow => "shadow",
             MissingKey::Reject(_) => "reject",
         };
-        let limiter = config.default.name();
-        config.missing_log.missing_key(&limiter, action);
+        config.missing_log.missing_key(limiter, action);
         match config.missing {
             MissingKey::Reject(status) if !shadow => {
                 let grpc = RequestView::of(&req).is_grpc();
