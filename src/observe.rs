@@ -9,6 +9,7 @@
 //! |---|---|---|
 //! | `tollgate_decisions_total` | counter | `limiter` (a limiter's or a scheduler's name), `outcome` (`allowed`, `denied`, `shadow_denied`), `limit` (the denying limit, or empty) |
 //! | `tollgate_deny_cache_hits_total` | counter | `limiter` |
+//! | `tollgate_check_errors_total` | counter | `limiter`, `error` (`cost`, `no_identifiers`, `too_many_identifiers`: a check that could not be made, returned as an error, which a layer answers with 400 or 500) |
 //! | `tollgate_failure_policy_total` | counter | `limiter`, `action` (`open`, `closed`, `fallback`) |
 //! | `tollgate_store_errors_total` | counter | `store`, `kind` ([`StoreError::kind_label`]) |
 //! | `tollgate_store_breaker_open` | gauge (the store's breaker open: 1, or 0 from its start; stores of one prefix add up) | `store` |
@@ -246,6 +247,22 @@ pub(crate) fn failure_answered(limiter: &str, keys: &LimiterKeys, action: Action
     #[cfg(feature = "tracing")]
     tracing::trace!(target: "tollgate", limiter, action = ?action, kind = e.kind_label(), "check answered by the failure policy");
     let _ = (limiter, keys, action, e);
+}
+
+/// A check of the limiter `limiter` that could not be made (`e`: a cost its policy never
+/// admits, no identifiers or too many), returned to the caller: counted, as a layer answers
+/// it itself (400 or 500).
+#[cold]
+#[inline(never)]
+pub(crate) fn check_failed(limiter: &str, e: &crate::limiter::Error) {
+    #[cfg(feature = "metrics")]
+    metrics::counter!(
+        "tollgate_check_errors_total",
+        "limiter" => limiter.to_string(),
+        "error" => e.label()
+    )
+    .increment(1);
+    let _ = (limiter, e);
 }
 
 /// A denial answered by the deny cache, without the store, for the limiter whose keys are
@@ -692,6 +709,25 @@ impl BoundedLog {
             }
         }
         let _ = (limiter, action);
+    }
+
+    /// An HTTP layer answered requests it could not check (`e`: a cost the policy never
+    /// admits, say, from the layer's cost function) with `status`: a warning, at a bounded
+    /// rate.
+    pub(crate) fn unchecked_answered(&self, status: u16, e: &crate::limiter::Error) {
+        #[cfg(feature = "tracing")]
+        if let Some((count, since)) = self.count(Instant::now()) {
+            tracing::warn!(
+                target: "tollgate",
+                status,
+                requests = count,
+                since_s = since.map(|d| d.as_secs()),
+                kind = e.label(),
+                error = %e,
+                "rate-limit layer answered requests it could not check"
+            );
+        }
+        let _ = (status, e);
     }
 
     /// Counts an event at `now`; when a line is due, the number to log and the time since

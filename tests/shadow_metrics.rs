@@ -228,6 +228,35 @@ async fn a_route_request_without_a_key_is_counted_under_the_routes_limiter() {
     assert_eq!(log_lines("limiter=\"keyless-login\"").len(), 1);
 }
 
+/// A request the layer cannot check (a cost of 0 from its cost function) is answered 400, and
+/// that is counted under the limiter and logged at a bounded rate, not left unseen.
+#[tokio::test]
+async fn requests_a_layer_cannot_check_are_counted_and_logged() {
+    observed();
+    let layer = RateLimitLayer::new(memory_limiter("2/min", "uncheckable", false))
+        .key(Header::named("x-user").unwrap())
+        .cost(|_| 0);
+    let mut svc = layer.layer(service_fn(|_: Request<Full<bytes::Bytes>>| async {
+        Ok::<_, Infallible>(Response::new(Full::<bytes::Bytes>::default()))
+    }));
+    for _ in 0..3 {
+        let req = Request::get("/")
+            .header("x-user", "a")
+            .body(Full::default())
+            .unwrap();
+        let res = svc.ready().await.unwrap().call(req).await.unwrap();
+        assert_eq!(res.status(), StatusCode::BAD_REQUEST);
+    }
+    let errors = observed::metric(
+        "tollgate_check_errors_total",
+        &[("limiter", "uncheckable"), ("error", "cost")],
+    );
+    assert_eq!(errors, 3.0);
+    let lines = log_lines("answered requests it could not check");
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert!(lines[0].contains("status=400"), "{}", lines[0]);
+}
+
 /// A denial by the fallback's policy is counted under the limit it stands for, also when
 /// limits of the policy scaled to one: `10/min, 11/min, 1/s` at half the fleet falls back to
 /// `5/min, 1/s`, and the fallback's second limit is the policy's third.

@@ -374,8 +374,14 @@ fn refusal<B>(
                 .insert(RETRY_AFTER, HeaderValue::from_static("1"));
             res
         }
-        Err(e @ Error::Cost { .. }) => own_response(StatusCode::BAD_REQUEST, e, grpc),
-        Err(e) => own_response(StatusCode::INTERNAL_SERVER_ERROR, e, grpc),
+        Err(e) => {
+            let status = match e {
+                Error::Cost { .. } => StatusCode::BAD_REQUEST,
+                _ => StatusCode::INTERNAL_SERVER_ERROR,
+            };
+            config.unchecked_log.unchecked_answered(status.as_u16(), &e);
+            own_response(status, e, grpc)
+        }
     }
 }
 

@@ -207,7 +207,14 @@ impl Limiter {
             Err(Error::Cost { .. } | Error::Store(_)) if shadow => {
                 *answer = Ok((Decision::refused_unchecked(cost), Duration::ZERO));
             }
-            Err(_) => return,
+            // (a store's failure is counted by the failure policy's answer)
+            Err(Error::Store(_)) => return,
+            Err(e) => {
+                if mode.record {
+                    observe::check_failed(&version.name, e);
+                }
+                return;
+            }
         }
         if let (true, Ok((answer, _))) = (mode.record, &*answer) {
             self.record(version, answer);

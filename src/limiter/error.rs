@@ -30,6 +30,21 @@ pub enum Error {
     Store(StoreError),
 }
 
+impl Error {
+    /// The kind of the error, as the metrics label it (`cost`, `no_identifiers`,
+    /// `too_many_identifiers`, `not_one_identifier`, `store`).
+    #[cfg_attr(not(any(feature = "metrics", feature = "tracing")), allow(dead_code))]
+    pub(crate) fn label(&self) -> &'static str {
+        match self {
+            Error::Cost { .. } => "cost",
+            Error::NoIdentifiers => "no_identifiers",
+            Error::TooManyIdentifiers(_) => "too_many_identifiers",
+            Error::NotOneIdentifier(_) => "not_one_identifier",
+            Error::Store(_) => "store",
+        }
+    }
+}
+
 impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
