@@ -144,3 +144,28 @@ async fn critical_traffic_always_passes_while_the_rest_is_shed() {
     }
     assert_eq!((ok, shed.load(Ordering::SeqCst)), (8, 32));
 }
+
+/// The fleet's budget is kept apart from the limits of other limiters on its store: a
+/// limiter keyed on what clients send, asked for `shed:fleet` (the budget's identifier),
+/// takes slots of its own, not the fleet's.
+#[tokio::test]
+async fn the_fleets_budget_is_not_shared_with_other_limiters() {
+    use tower::ServiceExt;
+    let store = tollgate::MemoryStore::new();
+    let shed = FleetShedder::new(store.clone(), 1)
+        .reserve_for_critical(0.0)
+        .build()
+        .unwrap();
+    let app = Router::new()
+        .route("/", get(|| async { "done" }))
+        .layer(shed);
+    let other = tollgate::Limiter::new(store, "1 concurrent".parse().unwrap());
+    let held = other.check(&["shed:fleet"]).await.unwrap();
+    assert!(held.is_allowed());
+    let req = http::Request::get("/")
+        .body(axum::body::Body::empty())
+        .unwrap();
+    let res = app.oneshot(req).await.unwrap();
+    assert_eq!(res.status(), StatusCode::OK, "the fleet's one slot is free");
+    drop(held);
+}

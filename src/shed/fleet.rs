@@ -20,7 +20,10 @@ use crate::key::RequestView;
 use crate::layer::RateLimitLayer;
 use crate::limiter::Limiter;
 use crate::policy::{Limit, Policy, PolicyError, PolicyErrorKind, DEFAULT_LEASE};
-use crate::store::Store;
+use crate::store::{Namespace, Store};
+
+/// The namespace of the fleet's budget on its store.
+const NAMESPACE: &str = "shed";
 
 /// Builds a fleet-usage load shedder (a [`RateLimitLayer`]). See the module documentation.
 ///
@@ -63,6 +66,10 @@ impl FleetShedder {
     /// A shedder for a fleet that can have `capacity` requests in flight, with the default
     /// 20% reserved for critical traffic and every request classified by
     /// [`Priority::by_method`].
+    ///
+    /// `by_method` calls nothing critical: until [`classify`](Self::classify) names the
+    /// critical traffic, the reserved share is kept free for none, and the fleet sheds at
+    /// 80% of its capacity (`reserve_for_critical(0.0)` sheds at 100%).
     pub fn new(store: impl Into<Store>, capacity: u64) -> FleetShedder {
         FleetShedder {
             store: store.into(),
@@ -145,9 +152,15 @@ impl FleetShedder {
         let name = format!("shed:{}", self.name);
         // named as its budget, so that its decisions are counted under the shedder's name
         // rather than the policy's text (which two shedders of one capacity share)
-        let limiter = Limiter::builder(self.store, Policy::new([limit])?)
-            .name(name.clone())
-            .build();
+        let mut limiter = Limiter::builder(self.store, Policy::new([limit])?).name(name.clone());
+        // In a namespace of its own: the slots of any concurrency limit are shared by
+        // identifier, and another limiter keyed on what clients send (a header) could be
+        // sent `shed:fleet` and take the fleet's slots. (`shed` is a valid namespace: the
+        // error arm is never taken, and `tests/shed.rs` holds it.)
+        if let Ok(namespace) = Namespace::new(NAMESPACE) {
+            limiter = limiter.namespace(namespace);
+        }
+        let limiter = limiter.build();
         let classify = self.classify;
         Ok(RateLimitLayer::new(limiter)
             .key(move |_: &RequestView<'_>| Some(name.clone()))
