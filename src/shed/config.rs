@@ -68,8 +68,11 @@ impl ShedConfig {
     /// The lowest shedding amount, where an idle process rests:
     /// `−(time before shedding / time to shed all)`, −28/120 by default.
     ///
-    /// Stripe's published Ruby computes this with integer division, which gives 0 and makes
-    /// shedding start at once; this is the real division the comments describe.
+    /// Stripe's published Ruby computes this with integer division, which floors `-28 / 120`
+    /// to −1 (a process at rest would take two minutes of full utilization to start
+    /// shedding), and starts its amount at 0 rather than at rest (a new process sheds at
+    /// once); this is the real division the comments describe, and a new shedder starts at
+    /// rest.
     pub fn resting_amount(&self) -> f64 {
         -(self.before_shedding.as_secs_f64() / self.to_shed_all.as_secs_f64())
     }

@@ -59,8 +59,9 @@ impl UtilizationShedLayer {
     /// Sheds as `shedder` decides. Pass an `Arc` to share one shedder between several
     /// layers (e.g. an HTTP and a gRPC router in the same process).
     ///
-    /// If the shedder was made by [`UtilizationShedder::in_flight`], the layer counts the
-    /// requests in flight through it: from the admission of a request until its response
+    /// If the shedder reads an [`InFlight`] (made by [`UtilizationShedder::in_flight`], or by
+    /// [`UtilizationShedder::new`] from one), the layer counts the requests in flight through
+    /// it: from the admission of a request until its response
     /// future is dropped (servers drop it as soon as it completes). Shed requests are not
     /// counted. A streaming response
     /// body is not counted once its headers are out, so long streams make the utilization

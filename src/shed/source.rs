@@ -29,8 +29,9 @@ where
 
 /// The requests in flight against a capacity: `utilization = in flight / capacity`.
 ///
-/// A cheap handle: clones share the count. A
-/// [`UtilizationShedder::in_flight`](super::UtilizationShedder::in_flight) shedder under a
+/// A cheap handle: clones share the count. A shedder reading it
+/// ([`UtilizationShedder::in_flight`](super::UtilizationShedder::in_flight), or
+/// [`UtilizationShedder::new`](super::UtilizationShedder::new) given an `InFlight`) under a
 /// [`UtilizationShedLayer`](super::UtilizationShedLayer) is counted by the layer; elsewhere,
 /// hold an [`InFlight::start`] guard for the duration of each request.
 #[derive(Debug, Clone)]

@@ -112,12 +112,19 @@ impl fmt::Debug for UtilizationShedder {
 }
 
 impl UtilizationShedder {
-    /// A shedder reading the utilization from `source`, at rest (shedding nothing).
+    /// A shedder reading the utilization from `source`, at rest (shedding nothing). An
+    /// [`InFlight`] given as the source is the shedder's [in-flight
+    /// counter](Self::in_flight_counter), as with [`in_flight`](Self::in_flight): a
+    /// [`UtilizationShedLayer`](super::UtilizationShedLayer) counts the requests in it.
     pub fn new(config: ShedConfig, source: impl UtilizationSource + 'static) -> Self {
+        // (else a layer would count nothing in it, and nothing would ever be shed)
+        let in_flight = (&source as &dyn std::any::Any)
+            .downcast_ref::<InFlight>()
+            .cloned();
         UtilizationShedder {
             config,
             source: Box::new(source),
-            in_flight: None,
+            in_flight,
             clock: Clock::Real,
             epoch: Instant::now(),
             rng: SplitMix::from_entropy(),
@@ -139,10 +146,7 @@ impl UtilizationShedder {
     /// (see [`InFlight`]). A [`UtilizationShedLayer`](super::UtilizationShedLayer) counts
     /// them; elsewhere, count them with [`in_flight`](Self::in_flight)`.start()`.
     pub fn in_flight(config: ShedConfig, capacity: usize) -> Self {
-        let counter = InFlight::new(capacity);
-        let mut shedder = UtilizationShedder::new(config, counter.clone());
-        shedder.in_flight = Some(counter);
-        shedder
+        UtilizationShedder::new(config, InFlight::new(capacity))
     }
 
     /// Reads the time from `clock` instead of the system's monotonic clock: a
@@ -164,7 +168,8 @@ impl UtilizationShedder {
         &self.config
     }
 
-    /// The in-flight counter, for a shedder made by [`in_flight`](Self::in_flight).
+    /// The in-flight counter, for a shedder made by [`in_flight`](Self::in_flight) (or by
+    /// [`new`](Self::new) with an [`InFlight`]).
     pub fn in_flight_counter(&self) -> Option<&InFlight> {
         self.in_flight.as_ref()
     }

@@ -103,6 +103,39 @@ async fn nothing_is_shed_at_rest() {
     assert_eq!(layer.shedder().in_flight_counter().unwrap().current(), 0);
 }
 
+/// A shedder made with `new` from an `InFlight` is counted by the layer as one made with
+/// `in_flight` is: otherwise its utilization would stay 0, and nothing would ever be shed.
+#[tokio::test]
+async fn an_in_flight_source_is_counted_by_the_layer() {
+    let counter = InFlight::new(4);
+    let layer = UtilizationShedLayer::new(UtilizationShedder::new(
+        ShedConfig::default(),
+        counter.clone(),
+    ));
+    let (release, released) = tokio::sync::watch::channel(false);
+    let svc = tower_layer::Layer::layer(
+        &layer,
+        service_fn(move |req: Request<()>| {
+            let mut released = released.clone();
+            async move {
+                let _ = released.wait_for(|r| *r).await;
+                ok(req).await
+            }
+        }),
+    );
+    let call = tokio::spawn(svc.oneshot(get("/")));
+    tokio::time::timeout(std::time::Duration::from_secs(5), async {
+        while counter.current() != 1 {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await
+    .expect("the request in flight is counted");
+    release.send(true).unwrap();
+    assert_eq!(call.await.unwrap().unwrap().status(), StatusCode::OK);
+    assert_eq!(counter.current(), 0);
+}
+
 #[tokio::test]
 async fn in_flight_is_counted_until_the_response_future_ends() {
     let clock = ManualClock::new(0);
