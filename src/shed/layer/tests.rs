@@ -13,6 +13,33 @@ async fn ok(_req: Request<()>) -> Result<Res, Infallible> {
     Ok(Response::new(Full::new(Bytes::from_static(b"hello"))))
 }
 
+/// `layer` over a service that answers `/charge` once `released` is true, and the rest at
+/// once.
+fn holding_charges(
+    layer: &UtilizationShedLayer,
+    released: tokio::sync::watch::Receiver<bool>,
+) -> impl Service<
+    Request<()>,
+    Response = Response<ResponseBody<Full<Bytes>>>,
+    Error = Infallible,
+    Future: Send,
+> + Clone
+       + Send
+       + 'static {
+    tower_layer::Layer::layer(
+        layer,
+        service_fn(move |req: Request<()>| {
+            let mut released = released.clone();
+            async move {
+                if req.uri().path() == "/charge" {
+                    let _ = released.wait_for(|r| *r).await;
+                }
+                ok(req).await
+            }
+        }),
+    )
+}
+
 /// A shedder at full utilization for 150 s: shedding everything but critical traffic.
 fn overloaded() -> UtilizationShedder {
     let clock = ManualClock::new(0);
@@ -113,17 +140,8 @@ async fn an_in_flight_source_is_counted_by_the_layer() {
         counter.clone(),
     ));
     let (release, released) = tokio::sync::watch::channel(false);
-    let svc = tower_layer::Layer::layer(
-        &layer,
-        service_fn(move |req: Request<()>| {
-            let mut released = released.clone();
-            async move {
-                let _ = released.wait_for(|r| *r).await;
-                ok(req).await
-            }
-        }),
-    );
-    let call = tokio::spawn(svc.oneshot(get("/")));
+    let svc = holding_charges(&layer, released);
+    let call = tokio::spawn(svc.oneshot(get("/charge")));
     tokio::time::timeout(std::time::Duration::from_secs(5), async {
         while counter.current() != 1 {
             tokio::task::yield_now().await;
@@ -145,18 +163,7 @@ async fn in_flight_is_counted_until_the_response_future_ends() {
     let layer = UtilizationShedLayer::new(shedder).classify(critical_path);
     let counter = layer.shedder().in_flight_counter().unwrap().clone();
     let (release, released) = tokio::sync::watch::channel(false);
-    let svc = tower_layer::Layer::layer(
-        &layer,
-        service_fn(move |req: Request<()>| {
-            let mut released = released.clone();
-            async move {
-                if req.uri().path() == "/charge" {
-                    let _ = released.wait_for(|r| *r).await;
-                }
-                ok(req).await
-            }
-        }),
-    );
+    let svc = holding_charges(&layer, released);
 
     // Two slow critical requests fill the capacity.
     let a = tokio::spawn(svc.clone().oneshot(get("/charge")));
