@@ -119,8 +119,10 @@ impl ShedConfigBuilder {
     /// How long full utilization must last, from rest, before anything is shed (default
     /// 28 s). Not zero.
     ///
-    /// It also caps the time one update integrates: after a gap with no requests, the next
-    /// one moves the amount at most as far as this much time would.
+    /// A third of it also caps the time one update integrates: after a gap with no requests,
+    /// the next one moves the amount at most as far as that much time would, so that it
+    /// takes at least three samples of full utilization to start shedding, however far
+    /// apart they are.
     pub fn time_before_shedding(mut self, time: Duration) -> Self {
         self.config.before_shedding = time;
         self

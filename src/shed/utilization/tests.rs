@@ -134,17 +134,41 @@ fn dead_zone_holds_the_amount() {
     assert_eq!(rig.shedder.amount(), before);
 }
 
+/// What one update of full utilization adds at most: a third of the 28 s before shedding,
+/// at 1/120 a second.
+const THIRD: f64 = 28.0 / 3.0 / 120.0;
+
 #[test]
 fn elapsed_time_is_capped_and_clock_steps_back_are_ignored() {
     let rig = Rig::new(3);
+    let rest = ShedConfig::default().resting_amount();
     rig.shedder.update(1.0);
-    // An hour without requests counts as 28 s: from rest to the verge of shedding.
+    // An hour without requests counts as a third of 28 s.
     rig.clock.advance(Duration::from_secs(3600));
-    assert!(rig.shedder.update(1.0).abs() < 1e-9);
+    assert!((rig.shedder.update(1.0) - (rest + THIRD)).abs() < 1e-9);
     rig.clock.set_micros(rig.clock.now_micros() - 10_000_000);
-    assert!(rig.shedder.update(1.0).abs() < 1e-9);
-    rig.clock.advance(Duration::from_secs(12));
-    assert!((rig.shedder.update(1.0) - 0.1).abs() < 1e-9);
+    assert!((rig.shedder.update(1.0) - (rest + THIRD)).abs() < 1e-9);
+    rig.clock.advance(Duration::from_secs(6));
+    assert!((rig.shedder.update(1.0) - (rest + THIRD + 0.05)).abs() < 1e-9);
+}
+
+/// A quiet process's lone samples of full utilization (a blip as a request comes, every 30
+/// s) each stand for a third of the 28 s before shedding: three of them shed nothing, and
+/// only a fourth starts shedding. Standing for the whole gap, two would have shed.
+#[test]
+fn lone_samples_of_full_utilization_shed_nothing_before_the_fourth() {
+    let rig = Rig::new(5);
+    rig.shedder.update(0.0);
+    for blip in 1..=3 {
+        rig.clock.advance(Duration::from_secs(30));
+        assert!(rig.shedder.update(1.0) <= 1e-9, "blip {blip}");
+        assert!(
+            !rig.shedder.should_shed_with(Priority::Low, 0.0),
+            "blip {blip}"
+        );
+    }
+    rig.clock.advance(Duration::from_secs(30));
+    assert!(rig.shedder.update(1.0) > 0.05);
 }
 
 #[test]
@@ -157,12 +181,13 @@ fn odd_utilizations_are_clamped() {
         rig.shedder.update(f64::NAN),
         rig.shedder.config().resting_amount()
     );
+    let rest = rig.shedder.config().resting_amount();
     rig.clock.advance(Duration::from_secs(28));
-    assert!(rig.shedder.update(f64::INFINITY).abs() < 1e-9);
-    rig.clock.advance(Duration::from_secs(12));
-    assert!((rig.shedder.update(7.0) - 0.1).abs() < 1e-9);
-    rig.clock.advance(Duration::from_secs(12));
-    assert!(rig.shedder.update(-3.0).abs() < 1e-9);
+    assert!((rig.shedder.update(f64::INFINITY) - (rest + THIRD)).abs() < 1e-9);
+    rig.clock.advance(Duration::from_secs(6));
+    assert!((rig.shedder.update(7.0) - (rest + THIRD + 0.05)).abs() < 1e-9);
+    rig.clock.advance(Duration::from_secs(6));
+    assert!((rig.shedder.update(-3.0) - (rest + THIRD)).abs() < 1e-9);
 }
 
 /// A shedder held at `amount` (reached on a fake clock at full utilization), deciding
@@ -172,12 +197,14 @@ fn at_amount(amount: f64) -> UtilizationShedder {
     let shedder =
         UtilizationShedder::new(ShedConfig::default(), || 0.75).clock(Clock::Manual(clock.clone()));
     shedder.update(1.0);
-    // 28 s to reach 0, then 120 s per unit.
-    clock.advance(Duration::from_secs(28));
-    shedder.update(1.0);
-    // In steps: one update integrates at most 28 s.
-    for _ in 0..10 {
-        clock.advance(Duration::from_secs_f64(12.0 * amount));
+    // 28 s to reach 0, then 120 s per unit, in steps: one update integrates at most a third
+    // of 28 s.
+    for _ in 0..4 {
+        clock.advance(Duration::from_secs(7));
+        shedder.update(1.0);
+    }
+    for _ in 0..20 {
+        clock.advance(Duration::from_secs_f64(6.0 * amount));
         shedder.update(1.0);
     }
     let reached = shedder.amount();
