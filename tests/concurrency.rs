@@ -458,3 +458,81 @@ async fn many_slots_are_renewed_in_short_calls() {
     drop(held);
     wait_for_no_slots(&server, &prefix).await;
 }
+
+/// Opens a WebSocket at `addr` by hand (the HTTP/1.1 handshake on a TCP stream): the stream,
+/// open while it is kept, and the status line of the answer.
+async fn open_socket(addr: SocketAddr) -> (tokio::net::TcpStream, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let handshake = format!(
+        "GET /ws HTTP/1.1\r\nHost: {addr}\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\
+         Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n"
+    );
+    stream.write_all(handshake.as_bytes()).await.unwrap();
+    // the answer's head (a 101's ends the HTTP part; a refusal's body follows it)
+    let mut head = Vec::new();
+    while !head.ends_with(b"\r\n\r\n") {
+        let mut byte = [0u8; 1];
+        if stream.read(&mut byte).await.unwrap() == 0 {
+            break;
+        }
+        head.push(byte[0]);
+    }
+    let status = String::from_utf8_lossy(&head)
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .to_string();
+    (stream, status)
+}
+
+/// A WebSocket's handler that takes its request's slot (`UpgradeSlots`) and keeps it with the
+/// socket holds it until the socket closes: with `1 concurrent`, a second socket is refused
+/// while the first is open, and admitted once it closed. Left to the response, the slot
+/// would go back as the `101` is sent.
+#[tokio::test]
+async fn an_upgraded_connection_keeps_the_slot_its_handler_took() {
+    use axum::extract::ws::WebSocketUpgrade;
+    use axum::Extension;
+    use tollgate::layer::UpgradeSlots;
+    let limiter = Limiter::new(
+        tollgate::MemoryStore::new(),
+        "1 concurrent".parse().unwrap(),
+    );
+    let app = Router::new()
+        .route(
+            "/ws",
+            get(
+                |ws: WebSocketUpgrade, Extension(slots): Extension<UpgradeSlots>| async move {
+                    let held = slots.take();
+                    assert!(held.is_some(), "the request's slot is offered");
+                    ws.on_upgrade(move |mut socket| async move {
+                        let _held = held;
+                        while let Some(Ok(_)) = socket.recv().await {}
+                    })
+                },
+            ),
+        )
+        .layer(RateLimitLayer::new(limiter).key(tollgate::key::Global));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr: SocketAddr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+
+    let (first, status) = open_socket(addr).await;
+    assert_eq!(status, "HTTP/1.1 101 Switching Protocols");
+    let (_, status) = open_socket(addr).await;
+    assert_eq!(
+        status, "HTTP/1.1 429 Too Many Requests",
+        "one socket at a time"
+    );
+    drop(first);
+    let (_third, status) = common::eventually(Duration::from_secs(5), || async {
+        match open_socket(addr).await {
+            (stream, status) if status.contains(" 101 ") => Ok((stream, status)),
+            (_, status) => Err(status),
+        }
+    })
+    .await
+    .0;
+    assert_eq!(status, "HTTP/1.1 101 Switching Protocols");
+}

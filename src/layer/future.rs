@@ -14,6 +14,7 @@ use tower_service::Service;
 
 use super::check::{Charge, ChargeFuture, Pending};
 use super::config::Config;
+use super::upgrade::{self, UpgradeSlots};
 use crate::http::headers::add_headers;
 use crate::http::response::{own_response, LimitedMessage};
 use crate::http::ResponseBody;
@@ -47,6 +48,9 @@ pin_project! {
         pending: Option<Box<Pending>>,
         // The partition key of each identifier of the check, for the `pk` parameters.
         pks: Option<Arc<[Vec<u8>]>>,
+        // The slots offered to the handler of a request that upgrades its connection: taken
+        // back for the response's body if the handler left them.
+        upgrade: Option<UpgradeSlots>,
     }
 }
 
@@ -115,6 +119,7 @@ where
             grpc,
             pending,
             pks: None,
+            upgrade: None,
         }
     }
 
@@ -128,12 +133,13 @@ where
     #[inline]
     pub(crate) fn admitted(
         inner: &mut S,
-        req: Request<ReqBody>,
-        decision: Decision,
+        mut req: Request<ReqBody>,
+        mut decision: Decision,
         config: Arc<Config>,
         pending: Option<Box<Pending>>,
         pks: Option<Arc<[Vec<u8>]>>,
     ) -> Self {
+        let upgrade = upgrade::offer(&mut req, &mut decision);
         ResponseFuture {
             state: State::Calling {
                 fut: inner.call(req),
@@ -143,6 +149,7 @@ where
             grpc: false,
             pending,
             pks,
+            upgrade,
         }
     }
 
@@ -174,6 +181,7 @@ where
             grpc: false,
             pending: None,
             pks: None,
+            upgrade: None,
         }
     }
 
@@ -186,6 +194,7 @@ where
             grpc: false,
             pending: None,
             pks: None,
+            upgrade: None,
         }
     }
 }
@@ -232,7 +241,11 @@ fn answer<S, ReqBody, ResBody>(
 where
     S: Service<Request<ReqBody>>,
 {
-    let guard = this.decision.as_mut().and_then(Decision::take_guard);
+    // (the slots offered to an upgrading request's handler, if it left them)
+    let guard = match this.upgrade.take() {
+        Some(offered) => offered.take(),
+        None => this.decision.as_mut().and_then(Decision::take_guard),
+    };
     let mut res = res.map(|b| ResponseBody::inner(b).guarded(guard));
     if let Some(decision) = this.decision {
         let pks = this.pks.as_deref();
@@ -291,7 +304,7 @@ where
 {
     match this.state.as_mut().project() {
         StateProj::Checking { check, inner } => {
-            let (outcome, req) = match check.as_mut().poll(cx) {
+            let (outcome, mut req) = match check.as_mut().poll(cx) {
                 Poll::Ready(checked) => checked,
                 Poll::Pending => return Some(Poll::Pending),
             };
@@ -304,6 +317,9 @@ where
                     return None;
                 }
             };
+            if let Some(decision) = this.decision.as_mut() {
+                *this.upgrade = upgrade::offer(&mut req, decision);
+            }
             let fut = inner.call(req);
             this.state.set(State::Calling { fut });
             None

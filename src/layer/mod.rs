@@ -82,10 +82,12 @@ pub(crate) mod future;
 #[allow(clippy::module_inception)]
 mod layer;
 mod service;
+mod upgrade;
 
 pub use self::config::{LayerSettings, MissingKey};
 pub use self::future::ResponseFuture;
 pub use self::layer::RateLimitLayer;
 pub use self::service::RateLimit;
+pub use self::upgrade::UpgradeSlots;
 pub use crate::http::headers::HeaderStyle;
 pub use crate::http::ResponseBody;
