@@ -49,7 +49,9 @@ pub enum Origin {
     Fallback,
     /// The limiter, in process: the store denied one of the identifiers a moment ago, for at
     /// least this cost, until a time that has not come yet (see
-    /// [`LimiterBuilder::deny_cache`](crate::LimiterBuilder::deny_cache)).
+    /// [`LimiterBuilder::deny_cache`](crate::LimiterBuilder::deny_cache)). Its statuses are
+    /// those the cache keeps: for each identifier it knows denied, the limit that denied it
+    /// (so a layer's rate-limit fields list that limit alone).
     DenyCache,
 }
 
@@ -296,7 +298,8 @@ impl Decision {
         self.guard.take()
     }
 
-    /// Every (identifier, limit) pair, identifier-major.
+    /// Every (identifier, limit) pair, identifier-major — of a decision the store made; one
+    /// the failure policy or the deny cache answered has fewer (see [`Origin`]).
     pub fn statuses(&self) -> &[LimitStatus] {
         &self.statuses
     }
