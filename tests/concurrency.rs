@@ -536,3 +536,50 @@ async fn an_upgraded_connection_keeps_the_slot_its_handler_took() {
     .0;
     assert_eq!(status, "HTTP/1.1 101 Switching Protocols");
 }
+
+/// The slots offered to an upgrading request's handler go back when the response future is
+/// dropped first (the client gone), though the handler kept a handle on them without taking
+/// them.
+#[tokio::test]
+async fn offered_slots_go_back_with_a_dropped_response_future() {
+    use std::sync::Mutex;
+    use tollgate::layer::UpgradeSlots;
+    use tower::{Layer, ServiceExt};
+    let limiter = Limiter::new(
+        tollgate::MemoryStore::new(),
+        "1 concurrent".parse().unwrap(),
+    );
+    let kept: Arc<Mutex<Vec<UpgradeSlots>>> = Arc::default();
+    let handler = {
+        let kept = kept.clone();
+        tower::service_fn(move |req: http::Request<Body>| {
+            let kept = kept.clone();
+            async move {
+                let slots = req.extensions().get::<UpgradeSlots>().cloned();
+                kept.lock().unwrap().extend(slots);
+                std::future::pending::<()>().await;
+                Ok::<_, Infallible>(http::Response::new(Body::empty()))
+            }
+        })
+    };
+    let svc = RateLimitLayer::new(limiter.clone())
+        .key(tollgate::key::Global)
+        .layer(handler);
+    let upgrade = http::Request::get("/ws")
+        .header("connection", "upgrade")
+        .header("upgrade", "websocket")
+        .body(Body::empty())
+        .unwrap();
+    let call = tokio::spawn(svc.oneshot(upgrade));
+    common::eventually(Duration::from_secs(5), || async {
+        match kept.lock().unwrap().len() {
+            1 => Ok(()),
+            n => Err(format!("{n} handles kept")),
+        }
+    })
+    .await;
+    call.abort();
+    assert!(call.await.unwrap_err().is_cancelled());
+    let next = limiter.check(&["global"]).await.unwrap();
+    assert!(next.is_allowed(), "the dropped request's slot went back");
+}

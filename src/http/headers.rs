@@ -319,7 +319,7 @@ fn merge(
         merge_ietf(headers, &ours, retry_after);
     }
     if style.legacy() {
-        merge_legacy(headers, &ours);
+        merge_legacy(headers, &ours, retry_after);
     }
 }
 
@@ -575,9 +575,10 @@ fn push_base64(out: &mut impl std::fmt::Write, bytes: &[u8]) -> std::fmt::Result
 }
 
 /// The legacy fields describe one limit: on a denial the one that holds the request back
-/// longest (its reset no sooner than the `Retry-After`), otherwise the rate limit closest to
-/// exhaustion.
-fn merge_legacy(headers: &mut HeaderMap, ours: &[Advert]) {
+/// longest, otherwise the rate limit closest to exhaustion. Their reset is never sooner
+/// than the response's `Retry-After` (`retry_after`, ours or an inner layer's): a client
+/// retrying then must not be refused again.
+fn merge_legacy(headers: &mut HeaderMap, ours: &[Advert], retry_after: Option<u64>) {
     let denying = ours
         .iter()
         .filter(|a| a.retry.is_some())
@@ -589,14 +590,22 @@ fn merge_legacy(headers: &mut HeaderMap, ours: &[Advert]) {
     }) else {
         return;
     };
-    let reset = tightest.full.max(tightest.retry.unwrap_or(0));
-    let theirs = headers
-        .get(X_RATELIMIT_REMAINING)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.trim().parse::<u64>().ok());
-    if headers.contains_key(X_RATELIMIT_REMAINING) && theirs.is_none_or(|r| r <= tightest.r) {
-        return;
+    if headers.contains_key(X_RATELIMIT_REMAINING) {
+        // Another layer's fields: kept when they show as little left, or when they describe
+        // its refusal and ours refuses nothing.
+        let theirs = headers
+            .get(X_RATELIMIT_REMAINING)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse::<u64>().ok());
+        let refused_there = retry_after.is_some() && denying.is_none();
+        if refused_there || theirs.is_none_or(|r| r <= tightest.r) {
+            return;
+        }
     }
+    let reset = tightest
+        .full
+        .max(tightest.retry.unwrap_or(0))
+        .max(retry_after.unwrap_or(0));
     headers.insert(X_RATELIMIT_LIMIT, HeaderValue::from(tightest.q));
     headers.insert(X_RATELIMIT_REMAINING, HeaderValue::from(tightest.r));
     headers.insert(X_RATELIMIT_RESET, HeaderValue::from(reset));

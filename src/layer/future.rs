@@ -14,7 +14,7 @@ use tower_service::Service;
 
 use super::check::{Charge, ChargeFuture, Pending};
 use super::config::Config;
-use super::upgrade::{self, UpgradeSlots};
+use super::upgrade::{self, Offered};
 use crate::http::headers::add_headers;
 use crate::http::response::{own_response, LimitedMessage};
 use crate::http::ResponseBody;
@@ -50,7 +50,7 @@ pin_project! {
         pks: Option<Arc<[Vec<u8>]>>,
         // The slots offered to the handler of a request that upgrades its connection: taken
         // back for the response's body if the handler left them.
-        upgrade: Option<UpgradeSlots>,
+        upgrade: Option<Offered>,
     }
 }
 
@@ -243,7 +243,7 @@ where
 {
     // (the slots offered to an upgrading request's handler, if it left them)
     let guard = match this.upgrade.take() {
-        Some(offered) => offered.take(),
+        Some(offered) => offered.take_back(),
         None => this.decision.as_mut().and_then(Decision::take_guard),
     };
     let mut res = res.map(|b| ResponseBody::inner(b).guarded(guard));

@@ -56,10 +56,28 @@ impl fmt::Debug for UpgradeSlots {
     }
 }
 
+/// The slots offered to a handler, as the layer keeps them: taken back for the response's
+/// body if the handler left them, and given back when dropped first (the response future
+/// dropped: a client gone, say), however long the request's extensions live.
+pub(super) struct Offered(UpgradeSlots);
+
+impl Offered {
+    /// The slots, if the handler left them.
+    pub(super) fn take_back(&self) -> Option<ConcurrencyGuard> {
+        self.0.take()
+    }
+}
+
+impl Drop for Offered {
+    fn drop(&mut self) {
+        drop(self.0.take());
+    }
+}
+
 /// Offers the slots `decision` holds to the handler of `req`, if it asks to upgrade its
 /// connection: the handle the layer takes them back from when the handler left them.
 #[inline(always)]
-pub(super) fn offer<B>(req: &mut Request<B>, decision: &mut Decision) -> Option<UpgradeSlots> {
+pub(super) fn offer<B>(req: &mut Request<B>, decision: &mut Decision) -> Option<Offered> {
     decision.guard.as_ref()?;
     offer_held(req, decision)
 }
@@ -67,13 +85,13 @@ pub(super) fn offer<B>(req: &mut Request<B>, decision: &mut Decision) -> Option<
 /// [`offer`], for a decision that holds slots.
 #[cold]
 #[inline(never)]
-fn offer_held<B>(req: &mut Request<B>, decision: &mut Decision) -> Option<UpgradeSlots> {
+fn offer_held<B>(req: &mut Request<B>, decision: &mut Decision) -> Option<Offered> {
     if !asks_to_upgrade(req) {
         return None;
     }
     let slots = UpgradeSlots(Arc::new(Mutex::new(decision.take_guard())));
     req.extensions_mut().insert(slots.clone());
-    Some(slots)
+    Some(Offered(slots))
 }
 
 /// Whether `req` asks to upgrade its connection: an HTTP/1.1 `Upgrade` (a WebSocket

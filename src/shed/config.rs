@@ -119,10 +119,10 @@ impl ShedConfigBuilder {
     /// How long full utilization must last, from rest, before anything is shed (default
     /// 28 s). Not zero.
     ///
-    /// A third of it also caps the time one update integrates: after a gap with no requests,
-    /// the next one moves the amount at most as far as that much time would, so that it
-    /// takes at least three samples of full utilization to start shedding, however far
-    /// apart they are.
+    /// It also caps the time one update integrates: after a gap with no requests, the next
+    /// one lowers the amount at most as far as this much time would, and raises it at most
+    /// as far as a third of it would, so that it takes three samples of full utilization,
+    /// however far apart, to reach the point where shedding starts.
     pub fn time_before_shedding(mut self, time: Duration) -> Self {
         self.config.before_shedding = time;
         self

@@ -12,11 +12,10 @@
 //! * It watches how busy the process is (a [`UtilizationSource`], from 0 to 1; by default
 //!   [`InFlight`], the requests in flight against a capacity).
 //! * When the process has been too busy for a while (28 s by default, so that a blip or an
-//!   imprecise measurement sheds nothing; sampled as requests come, at least three samples of
-//!   it, each standing for at most a third of those 28 s), it starts throwing out the least
-//!   important requests with a growing probability, then more important ones, until
-//!   everything but [`Critical`](Priority::Critical) traffic is shed (120 s later by
-//!   default).
+//!   imprecise measurement sheds nothing; sampled as requests come, each sample stands for at
+//!   most a third of those 28 s), it starts throwing out the least important requests with a
+//!   growing probability, then more important ones, until everything but
+//!   [`Critical`](Priority::Critical) traffic is shed (120 s later by default).
 //! * When the load goes, it lets traffic back as gradually. Sharp changes in the amount shed
 //!   cause wild swings and failures that are hard to diagnose; slow ones do not.
 //!

@@ -192,10 +192,10 @@ impl UtilizationShedder {
     }
 
     /// Moves the shedding amount as `utilization` (clamped to [0, 1]; NaN counts as 0) says,
-    /// for the time since the previous update — at most a third of the
-    /// [time before shedding](ShedConfig::time_before_shedding), so that shedding starts
-    /// only after at least three samples of full utilization, however far apart — and returns
-    /// the new amount. Decisions call this with the source's utilization; call it directly to drive
+    /// for the time since the previous update — at most the
+    /// [time before shedding](ShedConfig::time_before_shedding), and at most a third of it
+    /// when the amount rises, so that it takes three samples of full utilization, however far
+    /// apart, to reach the point where shedding starts — and returns the new amount. Decisions call this with the source's utilization; call it directly to drive
     /// the shedder with utilization samples of your own.
     pub fn update(&self, utilization: f64) -> f64 {
         let utilization = if utilization.is_nan() {
@@ -207,8 +207,15 @@ impl UtilizationShedder {
         // Stripe's sketch samples the utilization every 8 s, and waits 28 s: several samples,
         // each standing for its 8 s. Sampled as requests come instead, irregularly, one
         // sample of a quiet process must not stand for the whole wait (two blips 30 s apart
-        // would then shed): each stands for at most a third of it.
-        let max_elapsed = self.config.time_before_shedding().as_secs_f64() / 3.0;
+        // would then shed): one that raises the amount stands for at most a third of it. A
+        // gap without requests is itself a sign of idleness, so one that lowers it stands
+        // for the whole wait, as in the sketch: a process back from a pause recovers as fast.
+        let before_shedding = self.config.time_before_shedding().as_secs_f64();
+        let max_elapsed = if derivative > 0.0 {
+            before_shedding / 3.0
+        } else {
+            before_shedding
+        };
         let resting = self.config.resting_amount();
         let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
         // Read under the lock, so that updates see the time in order.

@@ -179,9 +179,11 @@ impl Keeper {
 #[derive(Debug, Default)]
 pub(crate) struct KeeperSlot {
     keeper: Mutex<Option<Keeper>>,
-    /// What a keeper left when its task was dropped under it (its runtime shut down), for the
-    /// next one to take over.
+    /// What a keeper left when its task was dropped under it (its runtime shut down), and the
+    /// messages no keeper could take, for the next one to take over.
     orphans: Arc<Mutex<Orphans>>,
+    /// Where keepers say they took over slots, at a bounded rate whichever keeper says it.
+    taken_over_log: Arc<BoundedLog>,
 }
 
 /// What a keeper dropped with its runtime leaves behind: the leases it renewed and the
@@ -209,12 +211,7 @@ impl KeeperSlot {
     /// a runtime, with no keeper running, the lease is left for the next keeper to take over,
     /// or expires by itself.
     pub(crate) fn hold<B: Backend>(&self, backend: impl FnOnce() -> B, lease: Lease) {
-        let Some(keeper) = self.get_or_start(backend) else {
-            return self.orphan(lease);
-        };
-        if let Err(Msg::Hold(lease)) = keeper.send(Msg::Hold(lease)) {
-            self.orphan(lease);
-        }
+        self.send(backend, Msg::Hold(lease));
     }
 
     /// Ends `lease`'s renewal, and with `release` gives its slot back through the keeper
@@ -226,62 +223,63 @@ impl KeeperSlot {
         lease: Lease,
         release: bool,
     ) {
-        let keeper = self.get_or_start(backend);
-        // Under the lock of what a lost keeper left: a keeper dropped before or while this is
-        // sent has either read the message (and left it for the next keeper) or left the
-        // lease among the orphans, where it is found here.
-        let mut orphans = lock(&self.orphans);
-        let orphaned = orphans.held.remove(&lease.id);
         let msg = if release {
             Msg::Release(lease)
         } else {
             Msg::Forget(lease.id)
         };
-        let unsent = match keeper {
-            Some(k) => k.send(msg).err(),
-            None => Some(msg),
+        self.send(backend, msg);
+    }
+
+    /// Sends `msg` to the keeper, started within the current Tokio runtime if not running
+    /// (taking over what a lost keeper left). A message no keeper takes — outside a runtime,
+    /// or on a runtime shutting down, whose tasks are dropped as they are spawned — is
+    /// applied to the orphans, for the next keeper.
+    ///
+    /// Under the keeper's lock throughout, so that no keeper starts (and takes the orphans
+    /// over) between a send that fails and the orphans it then changes; and a keeper dropped
+    /// closes its channel under the orphans' lock before it leaves them what it held, so that
+    /// a message is either among those it leaves or refused (see `Holding`'s `Drop`).
+    fn send<B: Backend>(&self, backend: impl FnOnce() -> B, msg: Msg) {
+        let mut current = lock(&self.keeper);
+        let msg = match current.as_ref() {
+            Some(k) => match k.send(msg) {
+                Ok(()) => return,
+                Err(msg) => msg,
+            },
+            None => msg,
         };
-        match unsent {
-            // not sent, or sent to a keeper that had left the lease to the next one: the next
-            // keeper releases it (releases are idempotent)
-            Some(Msg::Release(lease)) => orphans.unreleased.push(Held::now(lease)),
-            None if orphaned.is_some() && release => {
-                if let Some(h) = orphaned {
-                    orphans.unreleased.push(h);
-                }
-            }
-            _ => {}
-        }
+        // No keeper yet, or its task ended under it with its runtime (this slot holds a
+        // sender, so its channel closes for no other reason).
+        let msg = match self.start(&mut current, backend) {
+            Some(k) => match k.send(msg) {
+                Ok(()) => return,
+                Err(msg) => msg,
+            },
+            None => msg,
+        };
+        let orphans = &mut *lock(&self.orphans);
+        apply(msg, &mut orphans.held, &mut orphans.unreleased);
     }
 
-    /// Leaves `lease` to the next keeper.
-    fn orphan(&self, lease: Lease) {
-        lock(&self.orphans)
-            .held
-            .insert(lease.id.clone(), Held::now(lease));
-    }
-
-    /// The keeper, started within the current Tokio runtime if not running (on a backend that
-    /// `backend` makes), taking over what a lost keeper left. `None` outside a runtime.
+    /// Starts a keeper within the current Tokio runtime (on a backend that `backend` makes),
+    /// taking over what a lost keeper left, as `current`; `None` outside a runtime.
     ///
     /// The task must hold the store without this slot (and so without a sender): once every
     /// handle of the store and every guard is gone, its channel closes and it ends.
-    fn get_or_start<B: Backend>(&self, backend: impl FnOnce() -> B) -> Option<Keeper> {
-        let mut current = lock(&self.keeper);
-        if let Some(k) = current.as_ref().filter(|k| !k.tx.is_closed()) {
-            return Some(k.clone());
-        }
+    fn start<'a, B: Backend>(
+        &self,
+        current: &'a mut Option<Keeper>,
+        backend: impl FnOnce() -> B,
+    ) -> Option<&'a Keeper> {
         let runtime = tokio::runtime::Handle::try_current().ok()?;
         let (tx, rx) = mpsc::unbounded_channel();
-        let backend = backend();
         // Made here, not in the task, so that what it took over goes back to the orphans even
         // if the task is dropped before it first runs (spawned on a runtime shutting down).
         let mut holding = Holding::new(rx, self.orphans.clone());
-        holding.take_over();
-        runtime.spawn(run(backend, holding));
-        let keeper = Keeper { tx };
-        *current = Some(keeper.clone());
-        Some(keeper)
+        holding.take_over(self.taken_over_log.clone());
+        runtime.spawn(run(backend(), holding));
+        Some(current.insert(Keeper { tx }))
     }
 }
 
@@ -301,12 +299,6 @@ struct Held {
 }
 
 impl Held {
-    /// `lease`, as if renewed now.
-    fn now(lease: Lease) -> Held {
-        let renewed = Instant::now();
-        Held { lease, renewed }
-    }
-
     fn expires(&self) -> Instant {
         self.renewed + Duration::from_micros(self.lease.lease_us)
     }
@@ -323,6 +315,7 @@ async fn run<B: Backend>(backend: B, mut holding: Holding) {
         unreleased,
         rx,
         taken_over,
+        taken_over_log,
         ..
     } = &mut holding;
     // The slots taken over from a keeper lost with its runtime, still held once the messages
@@ -335,8 +328,8 @@ async fn run<B: Backend>(backend: B, mut holding: Holding) {
         .iter()
         .filter(|id| held.contains_key(*id))
         .count();
-    if still_held > 0 {
-        lost_log.keeper_lost(backend.label(), still_held);
+    if let (true, Some(log)) = (still_held > 0, taken_over_log) {
+        log.keeper_lost(backend.label(), still_held);
     }
     let mut tick = tokio::time::interval(TICK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -415,8 +408,9 @@ struct Holding {
     /// The keeper's messages, some perhaps not read yet when it is dropped.
     rx: mpsc::UnboundedReceiver<Msg>,
     orphans: Arc<Mutex<Orphans>>,
-    /// The ids of the leases taken over from a lost keeper.
+    /// The ids of the leases taken over from a lost keeper, and where that is said.
     taken_over: Vec<String>,
+    taken_over_log: Option<Arc<BoundedLog>>,
 }
 
 impl Holding {
@@ -427,11 +421,14 @@ impl Holding {
             rx,
             orphans,
             taken_over: Vec::new(),
+            taken_over_log: None,
         }
     }
 
-    /// Takes over what a lost keeper left.
-    fn take_over(&mut self) {
+    /// Takes over what a lost keeper left (and the messages no keeper took), to be said in
+    /// `log`.
+    fn take_over(&mut self, log: Arc<BoundedLog>) {
+        self.taken_over_log = Some(log);
         let mut orphans = lock(&self.orphans);
         self.taken_over.extend(orphans.held.keys().cloned());
         self.leases.extend(orphans.held.drain());
@@ -441,9 +438,11 @@ impl Holding {
 
 impl Drop for Holding {
     fn drop(&mut self) {
-        // Under the lock, so that a guard let go meanwhile finds its lease here or its
-        // message read (see `KeeperSlot::let_go`).
+        // The channel closed under the orphans' lock: a message sent before is read here and
+        // left to the next keeper, one sent after is refused, and its sender leaves it to the
+        // orphans itself (see `KeeperSlot::send`).
         let mut orphans = lock(&self.orphans);
+        self.rx.close();
         let mut released = Vec::new();
         drain(&mut self.rx, &mut self.leases, &mut released);
         orphans.held.extend(self.leases.drain());
@@ -464,13 +463,22 @@ fn drain(
 }
 
 /// Releases `released` in the store, keeping those whose release missed it in `unreleased`.
+/// They are among the unreleased while the call runs: a keeper dropped meanwhile (its
+/// runtime shutting down) leaves them to the next one.
 async fn release<B: Backend>(backend: &B, released: Vec<Held>, unreleased: &mut Vec<Held>) {
     if released.is_empty() {
         return;
     }
     let leases: Vec<Lease> = released.iter().map(|h| h.lease.clone()).collect();
+    let from = unreleased.len();
+    unreleased.extend(released);
     let reached = backend.release(&leases).await;
-    unreleased.extend(missed(released, &reached));
+    let mut i = 0;
+    unreleased.retain(|_| {
+        let keep = i < from || !reached.get(i - from).copied().unwrap_or(false);
+        i += 1;
+        keep
+    });
 }
 
 /// The leases of `released` whose release did not reach the store (`reached`, by index; a

@@ -287,6 +287,16 @@ async fn the_legacy_style_shows_the_limit_that_denied_longest() {
         retry > 3000 && reset >= retry,
         "reset {reset}, retry {retry}"
     );
+    // an outer layer that allowed, with less left, leaves the inner refusal's fields alone
+    let (outer, _) = limiter("1/min");
+    add_headers(
+        &mut headers,
+        &check(&outer).await,
+        HeaderStyle::Legacy,
+        None,
+    );
+    assert_eq!(headers["x-ratelimit-limit"], "12");
+    assert_eq!(headers["x-ratelimit-reset"], reset.to_string().as_str());
 }
 
 #[test]

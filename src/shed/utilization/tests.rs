@@ -163,12 +163,33 @@ fn lone_samples_of_full_utilization_shed_nothing_before_the_fourth() {
         rig.clock.advance(Duration::from_secs(30));
         assert!(rig.shedder.update(1.0) <= 1e-9, "blip {blip}");
         assert!(
-            !rig.shedder.should_shed_with(Priority::Low, 0.0),
+            !rig.shedder.should_shed_with(Priority::Low, 1e-6),
             "blip {blip}"
         );
     }
     rig.clock.advance(Duration::from_secs(30));
     assert!(rig.shedder.update(1.0) > 0.05);
+}
+
+/// A gap without requests lowers the amount as far as the whole 28 s of idleness would, not
+/// a third of it: a process back from a pause recovers as fast as in Stripe's sketch.
+#[test]
+fn a_pause_lowers_the_amount_as_far_as_the_whole_wait() {
+    let rig = Rig::new(6);
+    rig.shedder.update(1.0);
+    // 84 s of full utilization, in steps a rise takes whole: 28 s to reach 0, then 0.47
+    for _ in 0..14 {
+        rig.clock.advance(Duration::from_secs(6));
+        rig.shedder.update(1.0);
+    }
+    let reached = rig.shedder.update(1.0);
+    assert!((reached - 56.0 / 120.0).abs() < 1e-9, "{reached}");
+    rig.clock.advance(Duration::from_secs(3600));
+    let after = rig.shedder.update(0.0);
+    assert!(
+        (reached - after - 28.0 / 120.0).abs() < 1e-9,
+        "{reached} -> {after}"
+    );
 }
 
 #[test]
