@@ -449,6 +449,53 @@ async fn a_master_without_the_acl_user_fails_the_connection() {
     }
 }
 
+/// `CLUSTER SETSLOT slot what node` on `conn`.
+fn setslot(conn: &mut redis::Connection, slot: u16, what: &str, node: &str) {
+    let () = redis::cmd("CLUSTER")
+        .arg("SETSLOT")
+        .arg(slot)
+        .arg(what)
+        .arg(node)
+        .query(conn)
+        .unwrap();
+}
+
+/// Begins moving the slot of `id` from the master on `source` to the one on `target`
+/// (`IMPORTING` on the target, `MIGRATING` on the source): the slot, and the target's id.
+fn begin_migration(cluster: &ClusterServer, id: &str, source: u16, target: u16) -> (u16, String) {
+    let node_id = |port: u16| -> String {
+        let mut conn = cluster.node_conn(port).unwrap();
+        redis::cmd("CLUSTER").arg("MYID").query(&mut conn).unwrap()
+    };
+    let (source_id, target_id) = (node_id(source), node_id(target));
+    let mut on_source = cluster.node_conn(source).unwrap();
+    let mut on_target = cluster.node_conn(target).unwrap();
+    let slot: u16 = redis::cmd("CLUSTER")
+        .arg("KEYSLOT")
+        .arg(id)
+        .query(&mut on_source)
+        .unwrap();
+    setslot(&mut on_target, slot, "IMPORTING", &source_id);
+    setslot(&mut on_source, slot, "MIGRATING", &target_id);
+    (slot, target_id)
+}
+
+/// Two checks of `id` (a `9/min` limit, with 8 and 7 left), while its slot migrates to the
+/// master on `target`: made there, where its keys are.
+async fn checked_on_the_target(limiter: &Limiter, cluster: &ClusterServer, id: &str, target: u16) {
+    for expected in [8, 7] {
+        let d = limiter.check(&[id]).await.unwrap();
+        assert!(d.is_allowed());
+        assert_eq!(d.statuses()[0].remaining, expected);
+    }
+    let mut on_target = cluster.node_conn(target).unwrap();
+    let on_target_keys: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("*{{{id}}}*"))
+        .query(&mut on_target)
+        .unwrap();
+    assert!(!on_target_keys.is_empty(), "the check ran on the target");
+}
+
 /// A slot migrated while checks run: while it is half-way, its fresh keys live on the target
 /// and the source answers `ASK`; once moved, the client's slot map is stale and the source
 /// answers `MOVED`. Both are followed (the check script loaded on the target when it answers
@@ -473,43 +520,12 @@ async fn checks_follow_a_slot_migration() {
         .into_iter()
         .find(|&p| p != source)
         .unwrap();
-    let node_id = |port: u16| -> String {
-        let mut conn = cluster.node_conn(port).unwrap();
-        redis::cmd("CLUSTER").arg("MYID").query(&mut conn).unwrap()
-    };
-    let (source_id, target_id) = (node_id(source), node_id(target));
-    let mut on_source = cluster.node_conn(source).unwrap();
-    let mut on_target = cluster.node_conn(target).unwrap();
-    let slot: u16 = redis::cmd("CLUSTER")
-        .arg("KEYSLOT")
-        .arg(id)
-        .query(&mut on_source)
-        .unwrap();
-    let setslot = |conn: &mut redis::Connection, what: &str, node: &str| {
-        let () = redis::cmd("CLUSTER")
-            .arg("SETSLOT")
-            .arg(slot)
-            .arg(what)
-            .arg(node)
-            .query(conn)
-            .unwrap();
-    };
-    setslot(&mut on_target, "IMPORTING", &source_id);
-    setslot(&mut on_source, "MIGRATING", &target_id);
-    for expected in [8, 7] {
-        let d = limiter.check(&[id]).await.unwrap();
-        assert!(d.is_allowed());
-        assert_eq!(d.statuses()[0].remaining, expected);
-    }
-    let on_target_keys: Vec<String> = redis::cmd("KEYS")
-        .arg("*{migrate:1}*")
-        .query(&mut on_target)
-        .unwrap();
-    assert!(!on_target_keys.is_empty(), "the check ran on the target");
+    let (slot, target_id) = begin_migration(cluster, id, source, target);
+    checked_on_the_target(&limiter, cluster, id, target).await;
     // the migration ends: every master learns the slot's new owner
     for port in cluster.masters() {
         let mut conn = cluster.node_conn(port).unwrap();
-        setslot(&mut conn, "NODE", &target_id);
+        setslot(&mut conn, slot, "NODE", &target_id);
     }
     for expected in [6, 5] {
         let d = limiter.check(&[id]).await.unwrap();
@@ -517,6 +533,25 @@ async fn checks_follow_a_slot_migration() {
         assert_eq!(d.statuses()[0].remaining, expected);
     }
     assert_eq!(cluster.master_of(&format!("{{{id}}}")), target);
+}
+
+/// A slot migrating to a master new to the cluster, which serves no slot yet (so the
+/// client's slot map, and its connections, do not include it): the `ASK` is followed over a
+/// connection of the store's own, and the check runs there.
+#[tokio::test]
+async fn checks_follow_a_migration_to_a_new_master() {
+    let mut cluster = ClusterServer::start(3, 0);
+    let store = store_on(&cluster).await;
+    let limiter = Limiter::builder(store, "9/min".parse().unwrap())
+        .on_store_error(OnStoreError::Closed)
+        .build();
+    let id = "migrate:2";
+    // the client's connections made, before the new master joins
+    assert!(limiter.check(&["warm:2"]).await.unwrap().is_allowed());
+    let target = cluster.add_empty_master();
+    let source = cluster.master_of(&format!("{{{id}}}"));
+    begin_migration(&cluster, id, source, target);
+    checked_on_the_target(&limiter, &cluster, id, target).await;
 }
 
 /// A master that does not answer when the store connects (stalled, or down before its

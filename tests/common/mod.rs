@@ -642,6 +642,27 @@ impl ClusterServer {
         SHARED.get_or_init(|| ClusterServer::start(3, 0))
     }
 
+    /// Starts a master that serves no slot yet, joins it to the cluster and waits until every
+    /// node knows it: its port.
+    pub fn add_empty_master(&mut self) -> u16 {
+        let node = loop {
+            if let Some(node) = self.start_node(cluster_port()) {
+                break node;
+            }
+        };
+        let port = node.port;
+        let mut conn = self.node_conn(self.nodes[0].port).unwrap();
+        let () = redis::cmd("CLUSTER")
+            .arg("MEET")
+            .arg("127.0.0.1")
+            .arg(port)
+            .query(&mut conn)
+            .unwrap();
+        self.nodes.push(node);
+        self.wait_ok();
+        port
+    }
+
     fn start_node(&self, port: u16) -> Option<ClusterNode> {
         let node_dir = self.dir.join(port.to_string());
         std::fs::create_dir_all(&node_dir).unwrap();

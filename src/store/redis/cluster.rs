@@ -20,7 +20,7 @@
 //! was measured).
 
 use std::collections::HashMap;
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use futures_util::future::join_all;
@@ -32,8 +32,8 @@ use redis::cluster_routing::{
     SlotAddr,
 };
 use redis::{
-    Arg, AsyncConnectionConfig, Client, Cmd, ErrorKind, ProtocolVersion, RedisError, RedisFuture,
-    RedisResult, ServerErrorKind, Value,
+    Arg, AsyncConnectionConfig, Client, Cmd, ErrorKind, ProtocolVersion, RedisConnectionInfo,
+    RedisError, RedisFuture, RedisResult, ServerErrorKind, Value,
 };
 
 use super::url::{tcp_info, ClusterTarget};
@@ -92,6 +92,54 @@ pub(crate) struct ClusterConn {
     last_key: Option<Vec<u8>>,
     /// The node the last `EVALSHA` was redirected to, if it was: the node that answered.
     last_node: Option<(String, u16)>,
+    /// Connections to the nodes redirections name.
+    redirected: Arc<Redirected>,
+}
+
+/// Connections of the store's own to the nodes a `MOVED` or `ASK` names. The crate's client
+/// sends a command to a node by its address only over a connection it has, and a node new to
+/// the cluster — a master without slots, importing its first — is none of them until the
+/// migration ends (`CLUSTER SLOTS` does not list it): a check redirected there would fail,
+/// and the crate, told of a node it has no connection to, would reconnect to every node.
+/// Redirections are rare (a slot migrating, a failover), so these are opened when first
+/// needed, kept while they work, and opened again when they fail.
+struct Redirected {
+    /// How to log in to every node.
+    login: RedisConnectionInfo,
+    /// How long a connection to a node may take to open.
+    connect_timeout: Duration,
+    nodes: tokio::sync::Mutex<HashMap<(String, u16), MultiplexedConnection>>,
+}
+
+impl Redirected {
+    /// The connection to the node at `host:port`, opened if there is none.
+    async fn conn(&self, host: &str, port: u16) -> RedisResult<MultiplexedConnection> {
+        let mut nodes = self.nodes.lock().await;
+        if let Some(conn) = nodes.get(&(host.to_string(), port)) {
+            return Ok(conn.clone());
+        }
+        let config =
+            AsyncConnectionConfig::new().set_connection_timeout(Some(self.connect_timeout));
+        let conn = Client::open(tcp_info(host, port, &self.login)?)?
+            .get_multiplexed_async_connection_with_config(&config)
+            .await?;
+        nodes.insert((host.to_string(), port), conn.clone());
+        Ok(conn)
+    }
+
+    /// Sends `pipe` to the node at `host:port`; a connection that failed is dropped, for the
+    /// next redirection there to open another.
+    async fn send(&self, host: &str, port: u16, pipe: &redis::Pipeline) -> RedisResult<Vec<Value>> {
+        let mut conn = self.conn(host, port).await?;
+        let reply = conn.req_packed_commands(pipe, 0, pipe.len()).await;
+        if reply
+            .as_ref()
+            .is_err_and(|e| e.is_io_error() || e.is_connection_dropped())
+        {
+            self.nodes.lock().await.remove(&(host.to_string(), port));
+        }
+        reply
+    }
 }
 
 impl ClusterConn {
@@ -101,7 +149,22 @@ impl ClusterConn {
             inner: self.inner.clone(),
             last_key: None,
             last_node: None,
+            redirected: self.redirected.clone(),
         }
+    }
+
+    /// `cmd` sent to the node at `host:port` over the store's own connection to it, after
+    /// `ASKING` when `asking`: its reply.
+    async fn send_to(&self, host: &str, port: u16, cmd: &Cmd, asking: bool) -> RedisResult<Value> {
+        let mut pipe = redis::pipe();
+        if asking {
+            pipe.cmd("ASKING");
+        }
+        pipe.add_command(cmd.clone());
+        let mut values = self.redirected.send(host, port, &pipe).await?;
+        values
+            .pop()
+            .ok_or_else(|| RedisError::from((ErrorKind::Parse, "no reply to a redirected call")))
     }
 
     /// Resends a call answered `MOVED` or `ASK` to the node named, a few times at most; any
@@ -121,26 +184,8 @@ impl ClusterConn {
                 return reply;
             };
             self.last_node = Some((host.clone(), port));
-            let to = SingleNodeRoutingInfo::ByAddress { host, port };
-            reply = match err.kind() {
-                ErrorKind::Server(ServerErrorKind::Ask) => {
-                    let mut pipe = redis::pipe();
-                    pipe.cmd("ASKING").add_command(cmd.clone());
-                    self.inner
-                        .route_pipeline(pipe, 1, 1, to)
-                        .await
-                        .and_then(|mut values| {
-                            values.pop().ok_or_else(|| {
-                                RedisError::from((ErrorKind::Parse, "no reply after ASKING"))
-                            })
-                        })
-                }
-                _ => {
-                    self.inner
-                        .route_command(cmd.clone(), RoutingInfo::SingleNode(to))
-                        .await
-                }
-            };
+            let asking = matches!(err.kind(), ErrorKind::Server(ServerErrorKind::Ask));
+            reply = self.send_to(&host, port, cmd, asking).await;
         }
         reply
     }
@@ -157,19 +202,15 @@ impl ConnectionLike for ClusterConn {
                     self.follow(cmd, reply).await
                 }
                 Command::ScriptLoad => {
-                    let routing = match (&self.last_node, &self.last_key) {
-                        (Some((host, port)), _) => {
-                            RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
-                                host: host.clone(),
-                                port: *port,
-                            })
-                        }
-                        (None, Some(key)) => {
-                            RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(
-                                Route::with_key(key, SlotAddr::Master),
-                            ))
-                        }
-                        (None, None) => RoutingInfo::MultiNode((
+                    // (a node a redirection named: over the store's own connection to it)
+                    if let Some((host, port)) = self.last_node.clone() {
+                        return self.send_to(&host, port, cmd, false).await;
+                    }
+                    let routing = match &self.last_key {
+                        Some(key) => RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(
+                            Route::with_key(key, SlotAddr::Master),
+                        )),
+                        None => RoutingInfo::MultiNode((
                             MultipleNodeRoutingInfo::AllMasters,
                             Some(ResponsePolicy::AllSucceeded),
                         )),
@@ -280,10 +321,16 @@ async fn connect(target: &ClusterTarget, connect_timeout: Duration) -> RedisResu
         .use_protocol(ProtocolVersion::RESP3)
         .build()?;
     let inner = client.get_async_connection().await?;
+    let redirected = Redirected {
+        login: target.login.clone(),
+        connect_timeout: connect_timeout / 3,
+        nodes: tokio::sync::Mutex::default(),
+    };
     Ok(ClusterConn {
         inner,
         last_key: None,
         last_node: None,
+        redirected: Arc::new(redirected),
     })
 }
 
