@@ -120,6 +120,27 @@ async fn acl_users_missing_a_command_or_key_pattern_are_refused() {
     let url = set_user("elsewhere", &other);
     let message = refused(builder(url), KeyDenied).await;
     assert!(message.contains("~tollgate:*"), "{message}");
+
+    // another database: the README's line with `+select`, as it says; without, refused
+    let mut with_select = rules.to_vec();
+    with_select.push("+select");
+    let url = set_user("db2", &with_select);
+    RedisStore::connect(format!("{url}2")).await.unwrap();
+    let url = set_user("db2-without", rules);
+    let message = refused(builder(format!("{url}2")), Database).await;
+    assert!(message.contains("+select"), "{message}");
+}
+
+/// A database the server does not have is a misconfiguration to fix, named as such, not an
+/// outage to wait out.
+#[tokio::test]
+async fn a_database_the_server_lacks_is_refused() {
+    let server = RedisServer::start();
+    let message = refused(builder(format!("{}20", server.url())), Database).await;
+    assert!(message.contains("databases"), "{message}");
+    RedisStore::connect(format!("{}15", server.url()))
+        .await
+        .unwrap();
 }
 
 #[tokio::test]

@@ -178,6 +178,9 @@ pub enum MisconfigurationKind {
     NotCluster,
     /// The server's Redis is older than 7.0.
     Version,
+    /// The server refused to switch to the URL's database (`/N`): no such database, or an
+    /// ACL user without `+select`.
+    Database,
 }
 
 impl Misconfiguration {
@@ -260,6 +263,11 @@ impl fmt::Display for Misconfiguration {
             MisconfigurationKind::NotCluster => f.write_str(
                 "the redis+cluster:// URL names a server without cluster mode: use \
                  redis://HOST:PORT for a standalone server, or list the cluster's nodes",
+            ),
+            MisconfigurationKind::Database => f.write_str(
+                "the Redis server refused to switch to the URL's database (redis://HOST:PORT/N): \
+                 N must be below the server's `databases` setting (16 by default), and an ACL \
+                 user needs `+select` for any database but 0",
             ),
             MisconfigurationKind::Version => write!(
                 f,

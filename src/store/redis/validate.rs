@@ -104,6 +104,11 @@ pub(crate) fn classify(err: &RedisError) -> Verdict {
         }
         _ => {}
     }
+    // The URL's database refused when the connection opened (`SELECT`, which the crate sends
+    // and reports apart from the server's errors).
+    if err.to_string().contains("refused to switch database") {
+        return verdict(false, Some(MisconfigurationKind::Database));
+    }
     // A pipeline's error stands for its first failed command.
     let first = err
         .clone()
@@ -121,13 +126,15 @@ fn classify_reply(code: &str, detail: &str) -> Verdict {
     let detail = detail.to_ascii_lowercase();
     let (reconnect, misconfigured) = match code {
         "WRONGPASS" | "NOAUTH" => (true, Some(Authentication)),
-        "NOPERM" if detail.contains("key") => (false, Some(KeyDenied)),
-        "NOPERM" => (false, Some(CommandDenied)),
+        "NOPERM" => (false, Some(acl_denial(&detail))),
         "READONLY" | "MASTERDOWN" => (true, Some(Replica)),
         "MOVED" | "ASK" | "CROSSSLOT" | "CLUSTERDOWN" | "TRYAGAIN" => (false, Some(Cluster)),
         // CLUSTER SLOTS on a server without cluster mode (a redis+cluster:// URL).
         "ERR" if detail.contains("cluster support disabled") => (false, Some(NotCluster)),
-        // A command the ACL denies inside a script, or one renamed or disabled.
+        // A command or key the ACL denies inside a script (Redis 7.2 and later, Valkey).
+        "ERR" if detail.contains("acl failure in script") => (false, Some(acl_denial(&detail))),
+        // A command the ACL denies inside a script (Redis 7.0 and 7.1), or one renamed or
+        // disabled.
         "ERR"
             if detail.contains("can't run this command")
                 || detail.contains("unknown command")
@@ -141,6 +148,20 @@ fn classify_reply(code: &str, detail: &str) -> Verdict {
     Verdict {
         reconnect,
         misconfigured,
+    }
+}
+
+/// What an ACL denial (`detail`, lowercase) refused: a command or a key. Redis 7.0 says "this
+/// user has no permissions to run the 'evalsha' command" or "… to access one of the keys";
+/// 7.2 and later name the user ("user apikey-svc has no permissions to run …", a name that
+/// may contain "key") or say "no permissions to access a key".
+fn acl_denial(detail: &str) -> MisconfigurationKind {
+    if detail.contains("permissions to run") {
+        MisconfigurationKind::CommandDenied
+    } else if detail.contains("access") && detail.contains("key") {
+        MisconfigurationKind::KeyDenied
+    } else {
+        MisconfigurationKind::CommandDenied
     }
 }
 

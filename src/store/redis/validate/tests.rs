@@ -129,6 +129,33 @@ fn errors_are_read() {
             false,
             Some(CommandDenied),
         ),
+        // Redis 7.2 and later (and Valkey): the user named, which may hold "key"
+        (
+            "NOPERM",
+            "User apikey-svc has no permissions to run the 'evalsha' command",
+            false,
+            Some(CommandDenied),
+        ),
+        (
+            "NOPERM",
+            "No permissions to access a key",
+            false,
+            Some(KeyDenied),
+        ),
+        (
+            "ERR",
+            "ACL failure in script: User app has no permissions to run the 'zadd' command \
+             script: abc, on @user_script:12.",
+            false,
+            Some(CommandDenied),
+        ),
+        (
+            "ERR",
+            "ACL failure in script: No permissions to access a key script: abc, on \
+             @user_script:3.",
+            false,
+            Some(KeyDenied),
+        ),
         (
             "READONLY",
             "You can't write against a read only replica.",
