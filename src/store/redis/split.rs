@@ -15,8 +15,10 @@ use crate::store::{Outcome, Plan, StoreError};
 
 impl RedisStore {
     /// Gives back what an admitted check of `plan` charged, decided at `at_us` (its
-    /// [`Outcome::at_us`]): one call of the policy's refund script, through the breaker and
-    /// under the timeout like a check, never retried. Each limit gives back at most what the
+    /// [`Outcome::at_us`]): one call of the policy's refund script, under the timeout like a
+    /// check, never retried. Not through the breaker: the master it goes to answered the
+    /// check a moment ago, and a breaker opened by the failures of another master (the one
+    /// whose group failed) would leave the charge in place. Each limit gives back at most what the
     /// charge still holds (see `lua/refund.lua`); the slot of a concurrency limit
     /// (`plan.lease`) is released; a missing key is not created, a packed key keeps its TTL.
     ///
@@ -25,14 +27,11 @@ impl RedisStore {
     /// As a check: the store is unavailable, timed out or failed. The refund may then have
     /// run or not; either way the store never admits more than its limits.
     pub(crate) async fn refund(&self, plan: &Plan<'_>, at_us: u64) -> Result<(), StoreError> {
-        let call = async {
-            let compiled = script::refund_script(plan.limits, plan.ids.len());
-            let mut call = compiled.script.prepare_invoke();
-            script::refund_args(&mut call, &self.prefix, plan, at_us);
-            self.run(|mut conn| async move { call.invoke_async::<()>(&mut conn).await })
-                .await
-        };
-        self.breaker.call(call, || self.prober()).await
+        let compiled = script::refund_script(plan.limits, plan.ids.len());
+        let mut call = compiled.script.prepare_invoke();
+        script::refund_args(&mut call, &self.prefix, plan, at_us);
+        self.run(|mut conn| async move { call.invoke_async::<()>(&mut conn).await })
+            .await
     }
 
     /// A check of `plan` whose identifiers are split into `groups` (indices into `plan.ids`,
@@ -51,7 +50,8 @@ impl RedisStore {
     ///   admitting group is reported with its charge given back, as a denied single check
     ///   reports it; its times until reset are those its check reported.
     /// * a group fails (a timeout, an error): the check fails with the first group's error
-    ///   (the limiter's failure policy answers it), once the admitting groups were refunded.
+    ///   that may have run, or else the first (the limiter's failure policy answers it), once
+    ///   the admitting groups were refunded.
     ///   A group that timed out may have charged, and is not refunded (nothing says it ran):
     ///   that charge can only deny requests later, never admit one, and the limiter releases
     ///   the slot it may have taken, as after any failed check.
@@ -91,10 +91,7 @@ impl RedisStore {
         if admitted.len() < groups.len() && !admitted.is_empty() {
             self.refund_groups(plan, admitted).await;
         }
-        let mut outcomes = Vec::with_capacity(results.len());
-        for result in results {
-            outcomes.push(result?);
-        }
+        let mut outcomes = settled(results)?;
         if outcomes.iter().any(|o| !o.allowed) {
             for outcome in outcomes.iter_mut().filter(|o| o.allowed) {
                 uncharged(outcome, plan.limits, plan.cost);
@@ -247,6 +244,33 @@ fn merge(
         at_us: outcomes.iter().map(|o| o.at_us).min()?,
         wait_us: 0,
     })
+}
+
+/// The groups' outcomes, or the error the check fails with: the first that may have run
+/// (a timeout, an answer lost), else the first. A group that may have run may hold a
+/// concurrency slot, which the limiter releases after a failed check only when its error
+/// says the check may have run: an `Unavailable` of another group (its breaker opened
+/// between the groups' calls) must not hide it.
+fn settled(results: Vec<Result<Outcome, StoreError>>) -> Result<Vec<Outcome>, StoreError> {
+    let mut outcomes = Vec::with_capacity(results.len());
+    let mut failed: Option<StoreError> = None;
+    for result in results {
+        match result {
+            Ok(outcome) => outcomes.push(outcome),
+            Err(e) => {
+                if failed
+                    .as_ref()
+                    .is_none_or(|f| !f.may_have_run() && e.may_have_run())
+                {
+                    failed = Some(e);
+                }
+            }
+        }
+    }
+    match failed {
+        Some(e) => Err(e),
+        None => Ok(outcomes),
+    }
 }
 
 #[cfg(test)]

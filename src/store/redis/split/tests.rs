@@ -516,3 +516,40 @@ fn a_refund_that_fails_is_counted() {
         .labels()
         .any(|l| l.key() == "store" && l.value().starts_with("split")));
 }
+
+/// A split check fails with an error that may have run when a group's did, though another
+/// group's error, earlier, says it did not (its breaker opened between the calls): the
+/// limiter then releases the concurrency slot the group that may have run may hold.
+#[test]
+fn a_failed_split_check_fails_with_an_error_that_may_have_run() {
+    let unavailable = || Err(StoreError::Unavailable);
+    let timeout = || Err(StoreError::Timeout(Duration::from_millis(50)));
+    let failed = settled(vec![unavailable(), timeout()]).unwrap_err();
+    assert!(failed.may_have_run(), "{failed:?}");
+    let failed = settled(vec![timeout(), unavailable()]).unwrap_err();
+    assert!(matches!(failed, StoreError::Timeout(_)), "{failed:?}");
+    let failed = settled(vec![unavailable(), unavailable()]).unwrap_err();
+    assert!(!failed.may_have_run());
+}
+
+/// A refund goes to a master that answered a moment ago: a breaker opened meanwhile by the
+/// failures of another master does not stop it, and the charge is given back.
+#[test]
+fn a_refund_is_not_stopped_by_an_open_breaker() {
+    let server = Server::start();
+    runtime().block_on(async {
+        let mut p = Pair::new(&server, "5/min").await;
+        let before = p.probe("a").await;
+        let (out, lease) = p.check(&["a"], 1).await;
+        assert!(out.allowed);
+        let down = StoreError::Unavailable;
+        for _ in 0..3 {
+            let _ = p.redis.breaker.record(Err(&down));
+        }
+        assert!(!p.redis.breaker.is_closed());
+        // (given back on both stores, so that both decide alike after)
+        p.refund(&["a"], 1, &lease, out.at_us).await;
+        p.redis.breaker.close();
+        assert_eq!(p.probe("a").await, before);
+    });
+}
