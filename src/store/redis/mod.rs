@@ -143,7 +143,10 @@ impl RedisStoreBuilder {
     }
 
     /// How long one check may take, round trip included (default 50 ms; at most an hour).
-    /// Past it the check fails with [`StoreError::Timeout`] and is not retried.
+    /// Past it the check fails with [`StoreError::Timeout`] and is not retried. On a Redis
+    /// Cluster, a check whose identifiers live in several slots that one master admits and
+    /// another denies then waits for the first one's refund, a call of its own under the
+    /// same timeout: up to twice as long.
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
         self
@@ -169,7 +172,9 @@ impl RedisStoreBuilder {
         self
     }
 
-    /// The sentinels' own ACL user, with [`sentinel_password`](Self::sentinel_password).
+    /// The sentinels' own ACL user, with [`sentinel_password`](Self::sentinel_password)
+    /// (a user without a password is not sent: the sentinels are asked as the default
+    /// user).
     pub fn sentinel_username(mut self, username: impl Into<String>) -> Self {
         self.sentinel_username = Some(username.into());
         self
