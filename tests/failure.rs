@@ -698,6 +698,39 @@ fn a_renewing_task_lost_with_its_runtime_is_taken_over() {
     drop((on_first, long));
 }
 
+/// A slot taken outside any runtime (a memory store's check, polled by hand) has no task to
+/// renew it: the first task started on a runtime (by the next slot taken) takes it over, so
+/// it is held past its lease while its request runs.
+#[test]
+fn a_slot_taken_outside_a_runtime_is_renewed_once_a_task_runs() {
+    use futures::FutureExt;
+    let _serial = KEEPER_LINES.lock().unwrap_or_else(|e| e.into_inner());
+    observed();
+    let slots = Limiter::builder(
+        tollgate::MemoryStore::new(),
+        "2 concurrent lease=1s".parse().unwrap(),
+    )
+    .name("outside-a-runtime")
+    .build();
+    let outside = slots
+        .check(&["job"])
+        .now_or_never()
+        .expect("the memory store decides at once")
+        .unwrap();
+    assert!(outside.is_allowed());
+    let runtime = current_thread();
+    runtime.block_on(async {
+        let inside = slots.check(&["job"]).await.unwrap();
+        assert!(inside.is_allowed());
+        // past the lease: both slots still held
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let third = slots.check(&["job"]).await.unwrap();
+        assert!(!third.is_allowed(), "two slots held: {third:?}");
+        drop(inside);
+    });
+    drop(outside);
+}
+
 /// A Redis store's slot let go as its runtime shuts down is released: the release goes to
 /// the slot-renewing task started on the next runtime, rather than being lost with the old
 /// one and leaving the slot taken until its lease runs out (15 s).
