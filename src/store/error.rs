@@ -126,6 +126,8 @@ pub enum ConfigErrorKind {
     /// A limiter's [`Namespace`](crate::store::Namespace) is empty, too long, or holds `:`,
     /// `{`, `}`, whitespace or a control character.
     Namespace,
+    /// A `rediss://` URL, in a build whose `redis` crate has none of its TLS features.
+    Tls,
 }
 
 /// The Redis commands the store sends, as an ACL rule: its own calls (`EVALSHA`,
@@ -326,6 +328,12 @@ impl fmt::Display for ConfigError {
                 f,
                 "a Sentinel user or password was given, but {part:?} is not a \
                  redis+sentinel:// URL: give the server's own credentials in the URL"
+            ),
+            ConfigErrorKind::Tls => write!(
+                f,
+                "{part:?} asks for TLS, which this build cannot speak: turn on one of the redis \
+                 crate's TLS features in your Cargo.toml (redis = {{ version = \"1.8\", \
+                 features = [\"tokio-rustls-comp\"] }}, or \"tokio-native-tls-comp\")"
             ),
             ConfigErrorKind::Url => write!(
                 f,

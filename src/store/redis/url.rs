@@ -102,7 +102,14 @@ pub(crate) fn parse(url: &str) -> Result<Target, ConfigError> {
     let info = encode_credentials(url)
         .as_str()
         .into_connection_info()
-        .map_err(|_| bad())?;
+        .map_err(|e| {
+            // (the crate's reason, when it is one the caller can act on)
+            if e.to_string().contains("TLS") {
+                ConfigError::new(ConfigErrorKind::Tls, redact_url(url))
+            } else {
+                bad()
+            }
+        })?;
     let redis = data_settings(info.redis_settings().clone());
     Ok(Target::Standalone(info.set_redis_settings(redis)))
 }
@@ -288,6 +295,23 @@ mod tests {
             Ok(Target::Cluster(c)) => c,
             Ok(_) => panic!("{url}: not cluster"),
             Err(e) => panic!("{url}: {e}"),
+        }
+    }
+
+    /// A `rediss://` URL in a build without TLS (the tests' build has none) says which
+    /// feature to turn on, not that the URL is not a Redis URL.
+    #[test]
+    fn tls_urls_without_tls_name_the_feature() {
+        for url in [
+            "rediss://:secret@127.0.0.1:6380/",
+            "valkeys://127.0.0.1:6380",
+        ] {
+            let Err(e) = parse(url) else {
+                panic!("{url} parsed");
+            };
+            assert_eq!(e.kind(), ConfigErrorKind::Tls, "{e}");
+            assert!(e.to_string().contains("tokio-rustls-comp"), "{e}");
+            assert!(!e.to_string().contains("secret"), "{e}");
         }
     }
 
