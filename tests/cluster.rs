@@ -470,11 +470,7 @@ fn begin_migration(cluster: &ClusterServer, id: &str, source: u16, target: u16) 
     let (source_id, target_id) = (node_id(source), node_id(target));
     let mut on_source = cluster.node_conn(source).unwrap();
     let mut on_target = cluster.node_conn(target).unwrap();
-    let slot: u16 = redis::cmd("CLUSTER")
-        .arg("KEYSLOT")
-        .arg(id)
-        .query(&mut on_source)
-        .unwrap();
+    let slot = cluster.slot_of(id);
     setslot(&mut on_target, slot, "IMPORTING", &source_id);
     setslot(&mut on_source, slot, "MIGRATING", &target_id);
     (slot, target_id)

@@ -486,26 +486,22 @@ async fn open_socket(addr: SocketAddr) -> (tokio::net::TcpStream, String) {
     (stream, status)
 }
 
-/// A WebSocket's handler that takes its request's slot (`UpgradeSlots`) and keeps it with the
-/// socket holds it until the socket closes: with `1 concurrent`, a second socket is refused
-/// while the first is open, and admitted once it closed. Left to the response, the slot
-/// would go back as the `101` is sent.
-#[tokio::test]
-async fn an_upgraded_connection_keeps_the_slot_its_handler_took() {
+/// A server of WebSockets at `/ws` behind a layer of `policy` on one global key, whose handler
+/// takes its request's slots (`UpgradeSlots`, extracted as the docs show it: a request
+/// holding no slot has none) and keeps them with the socket; `slots`: whether the requests
+/// hold slots (asserted in the handler).
+async fn socket_server(policy: &str, slots: bool) -> SocketAddr {
     use axum::extract::ws::WebSocketUpgrade;
     use axum::Extension;
     use tollgate::layer::UpgradeSlots;
-    let limiter = Limiter::new(
-        tollgate::MemoryStore::new(),
-        "1 concurrent".parse().unwrap(),
-    );
+    let limiter = Limiter::new(tollgate::MemoryStore::new(), policy.parse().unwrap());
     let app = Router::new()
         .route(
             "/ws",
             get(
-                |ws: WebSocketUpgrade, Extension(slots): Extension<UpgradeSlots>| async move {
-                    let held = slots.take();
-                    assert!(held.is_some(), "the request's slot is offered");
+                move |ws: WebSocketUpgrade, offered: Option<Extension<UpgradeSlots>>| async move {
+                    let held = offered.and_then(|Extension(offered)| offered.take());
+                    assert_eq!(held.is_some(), slots, "the request's slot is offered");
                     ws.on_upgrade(move |mut socket| async move {
                         let _held = held;
                         while let Some(Ok(_)) = socket.recv().await {}
@@ -517,6 +513,25 @@ async fn an_upgraded_connection_keeps_the_slot_its_handler_took() {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr: SocketAddr = listener.local_addr().unwrap();
     tokio::spawn(async move { axum::serve(listener, app).await });
+    addr
+}
+
+/// A WebSocket's handler written as the docs show it serves a request that holds no slot
+/// (a policy without a concurrency limit), rather than failing to find the slots offered.
+#[tokio::test]
+async fn an_upgrade_holding_no_slot_is_served() {
+    let addr = socket_server("10/s", false).await;
+    let (_socket, status) = open_socket(addr).await;
+    assert_eq!(status, "HTTP/1.1 101 Switching Protocols");
+}
+
+/// A WebSocket's handler that takes its request's slot (`UpgradeSlots`) and keeps it with the
+/// socket holds it until the socket closes: with `1 concurrent`, a second socket is refused
+/// while the first is open, and admitted once it closed. Left to the response, the slot
+/// would go back as the `101` is sent.
+#[tokio::test]
+async fn an_upgraded_connection_keeps_the_slot_its_handler_took() {
+    let addr = socket_server("1 concurrent", true).await;
 
     let (first, status) = open_socket(addr).await;
     assert_eq!(status, "HTTP/1.1 101 Switching Protocols");

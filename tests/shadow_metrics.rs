@@ -122,19 +122,11 @@ async fn would_be_denials_are_logged_once_per_limiter_per_period() {
 async fn a_shadow_layer_counts_what_it_lets_through() {
     observed();
     let limiter = memory_limiter("2/min", "shadow-layer", false);
-    let mut svc = RateLimitLayer::new(limiter)
+    let layer = RateLimitLayer::new(limiter)
         .key(Header::named("x-user").unwrap())
-        .shadow(true)
-        .layer(service_fn(|_: Request<Full<bytes::Bytes>>| async {
-            Ok::<_, Infallible>(Response::new(Full::<bytes::Bytes>::default()))
-        }));
+        .shadow(true);
     for _ in 0..7 {
-        let req = Request::get("/")
-            .header("x-user", "a")
-            .body(Full::default())
-            .unwrap();
-        let res = svc.ready().await.unwrap().call(req).await.unwrap();
-        assert_eq!(res.status(), StatusCode::OK);
+        assert_eq!(status_of(&layer, of_user("a")).await, StatusCode::OK);
     }
     assert_eq!(decisions("shadow-layer", "allowed").0, 2.0);
     assert_eq!(decisions("shadow-layer", "shadow_denied").0, 5.0);
@@ -217,12 +209,8 @@ async fn a_route_request_without_a_key_is_counted_under_the_routes_limiter() {
             |req: &tollgate::key::RequestView<'_>| req.uri.path() == "/login",
             memory_limiter("1/min", "keyless-login", false),
         );
-    let mut svc = layer.layer(service_fn(|_: Request<Full<bytes::Bytes>>| async {
-        Ok::<_, Infallible>(Response::new(Full::<bytes::Bytes>::default()))
-    }));
     let req = Request::get("/login").body(Full::default()).unwrap();
-    let res = svc.ready().await.unwrap().call(req).await.unwrap();
-    assert_ne!(res.status(), StatusCode::OK);
+    assert_ne!(status_of(&layer, req).await, StatusCode::OK);
     assert_eq!(missing("keyless-login"), 1.0);
     assert_eq!(missing("keyless-default"), 0.0);
     assert_eq!(log_lines("limiter=\"keyless-login\"").len(), 1);
@@ -236,16 +224,11 @@ async fn requests_a_layer_cannot_check_are_counted_and_logged() {
     let layer = RateLimitLayer::new(memory_limiter("2/min", "uncheckable", false))
         .key(Header::named("x-user").unwrap())
         .cost(|_| 0);
-    let mut svc = layer.layer(service_fn(|_: Request<Full<bytes::Bytes>>| async {
-        Ok::<_, Infallible>(Response::new(Full::<bytes::Bytes>::default()))
-    }));
     for _ in 0..3 {
-        let req = Request::get("/")
-            .header("x-user", "a")
-            .body(Full::default())
-            .unwrap();
-        let res = svc.ready().await.unwrap().call(req).await.unwrap();
-        assert_eq!(res.status(), StatusCode::BAD_REQUEST);
+        assert_eq!(
+            status_of(&layer, of_user("a")).await,
+            StatusCode::BAD_REQUEST
+        );
     }
     let errors = observed::metric(
         "tollgate_check_errors_total",
@@ -442,8 +425,16 @@ async fn a_waiting_check_of_slots_counts_one_decision() {
     assert_eq!(decisions("rechecks", "denied").0, 0.0);
 }
 
-/// The status of a request sent through `layer` over a service answering `200 OK`.
-async fn status_through<L, B>(layer: &L) -> StatusCode
+/// A request of user `user` (its `x-user` header).
+fn of_user(user: &str) -> Request<Full<bytes::Bytes>> {
+    Request::get("/")
+        .header("x-user", user)
+        .body(Full::default())
+        .unwrap()
+}
+
+/// The status of `req` sent through `layer` over a service answering `200 OK`.
+async fn status_of<L, B>(layer: &L, req: Request<Full<bytes::Bytes>>) -> StatusCode
 where
     L: Layer<
         tower::util::BoxCloneService<
@@ -460,13 +451,7 @@ where
             Ok::<_, Infallible>(Response::new(Full::new(bytes::Bytes::new())))
         }));
     let mut svc = layer.layer(ok);
-    let response = svc
-        .ready()
-        .await
-        .unwrap()
-        .call(Request::new(Full::new(bytes::Bytes::new())))
-        .await
-        .unwrap();
+    let response = svc.ready().await.unwrap().call(req).await.unwrap();
     response.status()
 }
 
@@ -479,7 +464,10 @@ async fn a_fleet_shedders_decisions_bear_its_name() {
         .name("metrics-fleet")
         .build()
         .unwrap();
-    assert_eq!(status_through(&layer).await, StatusCode::OK);
+    assert_eq!(
+        status_of(&layer, Request::new(Full::default())).await,
+        StatusCode::OK
+    );
     assert_eq!(decisions("shed:metrics-fleet", "allowed").0, 1.0);
 }
 
@@ -501,7 +489,7 @@ async fn shed_requests_are_counted_and_logged() {
     let before = shed("normal");
     let layer = UtilizationShedLayer::new(shedder);
     for _ in 0..3 {
-        let status = status_through(&layer).await;
+        let status = status_of(&layer, Request::new(Full::default())).await;
         assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
     }
     assert_eq!(shed("normal") - before, 3.0);

@@ -53,13 +53,17 @@ pub(crate) fn commit(st: &mut Log, lim: &Limit, real: u64, now: u64, cost: u64) 
         st.entries.pop_front();
     }
     // ZADD: entries at the same time go after the ones already there, and before those a
-    // waiting check reserved later: appended, then rotated into place, the reserved entries
-    // moved once (a cost of thousands inserted one unit at a time before them took time in
-    // the square of it, under the shard's lock), with no allocation
+    // waiting check reserved later: appended, then, when there are such, rotated into place,
+    // the reserved entries moved once (a cost of thousands inserted one unit at a time before
+    // them took time in the square of it, under the shard's lock), with no allocation. With
+    // none reserved (the usual charge), nothing moves: the ring is made contiguous only then.
     let at = st.entries.partition_point(|&s| s <= now);
+    let reserved = st.entries.len() - at;
     let units = usize::try_from(cost).unwrap_or(usize::MAX);
     st.entries.extend(std::iter::repeat_n(now, units));
-    st.entries.make_contiguous()[at..].rotate_right(units);
+    if reserved > 0 {
+        st.entries.make_contiguous()[at..].rotate_right(units);
+    }
 }
 
 #[cfg(test)]

@@ -290,10 +290,12 @@ pub(crate) fn add_headers(
 #[cold]
 #[inline(never)]
 fn retry_after_set(headers: &HeaderMap) -> Option<u64> {
-    headers
-        .get(RETRY_AFTER)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.trim().parse::<u64>().ok())
+    header_number(headers.get(RETRY_AFTER)?)
+}
+
+/// The whole number a header's `value` holds, if it is one.
+fn header_number(value: &HeaderValue) -> Option<u64> {
+    value.to_str().ok()?.trim().parse().ok()
 }
 
 /// The fields of `decision` in `style`, merged with those the response has: the way of a
@@ -590,13 +592,10 @@ fn merge_legacy(headers: &mut HeaderMap, ours: &[Advert], retry_after: Option<u6
     }) else {
         return;
     };
-    if headers.contains_key(X_RATELIMIT_REMAINING) {
+    if let Some(theirs) = headers.get(X_RATELIMIT_REMAINING) {
         // Another layer's fields: kept when they show as little left, or when they describe
         // its refusal and ours refuses nothing.
-        let theirs = headers
-            .get(X_RATELIMIT_REMAINING)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.trim().parse::<u64>().ok());
+        let theirs = header_number(theirs);
         let refused_there = retry_after.is_some() && denying.is_none();
         if refused_there || theirs.is_none_or(|r| r <= tightest.r) {
             return;

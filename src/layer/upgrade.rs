@@ -10,6 +10,9 @@ use crate::Decision;
 
 /// The concurrency slots of a request that asks to upgrade its connection (a WebSocket
 /// handshake's `Upgrade`, or `CONNECT`), offered to its handler in the request's extensions.
+/// Only a request that holds slots has them (not one checked by a policy without a
+/// concurrency limit, one a failure policy let through, a bypassed one, one without a key):
+/// extract them as an `Option`.
 ///
 /// The layer holds a request's slots until its response body ends. An upgraded connection
 /// outlives its response — a `101 Switching Protocols` with an empty body, sent and dropped
@@ -24,9 +27,9 @@ use crate::Decision;
 /// use axum::Extension;
 /// use tollgate::layer::UpgradeSlots;
 ///
-/// async fn socket(ws: WebSocketUpgrade, Extension(slots): Extension<UpgradeSlots>) -> Response {
+/// async fn socket(ws: WebSocketUpgrade, slots: Option<Extension<UpgradeSlots>>) -> Response {
 ///     // taken now: once the 101 is out, the layer would have given them back
-///     let held = slots.take();
+///     let held = slots.and_then(|Extension(slots)| slots.take());
 ///     ws.on_upgrade(move |socket: WebSocket| async move {
 ///         let _held = held; // the slots go back when the socket closes
 ///         serve(socket).await
@@ -39,7 +42,7 @@ pub struct UpgradeSlots(Arc<Mutex<Option<ConcurrencyGuard>>>);
 
 impl UpgradeSlots {
     /// The request's slots, which then go back when the guard is dropped rather than with
-    /// the response; `None` once taken (or when the request holds none).
+    /// the response; `None` once taken.
     pub fn take(&self) -> Option<ConcurrencyGuard> {
         self.0.lock().unwrap_or_else(PoisonError::into_inner).take()
     }

@@ -155,8 +155,7 @@ enum Msg {
 }
 
 /// The handle of a store's keeper task.
-#[derive(Clone)]
-pub(crate) struct Keeper {
+struct Keeper {
     tx: mpsc::UnboundedSender<Msg>,
 }
 
@@ -214,21 +213,17 @@ impl KeeperSlot {
         self.send(backend, Msg::Hold(lease));
     }
 
-    /// Ends `lease`'s renewal, and with `release` gives its slot back through the keeper
-    /// (Redis: batched, retried while it fails; a slot in process is released by its store at
-    /// once, after this).
-    pub(crate) fn let_go<B: Backend>(
-        &self,
-        backend: impl FnOnce() -> B,
-        lease: Lease,
-        release: bool,
-    ) {
-        let msg = if release {
-            Msg::Release(lease)
-        } else {
-            Msg::Forget(lease.id)
-        };
-        self.send(backend, msg);
+    /// Ends `lease`'s renewal and gives its slot back through the keeper (Redis: batched,
+    /// retried while it fails).
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub(crate) fn release<B: Backend>(&self, backend: impl FnOnce() -> B, lease: Lease) {
+        self.send(backend, Msg::Release(lease));
+    }
+
+    /// Ends the renewal of the lease `id` (a slot in process its store releases at once, or
+    /// one left to expire).
+    pub(crate) fn forget<B: Backend>(&self, backend: impl FnOnce() -> B, id: String) {
+        self.send(backend, Msg::Forget(id));
     }
 
     /// Sends `msg` to the keeper, started within the current Tokio runtime if not running
@@ -242,21 +237,13 @@ impl KeeperSlot {
     /// a message is either among those it leaves or refused (see `Holding`'s `Drop`).
     fn send<B: Backend>(&self, backend: impl FnOnce() -> B, msg: Msg) {
         let mut current = lock(&self.keeper);
-        let msg = match current.as_ref() {
-            Some(k) => match k.send(msg) {
-                Ok(()) => return,
-                Err(msg) => msg,
-            },
-            None => msg,
+        let Some(msg) = unsent(current.as_ref(), msg) else {
+            return;
         };
         // No keeper yet, or its task ended under it with its runtime (this slot holds a
         // sender, so its channel closes for no other reason).
-        let msg = match self.start(&mut current, backend) {
-            Some(k) => match k.send(msg) {
-                Ok(()) => return,
-                Err(msg) => msg,
-            },
-            None => msg,
+        let Some(msg) = unsent(self.start(&mut current, backend), msg) else {
+            return;
         };
         let orphans = &mut *lock(&self.orphans);
         apply(msg, &mut orphans.held, &mut orphans.unreleased);
@@ -276,10 +263,18 @@ impl KeeperSlot {
         let (tx, rx) = mpsc::unbounded_channel();
         // Made here, not in the task, so that what it took over goes back to the orphans even
         // if the task is dropped before it first runs (spawned on a runtime shutting down).
-        let mut holding = Holding::new(rx, self.orphans.clone());
-        holding.take_over(self.taken_over_log.clone());
+        let holding = Holding::taking_over(rx, self.orphans.clone(), self.taken_over_log.clone());
         runtime.spawn(run(backend(), holding));
         Some(current.insert(Keeper { tx }))
+    }
+}
+
+/// `msg` sent to `keeper`: `None` once sent, the message back when there is no keeper or its
+/// task is gone.
+fn unsent(keeper: Option<&Keeper>, msg: Msg) -> Option<Msg> {
+    match keeper {
+        Some(k) => k.send(msg).err(),
+        None => Some(msg),
     }
 }
 
@@ -328,8 +323,8 @@ async fn run<B: Backend>(backend: B, mut holding: Holding) {
         .iter()
         .filter(|id| held.contains_key(*id))
         .count();
-    if let (true, Some(log)) = (still_held > 0, taken_over_log) {
-        log.keeper_lost(backend.label(), still_held);
+    if still_held > 0 {
+        taken_over_log.keeper_lost(backend.label(), still_held);
     }
     let mut tick = tokio::time::interval(TICK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -345,11 +340,8 @@ async fn run<B: Backend>(backend: B, mut holding: Holding) {
             _ = tick.tick() => {
                 let now = Instant::now();
                 unreleased.retain(|h| h.expires() > now);
-                if !unreleased.is_empty() {
-                    let leases: Vec<Lease> = unreleased.iter().map(|h| h.lease.clone()).collect();
-                    let reached = backend.release(&leases).await;
-                    *unreleased = missed(std::mem::take(unreleased), &reached);
-                }
+                let retried = std::mem::take(unreleased);
+                release(&backend, retried, unreleased).await;
                 let due: Vec<&Lease> = held
                     .values()
                     .filter(|h| now.duration_since(h.renewed) >= Duration::from_micros(h.lease.lease_us / 3))
@@ -410,29 +402,31 @@ struct Holding {
     orphans: Arc<Mutex<Orphans>>,
     /// The ids of the leases taken over from a lost keeper, and where that is said.
     taken_over: Vec<String>,
-    taken_over_log: Option<Arc<BoundedLog>>,
+    taken_over_log: Arc<BoundedLog>,
 }
 
 impl Holding {
-    fn new(rx: mpsc::UnboundedReceiver<Msg>, orphans: Arc<Mutex<Orphans>>) -> Holding {
+    /// A keeper's holding on the channel `rx`, taking over what a lost keeper left in
+    /// `orphans` (and the messages no keeper took), to be said in `log`.
+    fn taking_over(
+        rx: mpsc::UnboundedReceiver<Msg>,
+        orphans: Arc<Mutex<Orphans>>,
+        log: Arc<BoundedLog>,
+    ) -> Holding {
+        let (leases, unreleased, taken_over) = {
+            let mut left = lock(&orphans);
+            let taken_over = left.held.keys().cloned().collect();
+            let leases = std::mem::take(&mut left.held);
+            (leases, std::mem::take(&mut left.unreleased), taken_over)
+        };
         Holding {
-            leases: HashMap::new(),
-            unreleased: Vec::new(),
+            leases,
+            unreleased,
             rx,
             orphans,
-            taken_over: Vec::new(),
-            taken_over_log: None,
+            taken_over,
+            taken_over_log: log,
         }
-    }
-
-    /// Takes over what a lost keeper left (and the messages no keeper took), to be said in
-    /// `log`.
-    fn take_over(&mut self, log: Arc<BoundedLog>) {
-        self.taken_over_log = Some(log);
-        let mut orphans = lock(&self.orphans);
-        self.taken_over.extend(orphans.held.keys().cloned());
-        self.leases.extend(orphans.held.drain());
-        self.unreleased.append(&mut orphans.unreleased);
     }
 }
 
@@ -462,9 +456,10 @@ fn drain(
     }
 }
 
-/// Releases `released` in the store, keeping those whose release missed it in `unreleased`.
-/// They are among the unreleased while the call runs: a keeper dropped meanwhile (its
-/// runtime shutting down) leaves them to the next one.
+/// Releases `released` in the store, keeping those whose release missed it in `unreleased`
+/// (a lease the answer does not cover counts as missed). They are among the unreleased while
+/// the call runs: a keeper dropped meanwhile (its runtime shutting down) leaves them to the
+/// next one.
 async fn release<B: Backend>(backend: &B, released: Vec<Held>, unreleased: &mut Vec<Held>) {
     if released.is_empty() {
         return;
@@ -479,17 +474,6 @@ async fn release<B: Backend>(backend: &B, released: Vec<Held>, unreleased: &mut 
         i += 1;
         keep
     });
-}
-
-/// The leases of `released` whose release did not reach the store (`reached`, by index; a
-/// lease the answer does not cover counts as missed).
-fn missed(released: Vec<Held>, reached: &[bool]) -> Vec<Held> {
-    released
-        .into_iter()
-        .enumerate()
-        .filter(|(i, _)| !reached.get(*i).copied().unwrap_or(false))
-        .map(|(_, h)| h)
-        .collect()
 }
 
 fn apply(msg: Msg, held: &mut HashMap<String, Held>, released: &mut Vec<Held>) {
@@ -600,7 +584,10 @@ mod tests {
     async fn a_lease_the_store_missed_holds_back_no_other() {
         let store = Recorder::default();
         let (tx, rx) = mpsc::unbounded_channel();
-        let keeper = tokio::spawn(run(store.clone(), Holding::new(rx, Arc::default())));
+        let keeper = tokio::spawn(run(
+            store.clone(),
+            Holding::taking_over(rx, Arc::default(), Arc::default()),
+        ));
         store.down.lock().unwrap().insert("b".into());
         tx.send(Msg::Hold(lease("a"))).unwrap();
         tx.send(Msg::Hold(lease("b"))).unwrap();
@@ -633,7 +620,10 @@ mod tests {
     async fn a_lost_lease_is_renewed_no_more() {
         let store = Recorder::default();
         let (tx, rx) = mpsc::unbounded_channel();
-        let keeper = tokio::spawn(run(store.clone(), Holding::new(rx, Arc::default())));
+        let keeper = tokio::spawn(run(
+            store.clone(),
+            Holding::taking_over(rx, Arc::default(), Arc::default()),
+        ));
         store.lost.lock().unwrap().insert("k:{b}".into());
         tx.send(Msg::Hold(lease("a"))).unwrap();
         tx.send(Msg::Hold(lease("b"))).unwrap();
@@ -655,7 +645,10 @@ mod tests {
     async fn a_lease_lost_for_one_identifier_is_renewed_for_the_other() {
         let store = Recorder::default();
         let (tx, rx) = mpsc::unbounded_channel();
-        let keeper = tokio::spawn(run(store.clone(), Holding::new(rx, Arc::default())));
+        let keeper = tokio::spawn(run(
+            store.clone(),
+            Holding::taking_over(rx, Arc::default(), Arc::default()),
+        ));
         store.lost.lock().unwrap().insert("user:{7}".into());
         let mut two = lease("c");
         two.keys = vec!["ip:{1}".into(), "user:{7}".into()];

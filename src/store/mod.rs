@@ -233,12 +233,12 @@ impl Store {
             (LetGo::Release, Store::Memory(m)) => {
                 // The keeper is told first: a renewal that finds the slot released after
                 // this then finds the message too, and does not take the slot for lost.
-                slot.let_go(|| self.detached(), lease.clone(), false);
+                slot.forget(|| self.detached(), lease.id.clone());
                 m.release(std::slice::from_ref(&lease));
             }
             #[cfg(feature = "redis")]
-            (LetGo::Release, Store::Redis(_)) => slot.let_go(|| self.detached(), lease, true),
-            (LetGo::Expire, _) => slot.let_go(|| self.detached(), lease, false),
+            (LetGo::Release, Store::Redis(_)) => slot.release(|| self.detached(), lease),
+            (LetGo::Expire, _) => slot.forget(|| self.detached(), lease.id),
         }
     }
 

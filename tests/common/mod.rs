@@ -880,15 +880,19 @@ impl ClusterServer {
         panic!("no node answers CLUSTER SLOTS");
     }
 
-    /// The port of the master serving `key`'s slot.
-    pub fn master_of(&self, key: &str) -> u16 {
-        let port = self.masters()[0];
-        let mut conn = self.node_conn(port).unwrap();
-        let slot: u16 = redis::cmd("CLUSTER")
+    /// The hash slot of `key`.
+    pub fn slot_of(&self, key: &str) -> u16 {
+        let mut conn = self.node_conn(self.masters()[0]).unwrap();
+        redis::cmd("CLUSTER")
             .arg("KEYSLOT")
             .arg(key)
             .query(&mut conn)
-            .unwrap();
+            .unwrap()
+    }
+
+    /// The port of the master serving `key`'s slot.
+    pub fn master_of(&self, key: &str) -> u16 {
+        let slot = self.slot_of(key);
         self.slot_masters()
             .into_iter()
             .find(|(a, b, _)| (*a..=*b).contains(&slot))

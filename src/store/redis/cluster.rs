@@ -32,11 +32,11 @@ use redis::cluster_routing::{
     SlotAddr,
 };
 use redis::{
-    Arg, AsyncConnectionConfig, Client, Cmd, ErrorKind, ProtocolVersion, RedisConnectionInfo,
-    RedisError, RedisFuture, RedisResult, ServerErrorKind, Value,
+    Arg, Cmd, ErrorKind, ProtocolVersion, RedisConnectionInfo, RedisError, RedisFuture,
+    RedisResult, ServerErrorKind, Value,
 };
 
-use super::url::{tcp_info, ClusterTarget};
+use super::url::{node_connection, tcp_info, ClusterTarget};
 use super::validate::{self, Failure, ProbeIds, Role};
 use crate::store::error::MisconfigurationKind;
 
@@ -118,11 +118,7 @@ impl Redirected {
         if let Some(conn) = nodes.get(&(host.to_string(), port)) {
             return Ok(conn.clone());
         }
-        let config =
-            AsyncConnectionConfig::new().set_connection_timeout(Some(self.connect_timeout));
-        let conn = Client::open(tcp_info(host, port, &self.login)?)?
-            .get_multiplexed_async_connection_with_config(&config)
-            .await?;
+        let conn = node_connection(host, port, &self.login, self.connect_timeout).await?;
         nodes.insert((host.to_string(), port), conn.clone());
         Ok(conn)
     }
@@ -530,15 +526,8 @@ async fn refused_directly(
     master: &Master,
     limit: Duration,
 ) -> Option<Failure> {
-    let info = tcp_info(&master.host, master.port, &target.login).ok()?;
-    let config = AsyncConnectionConfig::new()
-        .set_connection_timeout(Some(limit / 3))
-        .set_response_timeout(Some(limit / 3));
     let asked = async {
-        let client = Client::open(info)?;
-        let mut conn = client
-            .get_multiplexed_async_connection_with_config(&config)
-            .await?;
+        let mut conn = node_connection(&master.host, master.port, &target.login, limit / 3).await?;
         redis::cmd("PING").query_async::<()>(&mut conn).await
     };
     let e = match tokio::time::timeout(limit / 3, asked).await {

@@ -13,9 +13,9 @@
 use std::time::Duration;
 
 use redis::aio::MultiplexedConnection;
-use redis::{AsyncConnectionConfig, Client, RedisError};
+use redis::RedisError;
 
-use super::url::{tcp_info, SentinelTarget};
+use super::url::{node_connection, SentinelTarget};
 use super::validate;
 use crate::observe::BoundedLog;
 use crate::store::error::MisconfigurationKind;
@@ -126,13 +126,7 @@ impl Sentinels {
             Some((i, conn)) if i == index => conn,
             _ => {
                 let (host, port) = &self.target.sentinels[index];
-                let client = Client::open(tcp_info(host, *port, &self.target.auth)?)?;
-                let config = AsyncConnectionConfig::new()
-                    .set_connection_timeout(Some(self.timeout))
-                    .set_response_timeout(Some(self.timeout));
-                client
-                    .get_multiplexed_async_connection_with_config(&config)
-                    .await?
+                node_connection(host, *port, &self.target.auth, self.timeout).await?
             }
         };
         let reply: Option<(String, String)> = redis::cmd("SENTINEL")

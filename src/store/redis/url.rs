@@ -6,7 +6,10 @@
 //! percent-encoded before the `redis` crate parses the URL, which decodes them again. The
 //! credentials end at the last `@`.
 
-use redis::RedisConnectionInfo;
+use std::time::Duration;
+
+use redis::aio::MultiplexedConnection;
+use redis::{AsyncConnectionConfig, Client, RedisConnectionInfo};
 use redis::{ConnectionAddr, ConnectionInfo, IntoConnectionInfo, ProtocolVersion};
 
 use crate::store::error::{redact_url, ConfigError, ConfigErrorKind};
@@ -217,6 +220,22 @@ pub(crate) fn tcp_info(
         .set_redis_settings(login.clone()))
 }
 
+/// A connection of its own to the node at `host:port` (a Sentinel, a cluster node), logged
+/// in with `login`: connecting, and each reply after, within `timeout`.
+pub(crate) async fn node_connection(
+    host: &str,
+    port: u16,
+    login: &RedisConnectionInfo,
+    timeout: Duration,
+) -> redis::RedisResult<MultiplexedConnection> {
+    let config = AsyncConnectionConfig::new()
+        .set_connection_timeout(Some(timeout))
+        .set_response_timeout(Some(timeout));
+    Client::open(tcp_info(host, port, login)?)?
+        .get_multiplexed_async_connection_with_config(&config)
+        .await
+}
+
 /// Percent-encodes what the URL syntax reserves inside the credentials of a `redis://` or
 /// `rediss://` URL (between `://` and the last `@`), except the first `:` (user from password)
 /// and `%` (already encoded text stays as it is).
@@ -421,6 +440,16 @@ mod tests {
             panic!("did not parse");
         };
         assert_eq!(info.redis_settings().password(), None);
+        // as the README says: a literal `%` is written `%25`; in a unix URL's query, `+`
+        // reads as a space and a literal `+` is written `%2B`
+        let Ok(Target::Standalone(info)) = parse("redis://:100%25@h/") else {
+            panic!("did not parse");
+        };
+        assert_eq!(info.redis_settings().password(), Some("100%"));
+        let Ok(Target::Standalone(info)) = parse("redis+unix:///tmp/r.sock?pass=a%2Bb+c%26") else {
+            panic!("did not parse");
+        };
+        assert_eq!(info.redis_settings().password(), Some("a+b c&"));
     }
 
     #[test]

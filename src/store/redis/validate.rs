@@ -156,9 +156,8 @@ fn classify_reply(code: &str, detail: &str) -> Verdict {
 /// 7.2 and later name the user ("user apikey-svc has no permissions to run …", a name that
 /// may contain "key") or say "no permissions to access a key".
 fn acl_denial(detail: &str) -> MisconfigurationKind {
-    if detail.contains("permissions to run") {
-        MisconfigurationKind::CommandDenied
-    } else if detail.contains("access") && detail.contains("key") {
+    if !detail.contains("permissions to run") && detail.contains("access") && detail.contains("key")
+    {
         MisconfigurationKind::KeyDenied
     } else {
         MisconfigurationKind::CommandDenied
