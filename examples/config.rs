@@ -42,6 +42,9 @@ struct Settings {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RouteSettings {
+    /// The route's namespace on the store: its counters are found by this name, whatever
+    /// the route's place in the file.
+    name: String,
     path: String,
     mode: Mode,
     policy: Policy,
@@ -95,13 +98,17 @@ fn layer(settings: Settings) -> Result<RateLimitLayer, Box<dyn Error>> {
         // by the key's SHA-1: the secret stays out of the store's key names
         .key(Header::named("x-api-key")?.hashed())
         .with_settings(settings.layer);
-    for (i, route) in settings.routes.into_iter().enumerate() {
+    for route in settings.routes {
         // A namespace of its own: a route's limits would otherwise count together with the
         // default ones wherever their store keys have the same name (`10/min` beside a
-        // default `100/min`, say); by index, as a path may hold characters a namespace may
-        // not.
+        // default `100/min`, say). Named in the file rather than by the route's place in it,
+        // so that adding or moving a route moves no counters from one route to another.
+        let namespace = route
+            .name
+            .parse()
+            .map_err(|e| format!("route {:?}: {e}", route.name))?;
         let limiter = Limiter::builder(store.clone(), route.policy)
-            .namespace(format!("route{i}").parse()?)
+            .namespace(namespace)
             .build();
         let path = route.path;
         let matches = move |req: &RequestView<'_>| req.uri.path() == path;

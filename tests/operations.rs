@@ -145,7 +145,7 @@ async fn a_shadow_layer_refuses_nothing_and_shows_nothing() {
     let layer = RateLimitLayer::new(limiter.clone())
         .key(Header::named("x-user").unwrap())
         .shadow(true);
-    assert!(layer.settings().shadow);
+    assert_eq!(layer.settings().shadow, Some(true));
     let mut svc = layer.layer(handler(calls.clone()));
     for _ in 0..5 {
         let res = svc

@@ -45,7 +45,9 @@ impl Default for MissingKey {
 /// from a configuration file (with the `serde` feature) and apply with
 /// [`RateLimitLayer::with_settings`](super::RateLimitLayer::with_settings).
 ///
-/// Every field is optional in a file; a missing one keeps its default:
+/// Each field is a change: `None` (a field missing from the file) leaves the layer's setting
+/// as it is, whether its default or one set in code, so a file that sets one thing changes
+/// one thing:
 ///
 /// ```toml
 /// headers = "ietf"           # or "legacy", "both", "none"
@@ -54,7 +56,9 @@ impl Default for MissingKey {
 /// problem_details = false
 /// shadow = false             # true: record what the limits decide, refuse nothing
 /// ```
-#[derive(Debug, Clone, PartialEq, Eq)]
+///
+/// [`RateLimitLayer::settings`](super::RateLimitLayer::settings) gives every field.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 #[cfg_attr(
     feature = "serde",
     derive(serde::Serialize, serde::Deserialize),
@@ -62,34 +66,30 @@ impl Default for MissingKey {
 )]
 #[non_exhaustive]
 pub struct LayerSettings {
-    /// Which rate-limit headers responses carry (default [`HeaderStyle::Ietf`]).
-    pub headers: HeaderStyle,
-    /// The status of a limited request (default 429): a 4xx or 5xx code, as a limited
-    /// request answered `200` would look served (read from a file, another code is an
-    /// error; applied with [`with_settings`](super::RateLimitLayer::with_settings), a
+    /// Which rate-limit headers responses carry (the layer's default:
+    /// [`HeaderStyle::Ietf`]).
+    #[cfg_attr(feature = "serde", serde(skip_serializing_if = "Option::is_none"))]
+    pub headers: Option<HeaderStyle>,
+    /// The status of a limited request (the layer's default: 429): a 4xx or 5xx code, as a
+    /// limited request answered `200` would look served (read from a file, another code is
+    /// an error; applied with [`with_settings`](super::RateLimitLayer::with_settings), a
     /// panic).
-    #[cfg_attr(feature = "serde", serde(with = "status_code"))]
-    pub limited_status: StatusCode,
-    /// What to do with a request without a key (default: reject with 500).
-    pub missing_key: MissingKey,
-    /// Whether limited HTTP requests get an RFC 9457 `application/problem+json` body (default:
-    /// no, a line of text).
-    pub problem_details: bool,
+    #[cfg_attr(
+        feature = "serde",
+        serde(with = "status_code", skip_serializing_if = "Option::is_none")
+    )]
+    pub limited_status: Option<StatusCode>,
+    /// What to do with a request without a key (the layer's default: reject with 500).
+    #[cfg_attr(feature = "serde", serde(skip_serializing_if = "Option::is_none"))]
+    pub missing_key: Option<MissingKey>,
+    /// Whether limited HTTP requests get an RFC 9457 `application/problem+json` body (the
+    /// layer's default: no, a line of text).
+    #[cfg_attr(feature = "serde", serde(skip_serializing_if = "Option::is_none"))]
+    pub problem_details: Option<bool>,
     /// Shadow mode: every request is let through and what the limits decide is recorded
-    /// (default: no). See [`RateLimitLayer::shadow`](super::RateLimitLayer::shadow).
-    pub shadow: bool,
-}
-
-impl Default for LayerSettings {
-    fn default() -> LayerSettings {
-        LayerSettings {
-            headers: HeaderStyle::default(),
-            limited_status: StatusCode::TOO_MANY_REQUESTS,
-            missing_key: MissingKey::default(),
-            problem_details: false,
-            shadow: false,
-        }
-    }
+    /// (the layer's default: no). See [`RateLimitLayer::shadow`](super::RateLimitLayer::shadow).
+    #[cfg_attr(feature = "serde", serde(skip_serializing_if = "Option::is_none"))]
+    pub shadow: Option<bool>,
 }
 
 /// What a rule does with the requests it matches.
@@ -150,19 +150,18 @@ impl Config {
     /// The defaults: keyed by the peer IP, a missing key answered with 500, failing open,
     /// IETF headers, 429.
     pub(crate) fn new(limiter: Limiter) -> Config {
-        let settings = LayerSettings::default();
         Config {
             default: limiter,
             rules: Vec::new(),
             keys: Vec::new(),
-            missing: settings.missing_key,
+            missing: MissingKey::default(),
             cost: None,
-            headers: settings.headers,
+            headers: HeaderStyle::default(),
             on_limited: None,
-            limited_status: settings.limited_status,
+            limited_status: StatusCode::TOO_MANY_REQUESTS,
             custom_limited: None,
-            problem_details: settings.problem_details,
-            shadow: settings.shadow,
+            problem_details: false,
+            shadow: false,
             charge_if: None,
             partition_secret: None,
             header_cache: Arc::default(),
@@ -171,24 +170,31 @@ impl Config {
         }
     }
 
-    /// The plain-data settings.
+    /// The plain-data settings, every one given.
     pub(crate) fn settings(&self) -> LayerSettings {
         LayerSettings {
-            headers: self.headers,
-            limited_status: self.limited_status,
-            missing_key: self.missing,
-            problem_details: self.problem_details,
-            shadow: self.shadow,
+            headers: Some(self.headers),
+            limited_status: Some(self.limited_status),
+            missing_key: Some(self.missing),
+            problem_details: Some(self.problem_details),
+            shadow: Some(self.shadow),
         }
     }
 
-    /// Applies `settings`.
+    /// Applies the settings `settings` gives; the others stay as they are.
     pub(crate) fn apply(&mut self, settings: LayerSettings) {
-        self.headers = settings.headers;
-        self.limited_status = settings.limited_status;
-        self.missing = settings.missing_key;
-        self.problem_details = settings.problem_details;
-        self.shadow = settings.shadow;
+        let LayerSettings {
+            headers,
+            limited_status,
+            missing_key,
+            problem_details,
+            shadow,
+        } = settings;
+        self.headers = headers.unwrap_or(self.headers);
+        self.limited_status = limited_status.unwrap_or(self.limited_status);
+        self.missing = missing_key.unwrap_or(self.missing);
+        self.problem_details = problem_details.unwrap_or(self.problem_details);
+        self.shadow = shadow.unwrap_or(self.shadow);
     }
 
     /// Settles which handler answers limited requests, after a change.
@@ -238,13 +244,22 @@ mod status_code {
     use http::StatusCode;
     use serde::{de, Deserialize, Deserializer, Serializer};
 
-    pub(super) fn serialize<S: Serializer>(status: &StatusCode, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_u16(status.as_u16())
+    // (a missing status is not written: see the field's `skip_serializing_if`)
+    pub(super) fn serialize<S: Serializer>(
+        status: &Option<StatusCode>,
+        s: S,
+    ) -> Result<S::Ok, S::Error> {
+        match status {
+            Some(status) => s.serialize_u16(status.as_u16()),
+            None => s.serialize_none(),
+        }
     }
 
-    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<StatusCode, D::Error> {
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(
+        d: D,
+    ) -> Result<Option<StatusCode>, D::Error> {
         let code = u16::deserialize(d)?;
-        refusal(code).map_err(de::Error::custom)
+        refusal(code).map(Some).map_err(de::Error::custom)
     }
 
     /// `code` as the status of a refusal: an HTTP status code of an error (4xx or 5xx). A
@@ -295,11 +310,18 @@ mod missing_key_serde {
             f.write_str(r#""allow", "reject" or an HTTP status code"#)
         }
 
+        // A code may come as text too: configuration read from environment variables hands
+        // every value over as a string.
         fn visit_str<E: de::Error>(self, v: &str) -> Result<MissingKey, E> {
-            match v {
-                "allow" => Ok(MissingKey::Allow),
-                "reject" => Ok(MissingKey::default()),
-                _ => Err(E::invalid_value(de::Unexpected::Str(v), &self)),
+            let word = v.trim();
+            if word.eq_ignore_ascii_case("allow") {
+                Ok(MissingKey::Allow)
+            } else if word.eq_ignore_ascii_case("reject") {
+                Ok(MissingKey::default())
+            } else if let Ok(code) = word.parse::<u64>() {
+                self.visit_u64(code)
+            } else {
+                Err(E::invalid_value(de::Unexpected::Str(v), &self))
             }
         }
 
@@ -333,25 +355,48 @@ mod tests {
             "headers = \"both\"\nlimited_status = 503\nmissing_key = \"allow\"\nproblem_details = true\n",
         )
         .unwrap();
-        assert_eq!(s.headers, HeaderStyle::Both);
-        assert_eq!(s.limited_status, StatusCode::SERVICE_UNAVAILABLE);
-        assert_eq!(s.missing_key, MissingKey::Allow);
-        assert!(s.problem_details);
+        assert_eq!(s.headers, Some(HeaderStyle::Both));
+        assert_eq!(s.limited_status, Some(StatusCode::SERVICE_UNAVAILABLE));
+        assert_eq!(s.missing_key, Some(MissingKey::Allow));
+        assert_eq!(s.problem_details, Some(true));
+        assert_eq!(s.shadow, None);
         let text = toml::to_string(&s).unwrap();
+        assert!(!text.contains("shadow"), "{text}");
         assert_eq!(toml::from_str::<LayerSettings>(&text).unwrap(), s);
 
+        // what a file leaves out is left out: applied, it changes nothing
         let partial: LayerSettings = toml::from_str("missing_key = 401").unwrap();
-        assert_eq!(
-            partial.missing_key,
-            MissingKey::Reject(StatusCode::UNAUTHORIZED)
-        );
-        assert_eq!(partial.headers, HeaderStyle::Ietf);
+        let expected = LayerSettings {
+            missing_key: Some(MissingKey::Reject(StatusCode::UNAUTHORIZED)),
+            ..LayerSettings::default()
+        };
+        assert_eq!(partial, expected);
         let reject: LayerSettings = toml::from_str("missing_key = \"reject\"").unwrap();
-        assert_eq!(reject.missing_key, MissingKey::default());
+        assert_eq!(reject.missing_key, Some(MissingKey::default()));
         assert_eq!(
             toml::from_str::<LayerSettings>("").unwrap(),
             LayerSettings::default()
         );
+    }
+
+    #[test]
+    fn a_missing_key_rule_may_be_written_as_text() {
+        for (text, rule) in [
+            ("\"401\"", MissingKey::Reject(StatusCode::UNAUTHORIZED)),
+            (
+                "\" 503 \"",
+                MissingKey::Reject(StatusCode::SERVICE_UNAVAILABLE),
+            ),
+            ("\"Allow\"", MissingKey::Allow),
+            ("\"REJECT\"", MissingKey::default()),
+        ] {
+            let read: LayerSettings = toml::from_str(&format!("missing_key = {text}")).unwrap();
+            assert_eq!(read.missing_key, Some(rule), "{text}");
+        }
+        for bad in ["\"200\"", "\"4o1\"", "\"\"", "\"-1\""] {
+            let read = toml::from_str::<LayerSettings>(&format!("missing_key = {bad}"));
+            assert!(read.is_err(), "{bad}");
+        }
     }
 
     #[test]

@@ -248,7 +248,8 @@ impl RateLimitLayer {
     }
 
     /// Applies the plain-data settings (read from a configuration file with the `serde`
-    /// feature, for instance).
+    /// feature, for instance): those `settings` gives replace the layer's, the others
+    /// (`None`) stay as they are.
     ///
     /// # Panics
     ///
@@ -258,7 +259,7 @@ impl RateLimitLayer {
         self.edit(|c| c.apply(settings))
     }
 
-    /// The plain-data settings in force.
+    /// The plain-data settings in force, every one given.
     pub fn settings(&self) -> LayerSettings {
         self.config.settings()
     }
@@ -321,6 +322,36 @@ mod tests {
         RateLimitLayer::new(Limiter::new(MemoryStore::new(), "1/min".parse().unwrap()))
     }
 
+    /// Settings change what they give and nothing else: a file that sets one thing over a
+    /// layer configured in code (a shedder's 503 without headers, shadow mode) leaves the
+    /// rest as the code set it.
+    #[test]
+    fn settings_change_only_what_they_give() {
+        let configured = || {
+            layer()
+                .shadow(true)
+                .limited_status(StatusCode::SERVICE_UNAVAILABLE)
+                .headers(HeaderStyle::None)
+                .on_missing_key(MissingKey::Allow)
+        };
+        let changed = configured().with_settings(LayerSettings {
+            problem_details: Some(true),
+            ..LayerSettings::default()
+        });
+        let expected = LayerSettings {
+            headers: Some(HeaderStyle::None),
+            limited_status: Some(StatusCode::SERVICE_UNAVAILABLE),
+            missing_key: Some(MissingKey::Allow),
+            problem_details: Some(true),
+            shadow: Some(true),
+        };
+        assert_eq!(changed.settings(), expected);
+        // no change at all, and every setting given back as it was
+        let kept = configured().with_settings(LayerSettings::default());
+        assert_eq!(kept.settings(), configured().settings());
+        assert_eq!(layer().with_settings(expected.clone()).settings(), expected);
+    }
+
     /// A refusal answered with a status that is no error (a limited request answered
     /// `200 OK` looks served) is refused when the layer is built, as it is when read from a
     /// file, whichever way it is given.
@@ -340,7 +371,7 @@ mod tests {
                 std::panic::catch_unwind(|| layer().on_missing_key(MissingKey::Reject(status)));
             assert!(refused(built), "MissingKey::Reject({status}) accepted");
             let settings = LayerSettings {
-                limited_status: status,
+                limited_status: Some(status),
                 ..LayerSettings::default()
             };
             let built = std::panic::catch_unwind(|| layer().with_settings(settings.clone()));
