@@ -373,7 +373,7 @@ impl MemoryStore {
         for (k, state) in new {
             let (key, h) = (&keys[k], hashes[k]);
             let shard = &mut *guards[guard_of(h)];
-            make_room(inner, shard, now, |p| keys.iter().any(|k| k == p));
+            make_room(inner, shard, now, h, |p| keys.iter().any(|k| k == p));
             let expires_at = expiry(k, &state, 0);
             shard.map.insert(h, key, Stored { state, expires_at });
         }
@@ -496,7 +496,7 @@ impl MemoryStore {
         let placement = schedule::place(stored, rate, now, cost, longest_us);
         if placement.placed {
             if !shard.map.contains(hash, key) {
-                make_room(inner, &mut shard, now, |k| k == key);
+                make_room(inner, &mut shard, now, hash, |k| k == key);
             }
             let stored = Stored {
                 state: schedule::to_state(placement.after),
@@ -569,7 +569,14 @@ fn lock(shard: &Locked) -> MutexGuard<'_, Shard> {
 /// Before inserting into `shard`: sweep expired states when the shard has grown enough since
 /// the last sweep, or when it is at its bound and an eighth of the bound was inserted since
 /// the last sweep; then evict one when it is still at its bound.
-fn make_room(inner: &Inner, shard: &mut Shard, now: u64, protected: impl Fn(&str) -> bool) {
+/// `hash` is the new key's: it picks where the sample of states to evict from starts.
+fn make_room(
+    inner: &Inner,
+    shard: &mut Shard,
+    now: u64,
+    hash: u64,
+    protected: impl Fn(&str) -> bool,
+) {
     // Sweeping scans the shard, so it runs when the shard has doubled since the last sweep
     // (memory follows the live count), and at the bound after every eighth of it inserted:
     // at most eight states visited an insertion, amortised, while a flood keeps the shard
@@ -588,7 +595,10 @@ fn make_room(inner: &Inner, shard: &mut Shard, now: u64, protected: impl Fn(&str
         shard.inserted = 0;
     }
     while shard.map.len() >= inner.max_per_shard {
-        match shard.map.closest_to_expiry(EVICTION_SAMPLE, &protected) {
+        match shard
+            .map
+            .closest_to_expiry(hash, EVICTION_SAMPLE, &protected)
+        {
             Some((hash, key)) => {
                 // a live state evicted starts afresh: counted and logged, as that client's
                 // quota (or concurrency slot) comes back early

@@ -202,7 +202,7 @@ fn decide(
                 shard.map.remove(hash, key);
             }
             (None, Some(expires_at)) => {
-                make_room(inner, shard, now, |k| k == key);
+                make_room(inner, shard, now, hash, |k| k == key);
                 let state = State::Counters(fresh);
                 shard.map.insert(hash, key, Stored { state, expires_at });
             }
@@ -214,7 +214,7 @@ fn decide(
         let mut slot = [None];
         let summary = decide(&mut slot);
         if let [Some(state)] = slot {
-            make_room(inner, shard, now, |k| k == key);
+            make_room(inner, shard, now, hash, |k| k == key);
             let expires_at = algorithm::expires_at(&state, layout, limits, 0);
             shard.map.insert(hash, key, Stored { state, expires_at });
         }
