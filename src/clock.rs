@@ -11,8 +11,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 pub enum Clock {
     /// The real clock: Redis `TIME` for the Redis store (one clock for the whole fleet), the
     /// system clock for the memory store (read through the processor's time-stamp counter, which
-    /// reads faster, and set from the system clock once a second), a monotonic clock for a load
-    /// shedder.
+    /// reads faster, and set from the system clock once a second; a step of the system clock
+    /// back is caught up with at 1% of the time passing, rather than at once), a monotonic
+    /// clock for a load shedder.
     #[default]
     Real,
     /// A clock the caller sets: for tests and replays only.
@@ -84,9 +85,15 @@ pub(crate) fn system_micros() -> u64 {
 /// instructions on a virtual machine), the counter a few dozen. Between two settings the
 /// counter's calibration drifts from the system clock by some parts in 100,000 (13 µs a
 /// second on the machine the benches ran on), so the clock moves by that much when it is set
-/// again, back or forth, as the system clock itself may (the algorithms take a clock that
-/// goes back). Setting it keeps windows aligned to the Unix epoch aligned, however long the
-/// store lives.
+/// again, back or forth (the algorithms take a clock that goes back). Setting it keeps
+/// windows aligned to the Unix epoch aligned, however long the store lives.
+///
+/// A step of the system clock forward is followed at once; one back (an NTP step, a virtual
+/// machine restored, a hand) is followed by at most [`MAX_BACK_PER_SETTING`] a setting, 1% of
+/// the time that passes. Followed at once, it would put every state charged since the time
+/// the clock went back to in the future, and the algorithms refuse the client of such a state
+/// until the clock reaches it again: a step back of an hour refused every recent client for
+/// an hour.
 #[derive(Debug)]
 pub(crate) struct CounterClock {
     counter: quanta::Clock,
@@ -97,35 +104,54 @@ pub(crate) struct CounterClock {
     offset: AtomicU64,
     /// The counter's µs since `start` from which the clock is set again.
     next_setting: AtomicU64,
+    /// Where the system time is read (`system_micros`; a clock of the tests' own in tests).
+    system: fn() -> u64,
+    /// How often the clock is set (µs).
+    every: u64,
 }
 
 /// How often the counter clock is set from the system clock (µs).
 const SETTING_EVERY_US: u64 = 1_000_000;
 
+/// How far back a setting moves the counter clock at most: 1% of the time between settings,
+/// far more than the counter's drift, so that a system clock gone back is caught up with in
+/// 100 times the step (an hour's step in about four days) while the clock goes on forward.
+const MAX_BACK_PER_SETTING: u64 = SETTING_EVERY_US / 100;
+
 impl CounterClock {
     pub(crate) fn new() -> CounterClock {
+        CounterClock::reading(system_micros, SETTING_EVERY_US)
+    }
+
+    /// A clock set from `system` every `every` µs.
+    fn reading(system: fn() -> u64, every: u64) -> CounterClock {
         let counter = quanta::Clock::new();
         let start = counter.raw();
         CounterClock {
             counter,
             start,
-            offset: AtomicU64::new(system_micros()),
-            next_setting: AtomicU64::new(SETTING_EVERY_US),
+            offset: AtomicU64::new(system()),
+            next_setting: AtomicU64::new(every),
+            system,
+            every,
         }
     }
 
     /// Microseconds since the Unix epoch.
     pub(crate) fn now_micros(&self) -> u64 {
         let since = self.counter.delta_as_nanos(self.start, self.counter.raw()) / 1_000;
+        let offset = self.offset.load(Ordering::Relaxed);
         if since < self.next_setting.load(Ordering::Relaxed) {
-            return self.offset.load(Ordering::Relaxed) + since;
+            return offset + since;
         }
         // (two threads setting it at once store the same figures, to within their reads)
-        let now = system_micros();
+        let ours = offset + since;
+        let back = (self.every / 100).min(MAX_BACK_PER_SETTING);
+        let now = (self.system)().max(ours.saturating_sub(back));
         self.offset
             .store(now.saturating_sub(since), Ordering::Relaxed);
         self.next_setting
-            .store(since + SETTING_EVERY_US, Ordering::Relaxed);
+            .store(since + self.every, Ordering::Relaxed);
         now
     }
 }
@@ -154,5 +180,38 @@ mod tests {
             last = now;
         }
         assert!(clock.next_setting.load(Ordering::Relaxed) > SETTING_EVERY_US);
+    }
+
+    /// The system time of `a_step_back_of_the_system_clock_is_caught_up_with_slowly`.
+    static SYSTEM: AtomicU64 = AtomicU64::new(0);
+
+    /// A system clock stepped back an hour moves the clock back by 1% of the time passing,
+    /// not by the hour (which would put the states charged in the last hour in the future,
+    /// and refuse their clients for an hour); one stepped forward is followed at once.
+    #[test]
+    fn a_step_back_of_the_system_clock_is_caught_up_with_slowly() {
+        const HOUR: u64 = 3_600_000_000;
+        SYSTEM.store(1_000 * HOUR, Ordering::Relaxed);
+        // set every 2 ms: at most 20 µs back a setting
+        let clock = CounterClock::reading(|| SYSTEM.load(Ordering::Relaxed), 2_000);
+        let before = clock.now_micros();
+        SYSTEM.fetch_sub(HOUR, Ordering::Relaxed);
+        let mut last = before;
+        for _ in 0..20 {
+            std::thread::sleep(Duration::from_millis(3));
+            let now = clock.now_micros();
+            // (each sleep of 3 ms or more is at least one setting of at most 20 µs back)
+            assert!(now + 20 >= last, "{now} after {last}: went back an hour");
+            last = now;
+        }
+        assert!(last > before, "the clock went on forward");
+        // forward: followed at once
+        SYSTEM.fetch_add(2 * HOUR, Ordering::Relaxed);
+        std::thread::sleep(Duration::from_millis(3));
+        let now = clock.now_micros();
+        assert!(
+            now >= before + HOUR && now <= SYSTEM.load(Ordering::Relaxed),
+            "{now} vs {before}"
+        );
     }
 }
