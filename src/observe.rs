@@ -3,13 +3,14 @@
 //! no-ops.
 //!
 //! Label sets are bounded: a limiter's name (its policy text unless named), a limit's text, a
-//! failure kind, a store's key prefix — never an identifier.
+//! failure kind, a store's key prefix — never an identifier. Every metric is described to the
+//! recorder (its help text and unit) as limiters, schedulers, stores and shedders are built.
 //!
 //! | metric | kind | labels |
 //! |---|---|---|
 //! | `tollgate_decisions_total` | counter | `limiter` (a limiter's or a scheduler's name), `outcome` (`allowed`, `denied`, `shadow_denied`), `limit` (the denying limit, or empty) |
 //! | `tollgate_deny_cache_hits_total` | counter | `limiter` |
-//! | `tollgate_check_errors_total` | counter | `limiter`, `error` (`cost`, `no_identifiers`, `too_many_identifiers`: a check that could not be made, returned as an error, which a layer answers with 400 or 500) |
+//! | `tollgate_check_errors_total` | counter | `limiter`, `error` (`cost`, `no_identifiers`, `too_many_identifiers`, `not_one_identifier`: a check that could not be made, returned as an error, which a layer answers with 400 or 500) |
 //! | `tollgate_failure_policy_total` | counter | `limiter`, `action` (`open`, `closed`, `fallback`) |
 //! | `tollgate_store_errors_total` | counter | `store`, `kind` ([`StoreError::kind_label`]) |
 //! | `tollgate_store_breaker_open` | gauge (the store's breaker open: 1, or 0 from its start; stores of one prefix add up) | `store` |
@@ -29,6 +30,88 @@ use std::time::{Duration, Instant};
 use crate::decision::Decision;
 use crate::policy::{Limit, Policy};
 use crate::store::StoreError;
+
+/// Describes every metric of this module to the recorder installed (its `HELP` line and
+/// unit, in Prometheus' exposition): called as limiters, schedulers, stores and load shedders
+/// are built, so that a recorder installed at start-up, before them, has the descriptions
+/// before the first value. (Recorders keep the last description given; giving it again is a
+/// map lookup, and building is rare.)
+pub(crate) fn describe_metrics() {
+    #[cfg(feature = "metrics")]
+    {
+        use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
+        describe_counter!(
+            "tollgate_decisions_total",
+            Unit::Count,
+            "Checks decided by a rate limiter or placements by a scheduler, by outcome and denying limit"
+        );
+        describe_counter!(
+            "tollgate_deny_cache_hits_total",
+            Unit::Count,
+            "Checks refused from the limiter's cache of denials, without asking the store"
+        );
+        describe_counter!(
+            "tollgate_check_errors_total",
+            Unit::Count,
+            "Checks that could not be made (a cost the policy never admits, no or too many identifiers)"
+        );
+        describe_counter!(
+            "tollgate_failure_policy_total",
+            Unit::Count,
+            "Checks answered by the limiter's failure policy because the store could not decide"
+        );
+        describe_counter!(
+            "tollgate_store_errors_total",
+            Unit::Count,
+            "Calls to a rate-limit store that failed, by kind"
+        );
+        describe_gauge!(
+            "tollgate_store_breaker_open",
+            Unit::Count,
+            "Whether the store's circuit breaker is open (1) or closed (0)"
+        );
+        describe_histogram!(
+            "tollgate_store_call_seconds",
+            Unit::Seconds,
+            "Time a call to a rate-limit store took"
+        );
+        describe_counter!(
+            "tollgate_refund_failures_total",
+            Unit::Count,
+            "Charges of a check across Redis Cluster slots that could not be given back"
+        );
+        describe_counter!(
+            "tollgate_missing_key_total",
+            Unit::Count,
+            "Requests in which no key extractor found a rate-limit key, by what was done with them"
+        );
+        describe_counter!(
+            "tollgate_give_back_failures_total",
+            Unit::Count,
+            "Scheduler slots that could not be given back when their waiter left"
+        );
+        describe_counter!(
+            "tollgate_lease_failures_total",
+            Unit::Count,
+            "Calls renewing or releasing concurrency slots that failed"
+        );
+        describe_counter!(
+            "tollgate_leases_lost_total",
+            Unit::Count,
+            "Concurrency slots whose lease ran out while their request was still running"
+        );
+        describe_counter!(
+            "tollgate_memory_evictions_total",
+            Unit::Count,
+            "States still in use evicted by a memory store at its bound (max_keys)"
+        );
+        describe_counter!(
+            "tollgate_shed_total",
+            Unit::Count,
+            "Requests shed by a utilization load shedder, by priority"
+        );
+    }
+}
 
 /// A cluster connection of the store `store` was made without the masters `skipped`, which
 /// could not be reached for their start-up checks: calls to their slots fail until they
@@ -173,6 +256,7 @@ pub(crate) fn breaker_opened(store: &str, e: &StoreError) {
 /// breakers).
 #[cfg_attr(not(feature = "redis"), allow(dead_code))]
 pub(crate) fn breaker_made(store: &str) {
+    describe_metrics();
     #[cfg(feature = "metrics")]
     metrics::gauge!("tollgate_store_breaker_open", "store" => store.to_string()).increment(0.0);
     let _ = store;

@@ -13,7 +13,7 @@ use std::convert::Infallible;
 use common::manual_clock;
 use http::{Request, Response, StatusCode};
 use http_body_util::Full;
-use observed::{log_text, observed};
+use observed::{described, log_text, observed};
 use tollgate::key::Header;
 use tollgate::{Clock, Limiter, MemoryStore, RateLimitLayer};
 use tower::{service_fn, Layer, Service, ServiceExt};
@@ -494,4 +494,27 @@ async fn shed_requests_are_counted_and_logged() {
     }
     assert_eq!(shed("normal") - before, 3.0);
     assert!(log_text().contains("load shedder refused requests"));
+}
+
+/// Every metric of the table in `src/observe.rs` is described to a recorder installed before
+/// the first limiter is built (Prometheus' `HELP` line, and the unit), durations in seconds.
+#[test]
+fn every_metric_is_described_with_its_unit() {
+    observed();
+    let _limiter = memory_limiter("5/s", "described", false);
+    let table = include_str!("../src/observe.rs");
+    let names: Vec<&str> = table
+        .lines()
+        .filter_map(|line| line.strip_prefix("//! | `")?.split('`').next())
+        .collect();
+    assert!(names.len() >= 14, "{names:?}");
+    for name in names {
+        let (unit, help) = described(name).unwrap_or_else(|| panic!("{name} not described"));
+        assert!(!help.is_empty(), "{name}");
+        let expected = match name.ends_with("_seconds") {
+            true => metrics::Unit::Seconds,
+            false => metrics::Unit::Count,
+        };
+        assert_eq!(unit, Some(expected), "{name}");
+    }
 }

@@ -201,8 +201,17 @@ impl Config {
     ///
     /// # Panics
     ///
-    /// When a refusal's status is not a 4xx or 5xx code (see [`refusal_status`]).
+    /// When a refusal's status is not a 4xx or 5xx code (see [`refusal_status`]), or there
+    /// are more key extractors than a check takes identifiers.
     pub(crate) fn settle(&mut self) {
+        // A mistake in the program, found when the layer is built rather than on every
+        // request (each answered 500, its check refused as `TooManyIdentifiers`).
+        assert!(
+            self.keys.len() <= crate::MAX_IDENTIFIERS,
+            "tollgate: {} key extractors on one layer; a check takes at most {} identifiers",
+            self.keys.len(),
+            crate::MAX_IDENTIFIERS
+        );
         refusal_status(self.limited_status, "limited_status");
         if let MissingKey::Reject(status) = self.missing {
             refusal_status(status, "MissingKey::Reject");

@@ -260,6 +260,7 @@ impl LimiterBuilder {
 
     /// Builds the limiter.
     pub fn build(self) -> Limiter {
+        crate::observe::describe_metrics();
         let fallback_store = matches!(self.on_error, OnStoreError::Fallback(_))
             .then(|| Store::from(MemoryStore::new()));
         let given_name: Option<Arc<str>> = self.name.map(Into::into);

@@ -161,6 +161,7 @@ impl SchedulerBuilder {
 
     /// Builds the scheduler.
     pub fn build(self) -> Scheduler {
+        crate::observe::describe_metrics();
         let fallback = match self.on_error {
             OnStoreError::Fallback(f) => {
                 let scaled = self.rate.scaled(f.share_of_fleet());

@@ -67,6 +67,7 @@ impl UtilizationShedLayer {
     /// body is not counted once its headers are out, so long streams make the utilization
     /// look lower than it is.
     pub fn new(shedder: impl Into<Arc<UtilizationShedder>>) -> Self {
+        crate::observe::describe_metrics();
         UtilizationShedLayer {
             shedder: shedder.into(),
             classify: Arc::new(|_: &RequestView<'_>| Priority::Normal),

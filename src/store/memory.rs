@@ -125,6 +125,7 @@ impl MemoryStoreBuilder {
 
     /// Builds the store.
     pub fn build(self) -> MemoryStore {
+        crate::observe::describe_metrics();
         let max_keys = self.max_keys.unwrap_or(DEFAULT_MAX_KEYS).max(1);
         MemoryStore {
             inner: Arc::new(Inner {

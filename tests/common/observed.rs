@@ -71,10 +71,37 @@ impl Recorded {
     }
 }
 
+/// The descriptions given to the recorder: by metric name, its unit and help text.
+type Descriptions = Mutex<HashMap<String, (Option<Unit>, String)>>;
+
+fn descriptions() -> &'static Descriptions {
+    static DESCRIBED: OnceLock<Descriptions> = OnceLock::new();
+    DESCRIBED.get_or_init(Mutex::default)
+}
+
+fn describe(name: KeyName, unit: Option<Unit>, help: SharedString) {
+    let described = (unit, help.into_owned());
+    descriptions()
+        .lock()
+        .unwrap()
+        .insert(name.as_str().to_string(), described);
+}
+
+/// The unit and help text the metric `name` was described with, if it was.
+pub fn described(name: &str) -> Option<(Option<Unit>, String)> {
+    descriptions().lock().unwrap().get(name).cloned()
+}
+
 impl Recorder for Recorded {
-    fn describe_counter(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
-    fn describe_gauge(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
-    fn describe_histogram(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+    fn describe_counter(&self, name: KeyName, unit: Option<Unit>, help: SharedString) {
+        describe(name, unit, help);
+    }
+    fn describe_gauge(&self, name: KeyName, unit: Option<Unit>, help: SharedString) {
+        describe(name, unit, help);
+    }
+    fn describe_histogram(&self, name: KeyName, unit: Option<Unit>, help: SharedString) {
+        describe(name, unit, help);
+    }
     fn register_counter(&self, key: &Key, _: &Metadata<'_>) -> Counter {
         Counter::from_arc(self.handle(key))
     }
