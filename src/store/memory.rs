@@ -8,8 +8,9 @@
 //! # Memory bound
 //!
 //! Every state knows when it stops mattering (the same instant the Redis store uses for its
-//! TTL). Expired states are swept whenever a shard has doubled since its last sweep, so memory
-//! follows the live key count. On top of that each of the 64 shards holds at most its share of
+//! TTL). Expired states are swept whenever a shard has doubled since its last sweep, and a
+//! sweep that leaves a shard's table less than a quarter full shrinks it, so memory follows
+//! the live key count (as new keys come: nothing sweeps a store nobody checks). On top of that each of the 64 shards holds at most its share of
 //! `max_keys` states (default 1,000,000 in all, rounded up per shard). A full shard sweeps its
 //! expired states again after every eighth of its bound inserted, and a flood of distinct keys
 //! that keeps it full of live states evicts, among a sample of states of the shard, the one
@@ -118,6 +119,10 @@ impl MemoryStoreBuilder {
     /// most 63 more. An evicted state starts again empty; for a concurrency limit, that frees
     /// the slots it held. Evicting a state still in use is counted
     /// (`tollgate_memory_evictions_total`) and logged at most every 10 s.
+    ///
+    /// The bound counts states, not bytes: a state of window and GCRA limits takes some
+    /// hundred bytes, but a sliding log's holds one `u64` per cost unit admitted in its window,
+    /// up to its count (`10000/h log`: up to 80 KB for a busy identifier).
     pub fn max_keys(mut self, max_keys: usize) -> Self {
         self.max_keys = Some(max_keys);
         self
@@ -701,6 +706,39 @@ mod tests {
             lost += usize::from(d.statuses()[0].remaining == 1000);
         }
         assert_eq!(lost, 0, "clients whose count was evicted, of {users}");
+    }
+
+    /// The memory a flood took is given back once its states have expired and been swept:
+    /// the store's tables are sized for the live states again.
+    #[tokio::test]
+    async fn a_flood_past_gives_its_memory_back() {
+        let clock = ManualClock::new(1_000_000_000_000);
+        let store = MemoryStore::builder()
+            .clock(Clock::Manual(clock.clone()))
+            .build();
+        let capacity = || -> usize {
+            let shards = store.inner.shards.iter();
+            shards.map(|s| lock(s).map.capacity()).sum()
+        };
+        let l = limiter(&store, "5/s");
+        for i in 0..400_000 {
+            let _ = l.check(&[format!("flood:{i}")]).await.unwrap();
+        }
+        let flooded = capacity();
+        assert!(flooded >= 400_000, "{flooded}");
+        // the flood's states expire; then clients come a thousand a second, each for a
+        // second, enough for every shard to sweep (at twice its states at its last sweep)
+        clock.advance(Duration::from_secs(5));
+        for i in 0..200_000 {
+            let _ = l.check(&[format!("later:{i}")]).await.unwrap();
+            clock.advance(Duration::from_millis(1));
+        }
+        // (each shard then holds at most the `MIN_SWEEP` states it sweeps at)
+        let after = capacity();
+        assert!(
+            after * 4 <= flooded,
+            "capacity {after} after the flood, {flooded} during it"
+        );
     }
 
     #[tokio::test]

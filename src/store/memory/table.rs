@@ -62,6 +62,9 @@ impl Key {
     }
 }
 
+/// Below this many states a table is not shrunk: its memory is next to nothing.
+const SMALL: usize = 64;
+
 /// The states of one shard, by key.
 #[derive(Debug, Default)]
 pub(super) struct Table {
@@ -108,9 +111,22 @@ impl Table {
         }
     }
 
-    /// Keeps only the states `keep` says to.
+    /// Keeps only the states `keep` says to, and gives memory back when they fill less than
+    /// a quarter of the table: a flood passed leaves a table sized for it otherwise, as
+    /// removing never shrinks one. (Down to twice the states kept, so that the table does
+    /// not grow again at the next few insertions.)
     pub(super) fn retain(&mut self, mut keep: impl FnMut(&Stored) -> bool) {
         self.slots.retain(|s| keep(&s.stored));
+        let len = self.slots.len();
+        if self.slots.capacity() > 4 * len.max(SMALL) {
+            self.slots.shrink_to(2 * len, |s| s.hash);
+        }
+    }
+
+    /// The states the table has room for without growing.
+    #[cfg(test)]
+    pub(super) fn capacity(&self) -> usize {
+        self.slots.capacity()
     }
 
     /// Every key and its state, in no particular order.
