@@ -15,6 +15,13 @@ use super::{KeyExtractor, RequestView};
 /// The value is part of the store's key names, where whoever can list the store's keys
 /// (`SCAN` on Redis, a monitoring tool, a dump) reads it. For a secret such as an API key,
 /// use [`hashed`](Header::hashed).
+///
+/// The layer runs before anything checks the value, so a client that sends a new made-up
+/// value with each request gets a new quota each time: key by a header beside the client's
+/// address ([`PeerIp`](super::PeerIp) or [`ClientIp`](super::ClientIp), both checked), or by
+/// an [`Extension`] an authenticating layer in front inserts once it has checked the value.
+/// The value is read as sent, from the header's first line: `Bearer T` and `bearer T` are two
+/// keys.
 #[derive(Debug, Clone)]
 pub struct Header {
     name: HeaderName,
@@ -156,6 +163,12 @@ impl KeyExtractor for Route {
 /// also answers HTTP, its `POST`s are keyed by their path the same way. The method is read
 /// from the path before any service answers, so a made-up method (which the server will
 /// answer with `UNIMPLEMENTED`) is a key of its own, as a made-up path is for [`Route`].
+///
+/// As a layer's only key, it leaves the requests that are not `POST`s without one, and a
+/// request without a key is refused by default (500): a grpc-web server's CORS preflights
+/// (`OPTIONS`) and an HTTP health check among them. Let them through with
+/// `.bypass(|req: &RequestView<'_>| req.method != http::Method::POST)`, or
+/// [`MissingKey::Allow`](crate::layer::MissingKey::Allow).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct GrpcMethod;
 
