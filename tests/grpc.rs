@@ -58,6 +58,19 @@ async fn a_tonic_client_gets_resource_exhausted() {
         .unwrap();
     // the sliding window frees the second request somewhere in the next minute
     assert!((1..=120).contains(&retry), "{retry}");
+    // and the same wait for gRPC clients' retry policies (gRFC A6), in milliseconds
+    let pushback: u64 = status
+        .metadata()
+        .get("grpc-retry-pushback-ms")
+        .expect("a pushback")
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(
+        pushback > (retry - 1) * 1000 && pushback <= retry * 1000,
+        "{pushback} ms against retry-after: {retry}"
+    );
 
     // another API key is its own client
     let reply = client.say_hello(hello("bob", "k2")).await.unwrap();
@@ -181,4 +194,59 @@ async fn a_missing_key_is_a_grpc_status_too() {
         .unwrap_err();
     assert_eq!(status.code(), Code::Internal);
     assert!(status.message().contains("no rate-limit key"));
+}
+
+/// A refused grpc-web call is answered in grpc-web's own content type (a grpc-web client
+/// reads the status only from such a response), with the wait as gRPC's pushback; a limited
+/// status of the application's choice maps to a code clients treat as a limit.
+#[tokio::test]
+async fn grpc_web_calls_are_refused_in_their_own_type() {
+    use http::header::CONTENT_TYPE;
+    use http::StatusCode;
+    use tower::{service_fn, Layer, ServiceExt};
+
+    let call = |content_type: &'static str| {
+        http::Request::post("/greeter.Greeter/SayHello")
+            .header(CONTENT_TYPE, content_type)
+            .header("x-api-key", "k")
+            .body(http_body_util::Full::<bytes::Bytes>::default())
+            .unwrap()
+    };
+    let ok = service_fn(|_| async {
+        Ok::<_, std::convert::Infallible>(http::Response::new(
+            http_body_util::Full::<bytes::Bytes>::default(),
+        ))
+    });
+    for (status, code) in [
+        (StatusCode::TOO_MANY_REQUESTS, "8"),
+        (StatusCode::from_u16(420).unwrap(), "8"),
+        (StatusCode::SERVICE_UNAVAILABLE, "14"),
+        (StatusCode::BAD_GATEWAY, "14"),
+    ] {
+        let limiter = Limiter::new(MemoryStore::new(), "1/min".parse().unwrap());
+        let layer = RateLimitLayer::new(limiter)
+            .key(Header::named("x-api-key").unwrap())
+            .limited_status(status);
+        let svc = layer.layer(ok);
+        let first = svc.clone().oneshot(call("application/grpc-web")).await;
+        assert_eq!(first.unwrap().status(), StatusCode::OK);
+        for content_type in [
+            "application/grpc-web",
+            "application/grpc-web-text+proto",
+            "application/grpc",
+        ] {
+            let res = svc.clone().oneshot(call(content_type)).await.unwrap();
+            let h = res.headers();
+            assert_eq!(res.status(), StatusCode::OK, "{content_type}");
+            assert_eq!(h["grpc-status"], code, "{status} {content_type}");
+            assert_eq!(h[CONTENT_TYPE], content_type);
+            let pushback: u64 = h["grpc-retry-pushback-ms"]
+                .to_str()
+                .unwrap()
+                .parse()
+                .unwrap();
+            // (the rolling window frees the next call within the minute and a sub-window)
+            assert!((1..=120_000).contains(&pushback), "{pushback}");
+        }
+    }
 }

@@ -29,33 +29,38 @@ impl GrpcCode {
             StatusCode::TOO_MANY_REQUESTS => GrpcCode::ResourceExhausted,
             StatusCode::UNAUTHORIZED => GrpcCode::Unauthenticated,
             StatusCode::FORBIDDEN => GrpcCode::PermissionDenied,
-            StatusCode::SERVICE_UNAVAILABLE => GrpcCode::Unavailable,
+            StatusCode::SERVICE_UNAVAILABLE
+            | StatusCode::BAD_GATEWAY
+            | StatusCode::GATEWAY_TIMEOUT => GrpcCode::Unavailable,
             s if s.is_client_error() => GrpcCode::InvalidArgument,
             _ => GrpcCode::Internal,
         }
     }
+
+    /// The gRPC code of a call a limit refused, answered `status` over HTTP: the status's own
+    /// code where gRPC has one (401, 403), else `RESOURCE_EXHAUSTED` for a 4xx and
+    /// `UNAVAILABLE` for a 5xx. A limit is never a malformed call (`INVALID_ARGUMENT`, which
+    /// clients do not retry) nor a fault of the server (`INTERNAL`).
+    pub(crate) fn for_limit(status: StatusCode) -> GrpcCode {
+        match status {
+            StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN => GrpcCode::for_status(status),
+            s if s.is_client_error() => GrpcCode::ResourceExhausted,
+            _ => GrpcCode::Unavailable,
+        }
+    }
 }
 
-/// A response of the middleware's own: plain text for HTTP; for gRPC a trailers-only response
-/// (HTTP 200, `grpc-status` and `grpc-message` in the headers), which is what gRPC clients
-/// read — a bare HTTP 429 would reach them as an opaque transport error.
+/// A response of the middleware's own: plain text for HTTP; for gRPC (`grpc`: the request's
+/// `content-type`, one of gRPC's) a trailers-only response (HTTP 200, `grpc-status` and
+/// `grpc-message` in the headers), which is what gRPC clients read — a bare HTTP 429 would
+/// reach them as an opaque transport error.
 pub(crate) fn own_response(
     status: StatusCode,
     message: impl fmt::Display,
-    grpc: bool,
+    grpc: Option<&HeaderValue>,
 ) -> Response<Bytes> {
-    if grpc {
-        let mut res = Response::new(Bytes::new());
-        let code = GrpcCode::for_status(status) as u16;
-        let h = res.headers_mut();
-        h.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
-        h.insert(CACHE_CONTROL, NO_STORE);
-        h.insert(GRPC_STATUS, HeaderValue::from(code));
-        let encoded = chunk::text(|out| write!(GrpcMessage(out), "{message}").ok());
-        if let Some(v) = encoded.and_then(|text| HeaderValue::from_maybe_shared(text).ok()) {
-            h.insert(GRPC_MESSAGE, v);
-        }
-        return res;
+    if let Some(content_type) = grpc {
+        return grpc_response(GrpcCode::for_status(status), message, content_type);
     }
     let text = chunk::text(|out| writeln!(out, "{message}").ok()).unwrap_or_default();
     let mut res = Response::new(text);
@@ -68,6 +73,38 @@ pub(crate) fn own_response(
     h.insert(CACHE_CONTROL, NO_STORE);
     res
 }
+
+/// A trailers-only gRPC response of `code` and `message`, in the request's `content_type`:
+/// a grpc-web client (`application/grpc-web`, `application/grpc-web-text`) reads the status
+/// only from a response of its own kind, as a gRPC one does from `application/grpc`.
+pub(crate) fn grpc_response(
+    code: GrpcCode,
+    message: impl fmt::Display,
+    content_type: &HeaderValue,
+) -> Response<Bytes> {
+    let mut res = Response::new(Bytes::new());
+    let h = res.headers_mut();
+    h.insert(CONTENT_TYPE, content_type.clone());
+    h.insert(CACHE_CONTROL, NO_STORE);
+    h.insert(GRPC_STATUS, HeaderValue::from(code as u16));
+    let encoded = chunk::text(|out| write!(GrpcMessage(out), "{message}").ok());
+    if let Some(v) = encoded.and_then(|text| HeaderValue::from_maybe_shared(text).ok()) {
+        h.insert(GRPC_MESSAGE, v);
+    }
+    res
+}
+
+/// Tells a gRPC client's retry policy when to try again (gRFC A6's `grpc-retry-pushback-ms`):
+/// gRPC clients do not read `Retry-After`, and without it retry a refused call after their
+/// own backoff, often a tenth of a second.
+pub(crate) fn grpc_pushback(headers: &mut http::HeaderMap, wait: std::time::Duration) {
+    let ms = u64::try_from(wait.as_nanos().div_ceil(1_000_000)).unwrap_or(u64::MAX);
+    headers.insert(GRPC_RETRY_PUSHBACK_MS, HeaderValue::from(ms));
+}
+
+/// gRFC A6's pushback header.
+const GRPC_RETRY_PUSHBACK_MS: http::HeaderName =
+    http::HeaderName::from_static("grpc-retry-pushback-ms");
 
 /// The middlewares' own answers are about one request at one moment: no cache keeps them.
 const NO_STORE: HeaderValue = HeaderValue::from_static("no-store");
@@ -259,26 +296,28 @@ mod tests {
             let res = own_response(
                 StatusCode::TOO_MANY_REQUESTS,
                 LimitedMessage(&decision),
-                false,
+                None,
             );
             assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
             assert_eq!(body(res), text);
         }
         // a text longer than a chunk's strings is one of its own
         let long = "x".repeat(chunk::MAX_BYTES * 2);
-        let res = own_response(StatusCode::SERVICE_UNAVAILABLE, &long, false);
+        let res = own_response(StatusCode::SERVICE_UNAVAILABLE, &long, None);
         assert_eq!(body(res), format!("{long}\n"));
     }
 
     #[test]
     fn a_grpc_refusal_says_it_in_grpc_message_percent_encoded() {
         let decision = denied_by("10/s", Some(Duration::from_millis(2_500)));
+        let grpc = HeaderValue::from_static("application/grpc");
         let res = own_response(
             StatusCode::TOO_MANY_REQUESTS,
             LimitedMessage(&decision),
-            true,
+            Some(&grpc),
         );
         assert_eq!(res.status(), StatusCode::OK);
+        assert_eq!(res.headers()[CONTENT_TYPE], "application/grpc");
         assert_eq!(res.headers()["grpc-status"], "8");
         assert_eq!(
             res.headers()["grpc-message"],
@@ -286,11 +325,11 @@ mod tests {
         );
         assert!(res.body().is_empty());
         // `%`, and bytes outside printable ASCII (a line end, UTF-8), as `%XX`
-        let res = own_response(StatusCode::BAD_REQUEST, "50% off: \u{e9}\n", true);
+        let res = own_response(StatusCode::BAD_REQUEST, "50% off: \u{e9}\n", Some(&grpc));
         assert_eq!(res.headers()["grpc-message"], "50%25 off: %C3%A9%0A");
         assert_eq!(res.headers()["grpc-status"], "3");
         // longer than a chunk's strings once encoded: a value of its own
-        let res = own_response(StatusCode::BAD_REQUEST, "\u{e9}".repeat(100), true);
+        let res = own_response(StatusCode::BAD_REQUEST, "\u{e9}".repeat(100), Some(&grpc));
         assert_eq!(res.headers()["grpc-message"], "%C3%A9".repeat(100).as_str());
     }
 }

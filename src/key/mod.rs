@@ -62,13 +62,20 @@ impl<'a> RequestView<'a> {
     /// in gRPC's form (HTTP 200 with a `grpc-status`); any other request as HTTP, so that a
     /// client cannot turn a refusal of a `GET` into a `200` a cache might keep.
     pub fn is_grpc(&self) -> bool {
+        self.grpc_content_type().is_some()
+    }
+
+    /// The `content-type` of a gRPC call ([`is_grpc`](Self::is_grpc)): `application/grpc`,
+    /// `application/grpc-web` or `application/grpc-web-text`, with a `+proto` or other
+    /// suffix perhaps. The layers answer a refused call in the same type.
+    pub(crate) fn grpc_content_type(&self) -> Option<&'a http::HeaderValue> {
         const GRPC: &[u8] = b"application/grpc";
-        self.method == http::Method::POST
-            && self
-                .headers
-                .get(http::header::CONTENT_TYPE)
-                .and_then(|v| v.as_bytes().get(..GRPC.len()))
-                .is_some_and(|prefix| prefix.eq_ignore_ascii_case(GRPC))
+        if self.method != http::Method::POST {
+            return None;
+        }
+        let value = self.headers.get(http::header::CONTENT_TYPE)?;
+        let prefix = value.as_bytes().get(..GRPC.len())?;
+        prefix.eq_ignore_ascii_case(GRPC).then_some(value)
     }
 }
 

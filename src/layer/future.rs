@@ -5,6 +5,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::{HeaderValue, RETRY_AFTER};
@@ -16,7 +17,7 @@ use super::check::{Charge, ChargeFuture, Pending};
 use super::config::Config;
 use super::upgrade::{self, Offered};
 use crate::http::headers::add_headers;
-use crate::http::response::{own_response, LimitedMessage};
+use crate::http::response::{grpc_pushback, grpc_response, own_response, GrpcCode, LimitedMessage};
 use crate::http::ResponseBody;
 use crate::key::RequestView;
 use crate::limiter::CheckFuture;
@@ -42,7 +43,6 @@ pin_project! {
         // and copied into the future whole.
         decision: Option<Decision>,
         config: Arc<Config>,
-        grpc: bool,
         // When the layer charges by response: the charge to make if the response is selected.
         // Boxed: most layers charge by request, and the future is moved whole, several times.
         pending: Option<Box<Pending>>,
@@ -109,14 +109,12 @@ where
         inner: S,
         check: CheckFuture<Request<ReqBody>>,
         config: Arc<Config>,
-        grpc: bool,
         pending: Option<Box<Pending>>,
     ) -> Self {
         ResponseFuture {
             state: State::Checking { check, inner },
             decision: None,
             config,
-            grpc,
             pending,
             pks: None,
             upgrade: None,
@@ -146,7 +144,6 @@ where
             },
             decision: Some(decision),
             config,
-            grpc: false,
             pending,
             pks,
             upgrade,
@@ -160,8 +157,7 @@ where
         config: Arc<Config>,
         pks: Option<Arc<[Vec<u8>]>>,
     ) -> Self {
-        let grpc = RequestView::of(req).is_grpc();
-        let res = refusal(&config, req, outcome, grpc, pks.as_deref());
+        let res = refusal(&config, req, outcome, pks.as_deref());
         ResponseFuture::answered(res, config)
     }
 
@@ -178,7 +174,6 @@ where
             state: State::Calling { fut },
             decision: None,
             config,
-            grpc: false,
             pending: None,
             pks: None,
             upgrade: None,
@@ -191,7 +186,6 @@ where
             state: State::Answered { res },
             decision: None,
             config,
-            grpc: false,
             pending: None,
             pks: None,
             upgrade: None,
@@ -312,7 +306,7 @@ where
                 Ok(decision) if decision.is_allowed() => Some(decision),
                 refused => {
                     let pks = this.pks.as_deref();
-                    let res = refusal(this.config, &req, refused, *this.grpc, pks);
+                    let res = refusal(this.config, &req, refused, pks);
                     this.state.set(State::Answered { res });
                     return None;
                 }
@@ -374,9 +368,9 @@ fn refusal<B>(
     config: &Config,
     req: &Request<B>,
     outcome: Result<Decision, Error>,
-    grpc: bool,
     pks: Option<&[Vec<u8>]>,
 ) -> Response<Bytes> {
+    let grpc = RequestView::of(req).grpc_content_type();
     match outcome {
         Ok(decision) => limited(config, req, &decision, grpc, pks),
         Err(Error::Store(_)) => {
@@ -388,6 +382,9 @@ fn refusal<B>(
             );
             res.headers_mut()
                 .insert(RETRY_AFTER, HeaderValue::from_static("1"));
+            if grpc.is_some() {
+                grpc_pushback(res.headers_mut(), Duration::from_secs(1));
+            }
             res
         }
         Err(e) => {
@@ -406,12 +403,20 @@ fn limited<B>(
     config: &Config,
     req: &Request<B>,
     decision: &Decision,
-    grpc: bool,
+    grpc: Option<&HeaderValue>,
     pks: Option<&[Vec<u8>]>,
 ) -> Response<Bytes> {
     let mut res = match (&config.on_limited, grpc) {
-        (Some(handler), false) => handler(&RequestView::of(req), decision),
-        _ => own_response(config.limited_status, LimitedMessage(decision), grpc),
+        (_, Some(content_type)) => {
+            let code = GrpcCode::for_limit(config.limited_status);
+            let mut res = grpc_response(code, LimitedMessage(decision), content_type);
+            if let Some(wait) = decision.retry_after() {
+                grpc_pushback(res.headers_mut(), wait);
+            }
+            res
+        }
+        (Some(handler), None) => handler(&RequestView::of(req), decision),
+        (None, None) => own_response(config.limited_status, LimitedMessage(decision), None),
     };
     add_headers(
         res.headers_mut(),

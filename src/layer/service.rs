@@ -250,10 +250,7 @@ impl<S> RateLimit<S> {
                 later,
                 pending,
                 pks,
-            } => {
-                let grpc = RequestView::of(&req).is_grpc();
-                self.checking(req, later, grpc, pending, pks)
-            }
+            } => self.checking(req, later, pending, pks),
         }
     }
 }
@@ -295,7 +292,7 @@ impl<S> RateLimit<S> {
         config.missing_log.missing_key(limiter, action);
         match config.missing {
             MissingKey::Reject(status) if !shadow => {
-                let grpc = RequestView::of(&req).is_grpc();
+                let grpc = RequestView::of(&req).grpc_content_type();
                 let res = own_response(status, "no rate-limit key found in the request", grpc);
                 ResponseFuture::answered(res, config.clone())
             }
@@ -309,7 +306,6 @@ impl<S> RateLimit<S> {
         &mut self,
         req: Request<ReqBody>,
         later: Later,
-        grpc: bool,
         pending: Option<Box<Pending>>,
         pks: Option<Arc<[Vec<u8>]>>,
     ) -> ResponseFuture<S, ReqBody>
@@ -324,8 +320,7 @@ impl<S> RateLimit<S> {
             (decision, req)
         });
         let config = self.config.clone();
-        ResponseFuture::checking(self.take_ready(), check, config, grpc, pending)
-            .with_partition_keys(pks)
+        ResponseFuture::checking(self.take_ready(), check, config, pending).with_partition_keys(pks)
     }
 }
 

@@ -15,7 +15,7 @@ use tower_service::Service;
 
 use super::priority::Classifier;
 use super::{InFlight, InFlightGuard, Priority, ShedConfig, UtilizationShedder};
-use crate::http::response::{own_response, shed_problem_response};
+use crate::http::response::{grpc_pushback, own_response, shed_problem_response};
 use crate::http::ResponseBody;
 use crate::key::RequestView;
 
@@ -98,7 +98,7 @@ impl UtilizationShedLayer {
     }
 
     /// The `Retry-After` of shed HTTP requests, in whole seconds rounded up, at least 1
-    /// (default 1 s).
+    /// (default 1 s); shed gRPC calls get it as `grpc-retry-pushback-ms`.
     ///
     /// The shedding amount moves over minutes, so the same request soon after is about as
     /// likely to be shed again; but shedding is random, so a retry may get through. Clients
@@ -184,7 +184,7 @@ where
             layer.shedder.record_shed(priority);
             return ResponseFuture {
                 kind: Kind::Shed {
-                    grpc: view.is_grpc(),
+                    grpc: view.grpc_content_type().cloned(),
                     retry_after: layer.retry_after.clone(),
                     problem: layer.problem_details,
                 },
@@ -203,13 +203,29 @@ where
 /// The answer to a shed request: plain text (or problem details) for HTTP; for gRPC a
 /// trailers-only response (HTTP 200, `grpc-status` and `grpc-message` in the headers), which
 /// is what gRPC clients read.
-fn shed_response(grpc: bool, retry_after: &HeaderValue, problem: bool) -> Response<Bytes> {
-    let mut res = match problem && !grpc {
-        true => shed_problem_response(MESSAGE),
-        false => own_response(StatusCode::SERVICE_UNAVAILABLE, MESSAGE, grpc),
+///
+/// `grpc` is the request's `content-type` when it is a gRPC call. Its client gets the wait in
+/// gRPC's pushback header (`UNAVAILABLE` is a code clients retry, and without it they would
+/// retry at once into a server that sheds), an HTTP client in `Retry-After`.
+fn shed_response(
+    grpc: Option<&HeaderValue>,
+    retry_after: &HeaderValue,
+    problem: bool,
+) -> Response<Bytes> {
+    let mut res = match (problem, grpc) {
+        (true, None) => shed_problem_response(MESSAGE),
+        _ => own_response(StatusCode::SERVICE_UNAVAILABLE, MESSAGE, grpc),
     };
-    if !grpc {
-        res.headers_mut().insert(RETRY_AFTER, retry_after.clone());
+    match grpc {
+        None => {
+            res.headers_mut().insert(RETRY_AFTER, retry_after.clone());
+        }
+        Some(_) => {
+            // (the layer writes its `Retry-After` from whole seconds)
+            let secs = retry_after.to_str().ok().and_then(|s| s.parse().ok());
+            let wait = Duration::from_secs(secs.unwrap_or(1));
+            grpc_pushback(res.headers_mut(), wait);
+        }
     }
     res
 }
@@ -237,7 +253,8 @@ pin_project! {
             guard: Option<InFlightGuard>,
         },
         Shed {
-            grpc: bool,
+            // the request's `content-type`, when it is a gRPC call
+            grpc: Option<HeaderValue>,
             retry_after: HeaderValue,
             problem: bool,
         },
@@ -251,7 +268,7 @@ impl<F> fmt::Debug for ResponseFuture<F> {
             Kind::Called { guard, .. } => d
                 .field("kind", &"called")
                 .field("in_flight", &guard.is_some()),
-            Kind::Shed { grpc, .. } => d.field("kind", &"shed").field("grpc", grpc),
+            Kind::Shed { grpc, .. } => d.field("kind", &"shed").field("grpc", &grpc.is_some()),
         }
         .finish()
     }
@@ -274,7 +291,7 @@ where
                 retry_after,
                 problem,
             } => {
-                let res = shed_response(*grpc, retry_after, *problem);
+                let res = shed_response(grpc.as_ref(), retry_after, *problem);
                 Poll::Ready(Ok(res.map(ResponseBody::full)))
             }
         }
