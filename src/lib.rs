@@ -18,12 +18,15 @@
 //!     // `RedisStore::connect("redis://127.0.0.1/").await?` shares the counters with a fleet.
 //!     let store = MemoryStore::new();
 //!     let limits = RateLimitLayer::new(Limiter::new(store.clone(), "10/s, 120/min".parse()?))
-//!         // the client IP, read through the proxies of your own network
-//!         .key(ClientIp::trusted_proxies(IpCidr::private_networks()))
-//!         // `/login`: 5 a minute on top of the limits above
+//!         // the client IP, from the header the proxies of your own network maintain
+//!         .key(ClientIp::trusted_proxies(IpCidr::private_networks()).only_x_forwarded_for())
+//!         // `/login`: 5 a minute on top of the limits above, in a namespace of its own (on
+//!         // one store, limits of one name count together)
 //!         .route_adding(
 //!             |req: &RequestView<'_>| req.uri.path() == "/login",
-//!             Limiter::new(store, "5/min log".parse()?),
+//!             Limiter::builder(store, "5/min log".parse()?)
+//!                 .namespace("login".parse()?)
+//!                 .build(),
 //!         )
 //!         .bypass(|req: &RequestView<'_>| req.uri.path() == "/health");
 //!     let app = Router::new()
@@ -64,7 +67,7 @@
 //! | `tonic` | yes | the peer address from tonic's `TcpConnectInfo` |
 //! | `tracing` | yes | log events: a store failing and recovering, failed calls, lost slots and give-backs, would-be denials in shadow mode, requests without a key, policy changes, sheds |
 //! | `metrics` | no | counters, a gauge and a histogram through the `metrics` facade (decisions, failure-policy answers, store errors and latency, sheds and more: the README's failures table lists them) |
-//! | `serde` | no | `Serialize`/`Deserialize` for [`Policy`] and [`Limit`] (as their text) and [`LayerSettings`](layer::LayerSettings) |
+//! | `serde` | no | `Serialize`/`Deserialize` for [`Policy`] and [`Limit`] (as their text), [`LayerSettings`](layer::LayerSettings), [`HeaderStyle`](layer::HeaderStyle) and [`MissingKey`](layer::MissingKey) |
 //!
 //! ## Without tower
 //!

@@ -1,4 +1,4 @@
-//! The scheduler (seed 000's leaky bucket): each event of a key gets the next free slot at a
+//! The scheduler (a leaky bucket used as a queue): each event of a key gets the next free slot at a
 //! steady rate. Twin of `lua/schedule.lua`, section for section: [`place`] is its `schedule`,
 //! [`give_back`] its `give_back`.
 //!

@@ -16,7 +16,7 @@ use crate::store::{keyspace, MemoryStore, Namespace, Store, StoreError};
 const LONGEST_WAIT_US: u64 = 1 << 52;
 
 /// Paces events to a rate, fleet-wide: each event of an identifier gets the next free slot
-/// (seed 000's leaky bucket), the caller sleeps until it, and an event whose slot lies further
+/// (a leaky bucket used as a queue), the caller sleeps until it, and an event whose slot lies further
 /// than the caller will wait is rejected at once without taking one.
 ///
 /// For calls to a third party that limits you: where a [`Limiter`](crate::Limiter) answers
