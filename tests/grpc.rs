@@ -250,3 +250,56 @@ async fn grpc_web_calls_are_refused_in_their_own_type() {
         }
     }
 }
+
+/// A tonic client whose channel is limited by a `KeyedRateLimitLayer` reads a refusal as
+/// `RESOURCE_EXHAUSTED`, the wait in its metadata, and can still reach the `RateLimited`.
+#[tokio::test]
+async fn a_keyed_layer_around_a_channel_refuses_with_resource_exhausted() {
+    use tollgate::{KeyedRateLimitLayer, RateLimited};
+    use tower::ServiceBuilder;
+
+    let limiter = Limiter::new(MemoryStore::new(), "2/min".parse().unwrap());
+    let url = serve(RateLimitLayer::new(Limiter::new(
+        MemoryStore::new(),
+        "100/s".parse().unwrap(),
+    )))
+    .await;
+    let channel = tonic::transport::Endpoint::new(url)
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let limited = ServiceBuilder::new()
+        .layer(KeyedRateLimitLayer::new(
+            limiter,
+            |_: &http::Request<tonic::body::Body>| "outbound:greeter".into(),
+        ))
+        .service(channel);
+    let mut grpc = tonic::client::Grpc::new(limited);
+    let path = http::uri::PathAndQuery::from_static("/hello.Greeter/SayHello");
+    let mut call = async || {
+        grpc.ready().await.unwrap();
+        let req = Request::new(greeter::HelloRequest { name: "ada".into() });
+        let codec =
+            tonic_prost::ProstCodec::<greeter::HelloRequest, greeter::HelloReply>::default();
+        grpc.unary(req, path.clone(), codec).await
+    };
+    for _ in 0..2 {
+        assert_eq!(call().await.unwrap().get_ref().message, "hello, ada");
+    }
+    let status = call().await.unwrap_err();
+    assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+    assert!(status.message().contains("2/min"), "{}", status.message());
+    let retry: u64 = status
+        .metadata()
+        .get("retry-after")
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((1..=120).contains(&retry), "{retry}");
+    assert!(status.metadata().get("grpc-retry-pushback-ms").is_some());
+    let source = std::error::Error::source(&status).expect("the refusal");
+    assert!(source.downcast_ref::<RateLimited>().is_some(), "{source:?}");
+}

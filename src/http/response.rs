@@ -98,8 +98,12 @@ pub(crate) fn grpc_response(
 /// gRPC clients do not read `Retry-After`, and without it retry a refused call after their
 /// own backoff, often a tenth of a second.
 pub(crate) fn grpc_pushback(headers: &mut http::HeaderMap, wait: std::time::Duration) {
-    let ms = u64::try_from(wait.as_nanos().div_ceil(1_000_000)).unwrap_or(u64::MAX);
-    headers.insert(GRPC_RETRY_PUSHBACK_MS, HeaderValue::from(ms));
+    headers.insert(GRPC_RETRY_PUSHBACK_MS, HeaderValue::from(pushback_ms(wait)));
+}
+
+/// `wait` in whole milliseconds, rounded up: a client that comes back then is admitted.
+pub(crate) fn pushback_ms(wait: std::time::Duration) -> u64 {
+    u64::try_from(wait.as_nanos().div_ceil(1_000_000)).unwrap_or(u64::MAX)
 }
 
 /// gRFC A6's pushback header.
