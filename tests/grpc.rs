@@ -25,6 +25,16 @@ async fn serve(layer: RateLimitLayer) -> String {
     format!("http://{addr}")
 }
 
+/// The number the metadata `key` of `status` holds.
+fn number(status: &tonic::Status, key: &str) -> u64 {
+    let value = status.metadata().get(key);
+    let text = value
+        .unwrap_or_else(|| panic!("no {key}"))
+        .to_str()
+        .unwrap();
+    text.parse().unwrap()
+}
+
 fn hello(name: &str, api_key: &str) -> Request<HelloRequest> {
     let mut req = Request::new(HelloRequest { name: name.into() });
     req.metadata_mut()
@@ -48,25 +58,11 @@ async fn a_tonic_client_gets_resource_exhausted() {
     let status = client.say_hello(hello("ada", "k1")).await.unwrap_err();
     assert_eq!(status.code(), Code::ResourceExhausted);
     assert!(status.message().contains("2/min"), "{}", status.message());
-    let retry: u64 = status
-        .metadata()
-        .get("retry-after")
-        .unwrap()
-        .to_str()
-        .unwrap()
-        .parse()
-        .unwrap();
+    let retry: u64 = number(&status, "retry-after");
     // the sliding window frees the second request somewhere in the next minute
     assert!((1..=120).contains(&retry), "{retry}");
     // and the same wait for gRPC clients' retry policies (gRFC A6), in milliseconds
-    let pushback: u64 = status
-        .metadata()
-        .get("grpc-retry-pushback-ms")
-        .expect("a pushback")
-        .to_str()
-        .unwrap()
-        .parse()
-        .unwrap();
+    let pushback: u64 = number(&status, "grpc-retry-pushback-ms");
     assert!(
         pushback > (retry - 1) * 1000 && pushback <= retry * 1000,
         "{pushback} ms against retry-after: {retry}"
@@ -102,14 +98,7 @@ async fn the_peer_address_is_the_default_key() {
     two_keys_spend_one_budget(&mut client).await;
     let status = client.say_hello(hello("x", "c")).await.unwrap_err();
     assert_eq!(status.code(), Code::ResourceExhausted);
-    let retry: u64 = status
-        .metadata()
-        .get("retry-after")
-        .unwrap()
-        .to_str()
-        .unwrap()
-        .parse()
-        .unwrap();
+    let retry: u64 = number(&status, "retry-after");
     let state = status
         .metadata()
         .get("ratelimit")
@@ -290,14 +279,7 @@ async fn a_keyed_layer_around_a_channel_refuses_with_resource_exhausted() {
     let status = call().await.unwrap_err();
     assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
     assert!(status.message().contains("2/min"), "{}", status.message());
-    let retry: u64 = status
-        .metadata()
-        .get("retry-after")
-        .unwrap()
-        .to_str()
-        .unwrap()
-        .parse()
-        .unwrap();
+    let retry: u64 = number(&status, "retry-after");
     assert!((1..=120).contains(&retry), "{retry}");
     assert!(status.metadata().get("grpc-retry-pushback-ms").is_some());
     let source = std::error::Error::source(&status).expect("the refusal");
