@@ -6,6 +6,18 @@ use std::fmt;
 use super::MAX_WINDOW;
 use super::{MAX_COUNT, MAX_LIMITS, MAX_LOG_COUNT, MIN_LEASE};
 
+/// `text` cut to its first [`MAX_PART`] bytes (at a character's start) and `…`, when longer.
+fn clip(text: &mut String) {
+    if text.len() > MAX_PART {
+        let mut end = MAX_PART;
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        text.truncate(end);
+        text.push('…');
+    }
+}
+
 /// A policy or limit that cannot be built, with the text of the offending part.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PolicyError {
@@ -13,12 +25,21 @@ pub struct PolicyError {
     part: String,
 }
 
+/// The longest part an error keeps, in bytes: text read from a request or a file may be of
+/// any size, and its error goes into logs.
+const MAX_PART: usize = 200;
+
 impl PolicyError {
-    pub(crate) fn new(kind: PolicyErrorKind, part: impl Into<String>) -> Self {
-        PolicyError {
-            kind,
-            part: part.into(),
+    pub(crate) fn new(mut kind: PolicyErrorKind, part: impl Into<String>) -> Self {
+        let mut part = part.into();
+        clip(&mut part);
+        match &mut kind {
+            PolicyErrorKind::UnknownUnit(word)
+            | PolicyErrorKind::UnknownAlgorithm(word)
+            | PolicyErrorKind::UnknownParameter(word) => clip(word),
+            _ => {}
         }
+        PolicyError { kind, part }
     }
 
     /// The same error, naming another part (the text a limit was parsed from rather than the
@@ -37,7 +58,8 @@ impl PolicyError {
         &self.kind
     }
 
-    /// The offending part of the text (or the limit, displayed).
+    /// The offending part of the text (or the limit, displayed): its first 200 bytes and `…`
+    /// when it is longer.
     pub fn part(&self) -> &str {
         &self.part
     }
@@ -111,7 +133,12 @@ impl fmt::Display for PolicyError {
                 f.write_str("the window must be a whole number of milliseconds")
             }
             PolicyErrorKind::UnknownUnit(u) => {
-                write!(f, "unknown window unit {u:?} (expected ms, s, min, h or d)")
+                write!(
+                    f,
+                    "unknown window unit {u:?} (expected ms, s, min, h or d, or a word such as \
+                     sec, secs, minutes, hours, days; a window is a whole number of its unit: \
+                     1500ms, not 1.5s)"
+                )
             }
             PolicyErrorKind::UnknownAlgorithm(a) => write!(
                 f,

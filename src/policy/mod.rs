@@ -91,14 +91,15 @@ impl Policy {
     /// one concurrency limit.
     pub fn new(limits: impl IntoIterator<Item = Limit>) -> Result<Policy, PolicyError> {
         let limits: Vec<Limit> = limits.into_iter().collect();
-        let text = Policy::of(limits.clone()).to_string();
         if limits.is_empty() {
-            return Err(PolicyError::new(PolicyErrorKind::Empty, text));
+            return Err(PolicyError::new(PolicyErrorKind::Empty, ""));
         }
         if limits.len() > MAX_LIMITS {
-            return Err(PolicyError::new(PolicyErrorKind::TooManyLimits, text));
+            let part = format!("{} limits", limits.len());
+            return Err(PolicyError::new(PolicyErrorKind::TooManyLimits, part));
         }
         if limits.iter().filter(|l| l.is_concurrency()).count() > 1 {
+            let text = Policy::of(limits).to_string();
             return Err(PolicyError::new(PolicyErrorKind::Duplicate, text));
         }
         for (i, limit) in limits.iter().enumerate() {
@@ -183,6 +184,12 @@ impl FromStr for Policy {
     fn from_str(text: &str) -> Result<Policy, PolicyError> {
         if text.trim().is_empty() {
             return Err(PolicyError::new(PolicyErrorKind::Empty, text));
+        }
+        // Counted before any is parsed: text from a request or a file may hold any number.
+        let parts = text.split(',').count();
+        if parts > MAX_LIMITS {
+            let part = format!("{parts} limits");
+            return Err(PolicyError::new(PolicyErrorKind::TooManyLimits, part));
         }
         let limits = text
             .split(',')

@@ -94,6 +94,11 @@ impl FromStr for Limit {
                 }
                 continue;
             }
+            if matches!(word, "burst" | "capacity" | "lease") || word.starts_with('=') {
+                return Err(err(PolicyErrorKind::Syntax(
+                    "a parameter is written without spaces, as in burst=20",
+                )));
+            }
             if named.is_some() || burst.is_some() {
                 return Err(err(PolicyErrorKind::Syntax(
                     "expected at most one algorithm, before burst=",
@@ -160,11 +165,13 @@ fn parse_concurrency(text: &str) -> Result<Limit, PolicyErrorKind> {
     Limit::new(count, lease, Algorithm::Concurrency).map_err(PolicyError::into_kind)
 }
 
-/// Parses `123` or `1_000`.
+/// Parses `123` or `1_000` (an underscore only between two digits).
 fn parse_number(text: &str) -> Result<u64, PolicyErrorKind> {
     let text = text.trim();
     if text.is_empty()
         || text.starts_with('_')
+        || text.ends_with('_')
+        || text.contains("__")
         || !text.bytes().all(|b| b.is_ascii_digit() || b == b'_')
     {
         return Err(PolicyErrorKind::BadCount);
@@ -186,9 +193,9 @@ fn parse_window(text: &str) -> Result<Duration, PolicyErrorKind> {
     let n = if n.is_empty() { 1 } else { parse_number(n)? };
     let unit_ms: u64 = match unit {
         "ms" => 1,
-        "s" | "sec" | "second" | "seconds" => 1000,
-        "m" | "min" | "minute" | "minutes" => 60_000,
-        "h" | "hr" | "hour" | "hours" => 3_600_000,
+        "s" | "sec" | "secs" | "second" | "seconds" => 1000,
+        "m" | "min" | "mins" | "minute" | "minutes" => 60_000,
+        "h" | "hr" | "hrs" | "hour" | "hours" => 3_600_000,
         "d" | "day" | "days" => 86_400_000,
         "" => {
             return Err(PolicyErrorKind::Syntax(

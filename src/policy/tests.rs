@@ -142,6 +142,19 @@ fn errors_name_the_bad_part() {
             "3 concurrent ttl=5s",
             PolicyErrorKind::UnknownParameter("ttl".into()),
         ),
+        // an underscore between two digits only
+        ("10_/s", PolicyErrorKind::BadCount),
+        ("1__0/s", PolicyErrorKind::BadCount),
+        ("10/5_min", PolicyErrorKind::BadCount),
+        // a parameter with spaces around its `=`
+        (
+            "100/s bucket capacity = 500",
+            PolicyErrorKind::Syntax("a parameter is written without spaces, as in burst=20"),
+        ),
+        (
+            "5/s gcra burst =20",
+            PolicyErrorKind::Syntax("a parameter is written without spaces, as in burst=20"),
+        ),
     ];
     for (text, kind) in cases {
         let e = text.parse::<Policy>().unwrap_err();
@@ -260,4 +273,32 @@ fn errors_say_what_is_wrong_where() {
     // a number other than the count
     assert!(message("10/s gcra burst=x").contains("a count, window, burst or lease"));
     assert!(message("10/5 min").contains("right after the number"));
+    // a fraction of a unit: the whole number of a smaller one
+    assert!(message("10/1.5s").contains("1500ms, not 1.5s"));
+}
+
+#[test]
+fn units_take_their_short_plurals() {
+    for (text, expected) in [
+        ("10/5secs", "10/5s"),
+        ("10/2mins", "10/2min"),
+        ("10/3hrs", "10/3h"),
+    ] {
+        assert_eq!(text.parse::<Policy>().unwrap().to_string(), expected);
+    }
+    assert_eq!("1_000/s".parse::<Policy>().unwrap().to_string(), "1000/s");
+}
+
+/// A huge text (from a request, a file) is refused without being parsed whole, and its error
+/// stays short: it goes into logs.
+#[test]
+fn a_huge_policy_text_gets_a_short_error() {
+    let many = vec!["10/s"; 100_000].join(", ");
+    let e = many.parse::<Policy>().unwrap_err();
+    assert_eq!(e.kind(), &PolicyErrorKind::TooManyLimits);
+    assert_eq!(e.part(), "100000 limits");
+    let long = format!("1/s {}", "é".repeat(1_000_000));
+    let e = long.parse::<Policy>().unwrap_err();
+    assert!(e.to_string().len() < 600, "{}", e.to_string().len());
+    assert!(e.part().ends_with('…'), "{}", e.part());
 }
