@@ -403,6 +403,13 @@ async fn impossible_costs_are_errors(env: Env) {
         l.check(&many).await,
         Err(Error::TooManyIdentifiers(17))
     ));
+    // a caller's long list, each identifier twice: its distinct ones counted (in a set: each
+    // compared with every other, this took seconds)
+    let long: Vec<String> = (0..40_000).map(|i| (i % 20_000).to_string()).collect();
+    assert!(matches!(
+        l.check(&long).await,
+        Err(Error::TooManyIdentifiers(20_000))
+    ));
 }
 
 /// The same identifier twice is one identifier (it must not be charged twice).

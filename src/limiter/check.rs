@@ -602,26 +602,24 @@ fn first_occurrences<I: AsRef<str>>(
     let mut count = 0;
     for (i, id) in identifiers.iter().enumerate() {
         let id = id.as_ref();
-        let earlier = if count <= MAX_IDENTIFIERS {
-            first_ix[..count]
-                .iter()
-                .any(|&f| identifiers[f].as_ref() == id)
-        } else {
-            // Already too many: the rest are only counted, for the error.
-            identifiers[..i].iter().any(|e| e.as_ref() == id)
-        };
-        if !earlier {
-            if let Some(slot) = first_ix.get_mut(count) {
-                *slot = i;
-            }
-            count += 1;
+        let earlier = first_ix[..count]
+            .iter()
+            .any(|&f| identifiers[f].as_ref() == id);
+        if earlier {
+            continue;
         }
+        let Some(slot) = first_ix.get_mut(count) else {
+            // Too many: the distinct ones are counted for the error, in a set rather than
+            // each against every other (a caller's list of thousands would take seconds).
+            let distinct: std::collections::HashSet<&str> =
+                identifiers.iter().map(AsRef::as_ref).collect();
+            return Err(Error::TooManyIdentifiers(distinct.len()));
+        };
+        *slot = i;
+        count += 1;
     }
     if count == 0 {
         return Err(Error::NoIdentifiers);
-    }
-    if count > MAX_IDENTIFIERS {
-        return Err(Error::TooManyIdentifiers(count));
     }
     Ok((first_ix, count))
 }

@@ -82,9 +82,10 @@ impl Limiter {
     ///
     /// Exactly the state of these identifiers under this policy goes, and nothing else: on
     /// Redis one `DEL` of their keys (the ACL user needs `+del`), in the memory store their
-    /// entries. The limiter's fallback store forgets them too, and so does this process's
-    /// deny cache; another process's deny cache sees the reset within a second (its entries
-    /// answer for a second at most).
+    /// entries. The limiter's fallback store forgets them too, and so does its deny cache
+    /// (shared by its clones); any other deny cache (another process's, or another `Limiter`
+    /// built on the same store in this one) sees the reset within a second (its entries answer
+    /// for a second at most).
     ///
     /// ```
     /// # async fn run() -> Result<(), tollgate::Error> {

@@ -162,7 +162,9 @@ fn next_check(
             let poll = retry.min(*poll).max(Duration::from_millis(1));
             slots = Some(slots.unwrap_or_default().max(poll));
         } else {
-            known = known.max(retry);
+            // (at least a millisecond too: a denial always names a later time, but a loop of
+            // checks must not hang on that)
+            known = known.max(retry).max(Duration::from_millis(1));
         }
     }
     *poll = (*poll * 2).min(LONGEST_POLL);

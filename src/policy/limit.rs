@@ -215,7 +215,17 @@ impl Limit {
     /// for a longer run ahead than a limit may hold (`burst × window / count`, about 35
     /// years): it is then cut to the longest that holds, so the scaled limit is valid.
     pub(crate) fn scaled(&self, share: f64) -> Limit {
-        let scale = |n: u64| ((n as f64 * share).floor() as u64).clamp(1, n);
+        // A product that is whole but for the floating point's last bit is that whole number:
+        // `100 × 0.29` is 28.999999999999996, and `98 × (1/49)` 1.9999999999999998.
+        let scale = |n: u64| {
+            let product = n as f64 * share;
+            let near = product.round();
+            let whole = match (product - near).abs() <= near * 1e-9 {
+                true => near,
+                false => product.floor(),
+            };
+            (whole as u64).clamp(1, n)
+        };
         let count = scale(self.count);
         // (at least 32: a count of 1 over the longest window, 400 days)
         let longest = MAX_TOLERANCE_US * u128::from(count) / self.window.as_micros().max(1);

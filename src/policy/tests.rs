@@ -302,3 +302,23 @@ fn a_huge_policy_text_gets_a_short_error() {
     assert!(e.to_string().len() < 600, "{}", e.to_string().len());
     assert!(e.part().ends_with('…'), "{}", e.part());
 }
+
+/// A share whose product with a count is whole keeps that whole count, whatever the last bit
+/// of the floating-point product: the fallback's limits are what the share says.
+#[test]
+fn a_whole_share_of_a_count_is_not_rounded_down() {
+    let count = |limit: &str, share: f64| limit.parse::<Limit>().unwrap().scaled(share).count();
+    assert_eq!(count("100/s", 0.29), 29);
+    assert_eq!(count("100/s", 0.57), 57);
+    assert_eq!(count("98/min", 1.0 / 49.0), 2);
+    // a share between two wholes still rounds down
+    assert_eq!(count("100/s", 0.295), 29);
+    assert_eq!(count("10/s", 1.0 / 3.0), 3);
+    for n in 1..=500u64 {
+        for d in 1..=50u64 {
+            let whole = n * d;
+            let limit = format!("{whole}/min");
+            assert_eq!(count(&limit, 1.0 / d as f64), n, "{whole} / {d}");
+        }
+    }
+}
