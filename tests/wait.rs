@@ -304,3 +304,28 @@ async fn a_wait_of_duration_max_waits_for_the_slot() {
         .unwrap();
     assert!(decision.is_allowed());
 }
+
+/// A request waiting for a concurrency slot finishes on the policy it started with: a change
+/// made while it waits (here one under which its cost could never be admitted) does not
+/// reach it.
+#[tokio::test]
+async fn a_waiting_request_finishes_on_the_policy_it_started_with() {
+    let limiter = Limiter::new(MemoryStore::new(), "1 concurrent".parse().unwrap());
+    let held = limiter.check(&["a"]).await.unwrap();
+    assert!(held.is_allowed());
+    let waiting = tokio::spawn({
+        let limiter = limiter.clone();
+        async move {
+            let patience = Duration::from_secs(5);
+            limiter.check_n_waiting(&["a"], 2, patience).await
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    limiter.set_policy("1 concurrent, 1/s".parse().unwrap());
+    drop(held);
+    let decision = waiting.await.unwrap();
+    assert!(
+        decision.as_ref().is_ok_and(|d| d.is_allowed()),
+        "{decision:?}"
+    );
+}

@@ -105,26 +105,56 @@ impl Limiter {
         if let Some(answer) = self.run_at_once(identifiers, cost, mode, max_wait) {
             return answer;
         }
-        let shadow = mode.shadow || self.inner.shadow.load(Ordering::Relaxed);
         let version = self.inner.version.load_full();
+        self.run_remote(&version, identifiers, cost, mode, max_wait)
+            .await
+    }
+
+    /// [`run_within`](Limiter::run_within) on `version` of the policy, whichever is in force
+    /// now: the checks of one waiting request, which finish on the policy they started with.
+    pub(super) async fn run_within_on<I: AsRef<str>>(
+        &self,
+        version: &Arc<Version>,
+        identifiers: &[I],
+        cost: u64,
+        mode: Mode,
+        max_wait: Duration,
+    ) -> Result<(Decision, Duration), Error> {
+        if let Some(store) = self.inner.store.as_memory() {
+            return self.at_once_on(store, version, identifiers, cost, mode, max_wait);
+        }
+        self.run_remote(version, identifiers, cost, mode, max_wait)
+            .await
+    }
+
+    /// [`run_within`](Limiter::run_within) on a store that must be waited on, on `version`.
+    async fn run_remote<I: AsRef<str>>(
+        &self,
+        version: &Arc<Version>,
+        identifiers: &[I],
+        cost: u64,
+        mode: Mode,
+        max_wait: Duration,
+    ) -> Result<(Decision, Duration), Error> {
+        let shadow = mode.shadow || self.inner.shadow.load(Ordering::Relaxed);
         // A denial the deny cache answers is made here, without the remote check's future.
         // On a miss the remote check escapes the identifiers again: keeping them escaped
         // across its `await` would add their buffers (160 bytes) to every check's future,
         // the memory store's too, to save a few hundred instructions beside a round trip.
-        let target = self.target(&version, None);
+        let target = self.target(version, None);
         if let Some(decision) = cached_denial(&target, identifiers, cost, max_wait) {
             // (a peek answered by the cache is no check the cache saved)
             if mode.answers {
                 observe::deny_cache_hit(target.keys);
             }
             let mut answer = Ok((decision, Duration::ZERO));
-            self.settle(&version, &mut answer, cost, mode, shadow);
+            self.settle(version, &mut answer, cost, mode, shadow);
             return answer;
         }
         // Boxed: the remote check's state machine runs to kilobytes, and a future that held
         // it inline would be copied whole wherever it is moved.
-        let mut answer = Box::pin(self.answer(&version, identifiers, cost, mode, max_wait)).await;
-        self.settle(&version, &mut answer, cost, mode, shadow);
+        let mut answer = Box::pin(self.answer(version, identifiers, cost, mode, max_wait)).await;
+        self.settle(version, &mut answer, cost, mode, shadow);
         answer
     }
 
@@ -145,12 +175,26 @@ impl Limiter {
         max_wait: Duration,
     ) -> Option<Result<(Decision, Duration), Error>> {
         let store = self.inner.store.as_memory()?;
-        let shadow = mode.shadow || self.inner.shadow.load(Ordering::Relaxed);
         let version = self.inner.version.load();
-        let target = self.target(&version, None);
+        Some(self.at_once_on(store, &version, identifiers, cost, mode, max_wait))
+    }
+
+    /// [`run_at_once`](Limiter::run_at_once) on the memory store `store` and `version`.
+    #[inline(always)]
+    fn at_once_on<I: AsRef<str>>(
+        &self,
+        store: &MemoryStore,
+        version: &Version,
+        identifiers: &[I],
+        cost: u64,
+        mode: Mode,
+        max_wait: Duration,
+    ) -> Result<(Decision, Duration), Error> {
+        let shadow = mode.shadow || self.inner.shadow.load(Ordering::Relaxed);
+        let target = self.target(version, None);
         let mut answer = decide_now(store, &target, identifiers, cost, mode.charge, max_wait);
-        self.settle(&version, &mut answer, cost, mode, shadow);
-        Some(answer)
+        self.settle(version, &mut answer, cost, mode, shadow);
+        answer
     }
 
     /// Where a check on `version` looks first (`fallback`: the fallback store and policy

@@ -1,8 +1,9 @@
 //! Checks that wait to be admitted: [`Limiter::check_waiting`].
 
+use std::sync::Arc;
 use std::time::Duration;
 
-use super::{Error, Limiter, Mode};
+use super::{Error, Limiter, Mode, Version};
 use crate::decision::Decision;
 
 impl Limiter {
@@ -91,10 +92,17 @@ impl Limiter {
         mode: Mode,
         max_wait: Duration,
     ) -> Result<Decision, Error> {
-        if self.inner.version.load().policy.concurrency().is_some() {
-            return self.recheck_within(identifiers, cost, mode, max_wait).await;
+        // One version of the policy for the whole wait: whether it reserves or checks again,
+        // and every check it makes (a request finishes on the policy it started with).
+        let version = self.inner.version.load_full();
+        if version.policy.concurrency().is_some() {
+            return self
+                .recheck_within(&version, identifiers, cost, mode, max_wait)
+                .await;
         }
-        let (decision, wait) = self.run_within(identifiers, cost, mode, max_wait).await?;
+        let (decision, wait) = self
+            .run_within_on(&version, identifiers, cost, mode, max_wait)
+            .await?;
         if !wait.is_zero() {
             tokio::time::sleep(wait).await;
         }
@@ -105,6 +113,7 @@ impl Limiter {
     /// check lasts, when [`next_check`] says.
     async fn recheck_within<I: AsRef<str>>(
         &self,
+        version: &Arc<Version>,
         identifiers: &[I],
         cost: u64,
         mode: Mode,
@@ -120,13 +129,14 @@ impl Limiter {
         };
         let mut poll = FIRST_POLL;
         loop {
-            let decision = self.run(identifiers, cost, each).await?;
+            let checked = self.run_within_on(version, identifiers, cost, each, Duration::ZERO);
+            let (decision, _) = checked.await?;
             let left = deadline.map(|d| d.saturating_duration_since(tokio::time::Instant::now()));
             match next_check(&decision, &mut poll, left) {
                 Some(wait) => tokio::time::sleep(wait).await,
                 None => {
                     if mode.record {
-                        self.record(&self.inner.version.load(), &decision);
+                        self.record(version, &decision);
                     }
                     return Ok(decision);
                 }
