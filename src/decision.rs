@@ -154,9 +154,10 @@ pub struct LimitStatus {
     /// Index of the identifier in the slice given to the check (its first occurrence, when
     /// the same identifier was given twice).
     pub identifier: usize,
-    /// Index of the limit in the policy.
+    /// Index of the limit in the limiter's policy (in a decision of the fallback
+    /// ([`Origin::Fallback`]), of the limit its scaled limit stands for).
     pub limit_index: usize,
-    /// The limit.
+    /// The limit (in a decision of the fallback, the scaled limit it enforced).
     pub limit: Limit,
     /// Whether this limit allowed the request for this identifier.
     pub allowed: bool,

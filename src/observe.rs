@@ -376,10 +376,6 @@ pub(crate) struct LimiterKeys {
     /// `shadow_denied`, laid out as `denied`.
     #[cfg(feature = "metrics")]
     shadow_denied: Box<[metrics::Key]>,
-    /// For each limit of the fallback's scaled policy, the policy's limit it stands for (the
-    /// first, when several scaled to one): a fallback decision is labelled with that limit.
-    #[cfg(feature = "metrics")]
-    fallback_origins: Box<[usize]>,
     #[cfg(feature = "metrics")]
     deny_cache_hits: metrics::Key,
     /// `tollgate_failure_policy_total` by action: open, closed, fallback.
@@ -388,13 +384,9 @@ pub(crate) struct LimiterKeys {
 }
 
 impl LimiterKeys {
-    /// The keys of the limiter `name` with the limits `limits`, whose fallback's limits stand
-    /// for the limits `fallback_origins` (by index; empty without a fallback).
-    pub(crate) fn new(
-        name: &Arc<str>,
-        limits: &[Limit],
-        fallback_origins: &[usize],
-    ) -> LimiterKeys {
+    /// The keys of the limiter `name` with the limits `limits` (a fallback decision's
+    /// statuses name these too: see `Limiter::answer`).
+    pub(crate) fn new(name: &Arc<str>, limits: &[Limit]) -> LimiterKeys {
         #[cfg(feature = "metrics")]
         {
             use metrics::{Key, Label};
@@ -429,12 +421,11 @@ impl LimiterKeys {
                 shadow_denied: by_limit("shadow_denied"),
                 deny_cache_hits: Key::from_parts("tollgate_deny_cache_hits_total", vec![limiter()]),
                 failure_policy: [Action::Open, Action::Closed, Action::Fallback].map(failure),
-                fallback_origins: fallback_origins.into(),
             }
         }
         #[cfg(not(feature = "metrics"))]
         {
-            let _ = (name, limits, fallback_origins);
+            let _ = (name, limits);
             LimiterKeys {}
         }
     }
@@ -470,16 +461,11 @@ pub(crate) fn decision(
             (true, false) => &keys.denied,
             (true, true) => &keys.shadow_denied,
         };
-        // the denying limit's key, or the last (an empty `limit`) when no limit denied; a
-        // fallback decision's index is into the scaled policy, whose limits may be fewer
+        // the denying limit's key, or the last (an empty `limit`) when no limit denied
         let last = by_limit.len().saturating_sub(1);
-        let k = decision.would_deny_by().map_or(last, |s| {
-            let k = match decision.origin() {
-                crate::Origin::Fallback => keys.fallback_origins.get(s.limit_index).copied(),
-                _ => Some(s.limit_index),
-            };
-            k.map_or(last, |k| k.min(last))
-        });
+        let k = decision
+            .would_deny_by()
+            .map_or(last, |s| s.limit_index.min(last));
         if let Some(key) = by_limit.get(k) {
             count(key);
         }

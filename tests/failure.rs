@@ -135,6 +135,28 @@ async fn policies_answer_when_redis_is_down() {
     assert!(OnStoreError::fallback(0.0).is_none());
     assert!(OnStoreError::fallback(1.5).is_none());
 
+    // Limits that scale to one (`2/s` and `3/s` to `1/s`) count once in the fallback, and
+    // its statuses still name the limiter's limits by their places in its policy.
+    let merged = limiter(
+        &store,
+        "2/s, 3/s, 2/min",
+        "down-merged",
+        OnStoreError::fallback(0.5).unwrap(),
+    );
+    assert!(merged.check(&["a"]).await.unwrap().is_allowed());
+    let d = merged.check(&["a"]).await.unwrap();
+    assert_eq!(d.origin(), Origin::Fallback);
+    let by = d.denied_by().unwrap();
+    // held back longest by `1/min`, the fallback's `2/min`
+    assert_eq!(
+        (by.limit.to_string().as_str(), by.limit_index),
+        ("1/min", 2)
+    );
+    let policy = merged.policy();
+    assert_eq!(policy.limits()[by.limit_index].to_string(), "2/min");
+    let indices: Vec<usize> = d.limits().map(|s| s.limit_index).collect();
+    assert_eq!(indices, [0, 2]);
+
     for (name, action, n) in [
         ("down-open", "open", 1.0),
         ("down-closed", "closed", 1.0),

@@ -302,12 +302,18 @@ impl Limiter {
             &self.inner.fallback_store,
             &version.fallback,
         ) {
-            (OnStoreError::Fallback(_), Some(store), Some(policy)) => {
+            (OnStoreError::Fallback(_), Some(store), Some((policy, origins))) => {
                 let fallback = self.target(version, Some((store, policy)));
                 match decide(&fallback, identifiers, cost, charge, max_wait).await {
                     Ok((mut decision, wait)) => {
                         answered(Action::Fallback);
                         decision.origin = Origin::Fallback;
+                        // Its statuses name the limits of the limiter's policy they stand for
+                        // (with the scaled limit, which is the one enforced), as every other
+                        // decision's do: not their places in the scaled policy.
+                        for s in &mut decision.statuses {
+                            s.limit_index = origins.get(s.limit_index).copied().unwrap_or(0);
+                        }
                         Ok((decision, wait))
                     }
                     // The scaled policy cannot hold this cost: the store's failure stands,

@@ -114,7 +114,7 @@ impl Limiter {
             cost: 1,
             lease: "",
         };
-        if let (Some(store), Some(policy)) = (&self.inner.fallback_store, &version.fallback) {
+        if let (Some(store), Some((policy, _))) = (&self.inner.fallback_store, &version.fallback) {
             forget(store, &plan(policy.limits())).await?;
         }
         let result = forget(&self.inner.store, &plan(version.policy.limits())).await;

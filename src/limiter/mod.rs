@@ -89,8 +89,10 @@ struct Version {
     name: Arc<str>,
     /// The keys of what its checks count in the metrics.
     keys: LimiterKeys,
-    /// The fallback's policy: this one scaled to the process's share.
-    fallback: Option<Policy>,
+    /// The fallback's policy: this one scaled to the process's share; and for each of its
+    /// limits, the index of the first limit of this policy it stands for (limits that scale
+    /// to one count once).
+    fallback: Option<(Policy, Box<[usize]>)>,
     /// Counts the versions, so that the deny cache keeps no denial of an older one.
     generation: u64,
     /// On the memory store, when an identifier's state under this policy is one key: its
@@ -115,14 +117,14 @@ impl Version {
         let name = given_name
             .cloned()
             .unwrap_or_else(|| policy.to_string().into());
-        let (fallback, origins) = match on_error {
+        let fallback = match on_error {
             OnStoreError::Fallback(f) => {
                 let (scaled, origins) = policy.scaled(f.share_of_fleet());
-                (Some(scaled), origins)
+                Some((scaled, origins.into()))
             }
-            _ => (None, Vec::new()),
+            _ => None,
         };
-        let keys = LimiterKeys::new(&name, policy.limits(), &origins);
+        let keys = LimiterKeys::new(&name, policy.limits());
         Version {
             policy,
             name,

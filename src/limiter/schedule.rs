@@ -172,12 +172,9 @@ impl SchedulerBuilder {
         let name: Arc<str> = self.name.unwrap_or_else(|| self.rate.to_string()).into();
         Scheduler {
             inner: Arc::new(Inner {
-                // (a fallback's rejections are labelled with the rate they stand for)
-                keys: LimiterKeys::new(
-                    &name,
-                    &[self.rate],
-                    if fallback.is_some() { &[0] } else { &[] },
-                ),
+                // (a fallback's rejections are labelled with the rate they stand for: its one
+                // limit is the rate's, index 0)
+                keys: LimiterKeys::new(&name, &[self.rate]),
                 shadow_log: BoundedLog::default(),
                 name,
                 rate: rate_of(&self.rate),
