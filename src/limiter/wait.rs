@@ -47,7 +47,9 @@ impl Limiter {
     /// script call touches two slots): it checks again at each denial's retry time, in the
     /// store's call, and so waits in shadow mode too. Otherwise,
     /// in shadow mode nothing waits: the request is charged as when enforcing and let
-    /// through at once.
+    /// through at once. (So in shadow mode a request of a policy with a concurrency limit
+    /// that finds no slot free is recorded as a would-be denial, where enforcing, it would
+    /// have waited for one, and perhaps got it.)
     ///
     /// ```
     /// # async fn run() -> Result<(), tollgate::Error> {

@@ -112,33 +112,50 @@ const OCTET_TEXT: &str = match std::str::from_utf8(&OCTET_SLOTS) {
 /// key each time).
 pub(crate) const DEFAULT_IPV6_PREFIX: u8 = 64;
 
+/// The IPv4 client a `v6` address stands for, when it carries one whose place is fixed: the
+/// well-known NAT64 prefix (`64:ff9b::/96`, the address in the last 32 bits), Teredo
+/// (`2001::/32`, the client's public address in the last 32 bits, inverted) and 6to4
+/// (`2002::/16`, bits 16 to 48: a site's whole `/48` is one IPv4 address's). Such a client is
+/// keyed by its IPv4 address: by its IPv6 one, a Teredo client got a new key for each port
+/// its NAT gave it (the port is in the address), and a 6to4 site one for each of its 65,536
+/// `/64`s.
+fn embedded_v4(v6: Ipv6Addr) -> Option<Ipv4Addr> {
+    let (s, o) = (v6.segments(), v6.octets());
+    let last = Ipv4Addr::new(o[12], o[13], o[14], o[15]);
+    match (s[0], s[1]) {
+        (0x64, 0xff9b) if s[2..6] == [0; 4] => Some(last),
+        (0x2001, 0) => Some(Ipv4Addr::from(!u32::from(last))),
+        (0x2002, _) => Some(Ipv4Addr::new(o[2], o[3], o[4], o[5])),
+        _ => None,
+    }
+}
+
 /// The shortest prefix a `v6` client may be grouped by without putting many IPv4 clients
-/// under one key: the whole address (128) for those that carry an IPv4 client's address in
-/// their last bits, the NAT64 prefixes (`64:ff9b::/96`, and the local-use `64:ff9b:1::/48`)
-/// and Teredo (`2001::/32`); a `/48` for 6to4 (`2002::/16`), whose bits 16 to 48 are one;
-/// none (0) for the rest.
+/// under one key: the whole address (128) for the local-use NAT64 prefix (`64:ff9b:1::/48`),
+/// whose IPv4 address lies where its operator's prefix length puts it; none (0) for the rest.
 fn shortest_prefix(v6: Ipv6Addr) -> u8 {
     let s = v6.segments();
-    let nat64 = s[0] == 0x64 && s[1] == 0xff9b && (s[2..6] == [0; 4] || s[2] == 1);
-    let teredo = s[0] == 0x2001 && s[1] == 0;
-    match s[0] {
-        _ if nat64 || teredo => 128,
-        0x2002 => 48,
+    match (s[0], s[1], s[2]) {
+        (0x64, 0xff9b, 1) => 128,
         _ => 0,
     }
 }
 
 /// Writes the key of `ip` (see [`ip_key`]).
 fn write_ip_key(out: &mut impl fmt::Write, ip: IpAddr, ipv6_prefix: u8) -> fmt::Result {
-    match ip {
-        IpAddr::V4(v4) => write_v4_key(out, v4),
-        IpAddr::V6(v6) => match ipv6_prefix.max(shortest_prefix(v6)) {
-            bits @ 0..128 => match Ipv6Net::new(v6, bits) {
-                Ok(net) => write!(out, "ip:{}", net.trunc()),
-                Err(_) => write!(out, "ip:{v6}"),
-            },
-            _ => write!(out, "ip:{v6}"),
+    let v6 = match ip {
+        IpAddr::V4(v4) => return write_v4_key(out, v4),
+        IpAddr::V6(v6) => v6,
+    };
+    if let Some(v4) = embedded_v4(v6) {
+        return write_v4_key(out, v4);
+    }
+    match ipv6_prefix.max(shortest_prefix(v6)) {
+        bits @ 0..128 => match Ipv6Net::new(v6, bits) {
+            Ok(net) => write!(out, "ip:{}", net.trunc()),
+            Err(_) => write!(out, "ip:{v6}"),
         },
+        _ => write!(out, "ip:{v6}"),
     }
 }
 
@@ -206,7 +223,7 @@ fn peer_addr(extensions: &Extensions) -> Option<IpAddr> {
 /// An IPv6 client usually controls a whole `/64` (or more) and can rotate through its
 /// addresses, so IPv6 peers are keyed by their `/64` (`ip:2001:db8:1:2::/64`);
 /// [`PeerIp::ipv6_prefix`] picks another prefix. Addresses that carry an IPv4 client's
-/// (NAT64, Teredo) are keyed whole.
+/// (NAT64's `64:ff9b::/96`, Teredo, 6to4) are keyed by that IPv4 address.
 #[derive(Debug, Clone, Copy)]
 pub struct PeerIp {
     ipv6_prefix: u8,
@@ -221,10 +238,11 @@ impl PeerIp {
     }
 
     /// Keys IPv6 peers by their network of `bits` bits (default 64): with `56`,
-    /// `2001:db8:1:2::7` is `ip:2001:db8:1::/56`. IPv4 peers are not grouped, nor IPv6
-    /// addresses that carry an IPv4 client's (NAT64's `64:ff9b::/96` and `64:ff9b:1::/48`,
-    /// Teredo's `2001::/32`), and 6to4's `2002::/16` by no less than a `/48`, which keeps its
-    /// IPv4 client apart. `bits` of 128 and above key every address whole.
+    /// `2001:db8:1:2::7` is `ip:2001:db8:1::/56`. IPv4 peers are not grouped; IPv6
+    /// addresses that carry an IPv4 client's are keyed by it (NAT64's `64:ff9b::/96`,
+    /// Teredo's `2001::/32`, 6to4's `2002::/16`: `2002:c000:201:1::5` is `ip:192.0.2.1`),
+    /// and the local-use NAT64 prefix `64:ff9b:1::/48` whole. `bits` of 128 and above key
+    /// every other address whole.
     pub fn ipv6_prefix(mut self, bits: u8) -> PeerIp {
         self.ipv6_prefix = bits.min(128);
         self

@@ -261,32 +261,29 @@ fn ipv6_prefix_groups_ipv6_only() {
     // Without grouping, the full address.
     let whole = PeerIp::new().ipv6_prefix(128);
     assert_eq!(key(&whole, &a).as_deref(), Some("ip:2001:db8:1:2:aaaa::1"));
-    // Addresses that carry an IPv4 client's are keyed whole: NAT64 (the well-known and the
-    // local-use prefix) and Teredo; 6to4 keeps its IPv4 address within a /64.
-    for (peer, whole_key) in [
-        ("[64:ff9b::c000:201]:1", "ip:64:ff9b::c000:201"),
-        ("[64:ff9b:1::c000:201]:1", "ip:64:ff9b:1::c000:201"),
-        (
-            "[2001:0:4136:e378:8000:63bf:3fff:fdd2]:1",
-            "ip:2001:0:4136:e378:8000:63bf:3fff:fdd2",
-        ),
+    // Addresses that carry an IPv4 client's are keyed by it, whatever the prefix: NAT64's
+    // well-known prefix, Teredo (its client's public address inverted in the last 32 bits;
+    // the port the NAT gave it, also in the address, changes nothing) and 6to4 (every /64 of
+    // the site's /48); the local-use NAT64 prefix whole.
+    for (peer, v4_key) in [
+        ("[64:ff9b::c000:201]:1", "ip:192.0.2.1"),
+        ("[2001:0:4136:e378:8000:63bf:3fff:fdd2]:1", "ip:192.0.2.45"),
+        ("[2001:0:4136:e378:8000:1234:3fff:fdd2]:1", "ip:192.0.2.45"),
+        ("[2002:c000:201:1::5]:1", "ip:192.0.2.1"),
+        ("[2002:c000:201:ffff::7]:1", "ip:192.0.2.1"),
+        ("[2002:c000:202:1::5]:1", "ip:192.0.2.2"),
     ] {
         let req = request(Some(peer), &[]);
-        assert_eq!(key(&grouped, &req).as_deref(), Some(whole_key), "{peer}");
+        assert_eq!(key(&grouped, &req).as_deref(), Some(v4_key), "{peer}");
+        let wide = PeerIp::new().ipv6_prefix(32);
+        assert_eq!(key(&wide, &req).as_deref(), Some(v4_key), "{peer}");
+        assert_eq!(key(&whole, &req).as_deref(), Some(v4_key), "{peer}");
     }
-    let six_to_four = request(Some("[2002:c000:201:1::5]:1"), &[]);
+    let local_nat64 = request(Some("[64:ff9b:1::c000:201]:1"), &[]);
     assert_eq!(
-        key(&grouped, &six_to_four).as_deref(),
-        Some("ip:2002:c000:201:1::/64")
+        key(&grouped, &local_nat64).as_deref(),
+        Some("ip:64:ff9b:1::c000:201")
     );
-    // and within a shorter prefix too: 192.0.2.1 and 192.0.2.2 stay apart
-    let wide = PeerIp::new().ipv6_prefix(32);
-    let other_v4 = request(Some("[2002:c000:202:1::5]:1"), &[]);
-    assert_eq!(
-        key(&wide, &six_to_four).as_deref(),
-        Some("ip:2002:c000:201::/48")
-    );
-    assert_ne!(key(&wide, &six_to_four), key(&wide, &other_v4));
     // IPv4 untouched.
     let v4 = request(Some("192.0.2.1:1"), &[]);
     assert_eq!(key(&grouped, &v4).as_deref(), Some("ip:192.0.2.1"));
