@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Requests per second of an axum hello-world server, bare, behind tower_governor and behind
 # tollgate's RateLimitLayer (memory store, 1 and 3 limits, headers on), under wrk with fixed
-# connections. Builds benches/http_server.rs (bench profile), installs Debian's wrk when it is
-# missing, pins the server to CPU 0 and wrk to CPU 1 when taskset exists, and prints the table
-# with ratios to bare axum and to tower_governor.
+# connections. Builds benches/http_server.rs (bench profile), installs Debian's wrk and curl
+# when they are missing, runs each server on a free loopback port, pins the server to CPU 0
+# and wrk to CPU 1 when taskset exists, and prints the table with ratios to bare axum and to
+# tower_governor. A server that does not start, or a run with socket errors or responses
+# other than 2xx (a limit reached: the run would measure refusals), stops the script.
 #
 # scripts/bench-http.sh [SECONDS (default 10)] [CONNECTIONS (default 64)] [ROUNDS (default 1)]
 #                       [SVG (a file to draw the table into as a bar chart)]
@@ -38,7 +40,6 @@ secs="${1:-10}"
 conns="${2:-64}"
 rounds="${3:-1}"
 svg="${4:-}"
-port=39871
 
 # installs Debian's package $2 when command $1 is missing
 need() {
@@ -51,7 +52,51 @@ need() {
   fi
 }
 need wrk wrk
+need curl curl
 if [ -n "$instructions" ]; then need valgrind valgrind; fi
+
+# the server running, stopped however the script ends
+pid=""
+trap 'if [ -n "$pid" ]; then kill "$pid" 2>/dev/null || true; fi' EXIT
+
+# a loopback port nothing listens on (bash's /dev/tcp connects when something does)
+free_port() {
+  local p
+  while true; do
+    p=$((20000 + RANDOM % 30000))
+    if ! (: <"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
+      echo "$p"
+      return
+    fi
+  done
+}
+
+# waits until the server $1 (pid $2, on $port) answers, for up to $3 tenths of a second;
+# stops the script if it exits or never answers
+await_server() {
+  for _ in $(seq "$3"); do
+    if curl -s -o /dev/null "http://127.0.0.1:$port/" 2>/dev/null; then
+      kill -0 "$2" 2>/dev/null && return
+      break
+    fi
+    kill -0 "$2" 2>/dev/null || break
+    sleep 0.1
+  done
+  echo "$1: the server did not start on port $port" >&2
+  exit 1
+}
+
+# stops the script when wrk's output $2 (of server $1) tells of socket errors or of
+# responses other than 2xx
+check_run() {
+  local errors non2xx
+  errors=$(echo "$2" | awk '/Socket errors/ {print}')
+  non2xx=$(echo "$2" | awk '/Non-2xx/ {print $NF}')
+  if [ -n "$errors" ] || [ -n "$non2xx" ]; then
+    echo "$1: ${errors:-}${non2xx:+ $non2xx non-2xx responses}; the run measures no served requests" >&2
+    exit 1
+  fi
+}
 
 if [ -n "${HTTP_SERVER_BIN:-}" ]; then
   bin="$HTTP_SERVER_BIN"
@@ -86,22 +131,19 @@ if [ -n "$instructions" ]; then
   pid=""
   trap 'if [ -n "$pid" ]; then kill "$pid" 2>/dev/null || true; fi; rm -rf "$out_dir"' EXIT
   for v in "${variants[@]}"; do
+    port=$(free_port)
     valgrind --tool=callgrind --cache-sim=yes --callgrind-out-file="$out_dir/$v.%p" \
       "$bin" "$v" "$port" >/dev/null 2>&1 &
     pid=$!
-    for _ in $(seq 300); do
-      if curl -s -o /dev/null "http://127.0.0.1:$port/" 2>/dev/null; then break; fi
-      sleep 0.1
-    done
+    await_server "$v" "$pid" 300
     wrk -t1 -c"$conns" -d1s "http://127.0.0.1:$port/" >/dev/null
     callgrind_control -z "$pid" >/dev/null
     out=$(wrk -t1 -c"$conns" -d"${secs}s" "http://127.0.0.1:$port/")
     callgrind_control -d "$pid" >/dev/null
     kill "$pid"
     wait "$pid" 2>/dev/null || true
+    check_run "$v" "$out"
     requests=$(echo "$out" | awk '/requests in/ {print $1}')
-    non2xx=$(echo "$out" | awk '/Non-2xx/ {print $NF}')
-    if [ -n "$non2xx" ]; then echo "$v: $non2xx non-2xx responses" >&2; fi
     # the dump made after the zeroing (the first of the run's numbered parts)
     dump="$out_dir/$v.$pid.1"
     read -r total misses < <(callgrind_annotate --show=Ir,I1mr "$dump" 2>/dev/null |
@@ -136,18 +178,15 @@ if [ -n "$instructions" ]; then
 fi
 for round in $(seq "$rounds"); do
   for v in "${variants[@]}"; do
+    port=$(free_port)
     "${server_pin[@]}" "$bin" "$v" "$port" &
     pid=$!
-    for _ in $(seq 50); do
-      if curl -s -o /dev/null "http://127.0.0.1:$port/" 2>/dev/null; then break; fi
-      sleep 0.1
-    done
+    await_server "$v" "$pid" 50
     out=$("${client_pin[@]}" wrk -t1 -c"$conns" -d"${secs}s" "http://127.0.0.1:$port/")
     kill "$pid"
     wait "$pid" 2>/dev/null || true
+    check_run "$v" "$out"
     r=$(echo "$out" | awk '/Requests\/sec/ {print $2}')
-    non2xx=$(echo "$out" | awk '/Non-2xx/ {print $NF}')
-    if [ -n "$non2xx" ]; then echo "$v: $non2xx non-2xx responses" >&2; fi
     # best of the rounds
     if [ -z "${rps[$v]:-}" ] || awk "BEGIN{exit !($r > ${rps[$v]})}"; then rps[$v]=$r; fi
   done
