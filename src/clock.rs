@@ -89,8 +89,9 @@ pub(crate) fn system_micros() -> u64 {
 /// windows aligned to the Unix epoch aligned, however long the store lives.
 ///
 /// A step of the system clock forward is followed at once; one back (an NTP step, a virtual
-/// machine restored, a hand) is followed by at most [`MAX_BACK_PER_SETTING`] a setting, 1% of
-/// the time that passes. Followed at once, it would put every state charged since the time
+/// machine restored, a hand) is followed by at most [`MAX_BACK_PER_SETTING`] a setting (1% of
+/// the time between settings; a setting is made by the first read due, so a store nobody
+/// checks catches up only as checks come). Followed at once, it would put every state charged since the time
 /// the clock went back to in the future, and the algorithms refuse the client of such a state
 /// until the clock reaches it again: a step back of an hour refused every recent client for
 /// an hour.
@@ -141,17 +142,26 @@ impl CounterClock {
     pub(crate) fn now_micros(&self) -> u64 {
         let since = self.counter.delta_as_nanos(self.start, self.counter.raw()) / 1_000;
         let offset = self.offset.load(Ordering::Relaxed);
-        if since < self.next_setting.load(Ordering::Relaxed) {
+        let next = self.next_setting.load(Ordering::Relaxed);
+        if since < next {
             return offset + since;
         }
-        // (two threads setting it at once store the same figures, to within their reads)
+        // One thread sets it: two at once would each move it back, and the clock would go
+        // back by more than a setting's share. The others read it as it was meanwhile.
+        let claimed = self.next_setting.compare_exchange(
+            next,
+            since + self.every,
+            Ordering::Relaxed,
+            Ordering::Relaxed,
+        );
+        if claimed.is_err() {
+            return offset + since;
+        }
         let ours = offset + since;
         let back = (self.every / 100).min(MAX_BACK_PER_SETTING);
         let now = (self.system)().max(ours.saturating_sub(back));
         self.offset
             .store(now.saturating_sub(since), Ordering::Relaxed);
-        self.next_setting
-            .store(since + self.every, Ordering::Relaxed);
         now
     }
 }

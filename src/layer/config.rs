@@ -201,17 +201,8 @@ impl Config {
     ///
     /// # Panics
     ///
-    /// When a refusal's status is not a 4xx or 5xx code (see [`refusal_status`]), or there
-    /// are more key extractors than a check takes identifiers.
+    /// When a refusal's status is not a 4xx or 5xx code (see [`refusal_status`]).
     pub(crate) fn settle(&mut self) {
-        // A mistake in the program, found when the layer is built rather than on every
-        // request (each answered 500, its check refused as `TooManyIdentifiers`).
-        assert!(
-            self.keys.len() <= crate::MAX_IDENTIFIERS,
-            "tollgate: {} key extractors on one layer; a check takes at most {} identifiers",
-            self.keys.len(),
-            crate::MAX_IDENTIFIERS
-        );
         refusal_status(self.limited_status, "limited_status");
         if let MissingKey::Reject(status) = self.missing {
             refusal_status(status, "MissingKey::Reject");
@@ -251,7 +242,7 @@ fn refusal_status(status: StatusCode, setting: &str) {
 #[cfg(feature = "serde")]
 mod status_code {
     use http::StatusCode;
-    use serde::{de, Deserialize, Deserializer, Serializer};
+    use serde::{de, Deserializer, Serializer};
 
     // (a missing status is not written: see the field's `skip_serializing_if`)
     pub(super) fn serialize<S: Serializer>(
@@ -267,8 +258,51 @@ mod status_code {
     pub(super) fn deserialize<'de, D: Deserializer<'de>>(
         d: D,
     ) -> Result<Option<StatusCode>, D::Error> {
-        let code = u16::deserialize(d)?;
-        refusal(code).map(Some).map_err(de::Error::custom)
+        d.deserialize_any(Code)
+    }
+
+    /// A status as a number, as text (configuration read from environment variables gives
+    /// every value as a string), or `null` for none.
+    struct Code;
+
+    impl<'de> de::Visitor<'de> for Code {
+        type Value = Option<StatusCode>;
+
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("an HTTP status code of a refusal (4xx or 5xx)")
+        }
+
+        fn visit_u64<E: de::Error>(self, v: u64) -> Result<Self::Value, E> {
+            let code = u16::try_from(v)
+                .map_err(|_| E::custom(format!("{v} is not an HTTP status code")))?;
+            refusal(code).map(Some).map_err(E::custom)
+        }
+
+        fn visit_i64<E: de::Error>(self, v: i64) -> Result<Self::Value, E> {
+            match u64::try_from(v) {
+                Ok(v) => self.visit_u64(v),
+                Err(_) => Err(E::invalid_value(de::Unexpected::Signed(v), &self)),
+            }
+        }
+
+        fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
+            match v.trim().parse::<u64>() {
+                Ok(code) => self.visit_u64(code),
+                Err(_) => Err(E::invalid_value(de::Unexpected::Str(v), &self)),
+            }
+        }
+
+        fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+
+        fn visit_none<E: de::Error>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+
+        fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+            d.deserialize_any(self)
+        }
     }
 
     /// `code` as the status of a refusal: an HTTP status code of an error (4xx or 5xx). A
@@ -386,6 +420,16 @@ mod tests {
             toml::from_str::<LayerSettings>("").unwrap(),
             LayerSettings::default()
         );
+    }
+
+    #[test]
+    fn a_limited_status_may_be_written_as_text() {
+        let read: LayerSettings = toml::from_str("limited_status = \"503\"").unwrap();
+        assert_eq!(read.limited_status, Some(StatusCode::SERVICE_UNAVAILABLE));
+        for bad in ["\"200\"", "\"x\"", "-1", "70000"] {
+            let read = toml::from_str::<LayerSettings>(&format!("limited_status = {bad}"));
+            assert!(read.is_err(), "{bad}");
+        }
     }
 
     #[test]

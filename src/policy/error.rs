@@ -59,7 +59,7 @@ impl PolicyError {
     }
 
     /// The offending part of the text (or the limit, displayed): its first 200 bytes and `…`
-    /// when it is longer.
+    /// when it is longer; for a policy of too many limits, their count (`17 limits`).
     pub fn part(&self) -> &str {
         &self.part
     }

@@ -220,7 +220,8 @@ impl Limit {
         let scale = |n: u64| {
             let product = n as f64 * share;
             let near = product.round();
-            let whole = match (product - near).abs() <= near * 1e-9 {
+            // (a few units in the last place: 49,999,999.95 is no whole number)
+            let whole = match (product - near).abs() <= near * 8.0 * f64::EPSILON {
                 true => near,
                 false => product.floor(),
             };

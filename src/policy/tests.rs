@@ -314,6 +314,7 @@ fn a_whole_share_of_a_count_is_not_rounded_down() {
     // a share between two wholes still rounds down
     assert_eq!(count("100/s", 0.295), 29);
     assert_eq!(count("10/s", 1.0 / 3.0), 3);
+    assert_eq!(count("50000000/d", 0.999_999_999), 49_999_999);
     for n in 1..=500u64 {
         for d in 1..=50u64 {
             let whole = n * d;
