@@ -12,7 +12,7 @@ pub enum Clock {
     /// The real clock: Redis `TIME` for the Redis store (one clock for the whole fleet), the
     /// system clock for the memory store (read through the processor's time-stamp counter, which
     /// reads faster, and set from the system clock once a second; a step of the system clock
-    /// back is caught up with at 1% of the time passing, rather than at once), a monotonic
+    /// back is caught up with by at most 10 ms a setting, rather than at once), a monotonic
     /// clock for a load shedder.
     #[default]
     Real,
@@ -91,10 +91,10 @@ pub(crate) fn system_micros() -> u64 {
 /// A step of the system clock forward is followed at once; one back (an NTP step, a virtual
 /// machine restored, a hand) is followed by at most [`MAX_BACK_PER_SETTING`] a setting (1% of
 /// the time between settings; a setting is made by the first read due, so a store nobody
-/// checks catches up only as checks come). Followed at once, it would put every state charged since the time
-/// the clock went back to in the future, and the algorithms refuse the client of such a state
-/// until the clock reaches it again: a step back of an hour refused every recent client for
-/// an hour.
+/// checks catches up only as checks come). Followed at once, it would put every state
+/// charged since the time the clock went back to in the future, and the algorithms refuse
+/// the client of such a state until the clock reaches it again: a step back of an hour
+/// refused every recent client for an hour.
 #[derive(Debug)]
 pub(crate) struct CounterClock {
     counter: quanta::Clock,
