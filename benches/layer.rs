@@ -229,6 +229,11 @@ fn main() {
                 limiters.push((name, limiter));
             }
         }
+        if routers.is_empty() && limiters.is_empty() {
+            // (a profile of a run that measured nothing would count the set-up alone)
+            eprintln!("no row is named like {only:?}");
+            std::process::exit(2);
+        }
         // The rows take turns, round after round, and each keeps its best round: a machine
         // busy with something else for a while slows one round of every row, not one row.
         let best = |kept: &mut Option<(f64, f64)>, figures: (f64, f64)| {

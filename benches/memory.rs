@@ -2,7 +2,8 @@
 //!
 //! `cargo bench --bench memory [-- --iters N] [--rounds R] [--only TEXT] [--svg FILE]` (`--svg`:
 //! also draws the table as a bar chart into FILE; `--only`: the rows
-//! whose name holds TEXT, e.g. `--only "hot key, 1 thread"`; `--rounds`: each row runs governor
+//! whose name holds TEXT, e.g. `--only "hot key, 1 thread"`, or with `=` the row named TEXT
+//! alone, e.g. `--only "=1 limit, hot key, 1 thread"`, for a profiler; `--rounds`: each row runs governor
 //! and tollgate in turns R times, default 3, and keeps each side's best time, so that a burst
 //! of load from elsewhere on a shared machine weighs on one round rather than on the ratio).
 //! With the `metrics` feature, `--recorder` installs a recorder first (`metrics-util`'s
@@ -184,6 +185,7 @@ fn main() {
     };
     // (the IP and the user of each request: over 100k keys only)
     let shapes = [(false, false), (true, false), (true, true)];
+    let mut ran = 0;
     // The default (a rolling window), the algorithm governor runs (GCRA: the same quota and
     // burst as governor's `per_second(100)`), and the reference policy.
     let policies = [
@@ -201,9 +203,14 @@ fn main() {
                     threads,
                     if threads > 1 { "s" } else { "" },
                 );
-                if !name.contains(&only) {
+                let runs = match only.strip_prefix('=') {
+                    Some(exact) => name == exact,
+                    None => name.contains(only.as_str()),
+                };
+                if !runs {
                     continue;
                 }
+                ran += 1;
                 let limiters = governor_limiters(reference);
                 let ids = Ids {
                     keys: &keys,
@@ -250,6 +257,11 @@ fn main() {
                 });
             }
         }
+    }
+    if ran == 0 {
+        // (a profile of a run that checked nothing would count the set-up alone)
+        eprintln!("no row is named like {only:?}");
+        std::process::exit(2);
     }
     if let Some(path) = svg {
         chart.write(&path);
