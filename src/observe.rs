@@ -21,7 +21,7 @@
 //! | `tollgate_lease_failures_total` | counter | `store`, `call` (`renew`, `release`), `kind` ([`StoreError::kind_label`]) |
 //! | `tollgate_leases_lost_total` | counter | `store` (`memory` for the memory store) |
 //! | `tollgate_memory_evictions_total` | counter | none (states still in use that a memory store at its bound evicted) |
-//! | `tollgate_shed_total` | counter | `priority` (`high`, `normal`, `low`: requests a [`UtilizationShedLayer`](crate::shed::UtilizationShedLayer) shed) |
+//! | `tollgate_shed_total` | counter | `shedder` (`utilization` for a [`UtilizationShedLayer`](crate::shed::UtilizationShedLayer), `shed:NAME` for a [`FleetShedder`](crate::shed::FleetShedder)'s layer), `priority` (`high`, `normal`, `low`) |
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -108,7 +108,7 @@ pub(crate) fn describe_metrics() {
         describe_counter!(
             "tollgate_shed_total",
             Unit::Count,
-            "Requests shed by a utilization load shedder, by priority"
+            "Requests load shedders refused, by shedder and priority"
         );
     }
 }
@@ -608,26 +608,38 @@ impl BoundedLog {
         );
     }
 
-    /// A [`UtilizationShedLayer`](crate::shed::UtilizationShedLayer) shed a request of
-    /// `priority` (its label) under the shedding amount `amount`: counted, and logged at
-    /// `info` (shedding is the policy working, not a failure) at most every 10 s.
-    /// (`amount` is read only when a line is written: it takes the shedder's lock.)
-    pub(crate) fn shed(&self, priority: &'static str, amount: impl FnOnce() -> f64) {
+    /// The load shedder `shedder` (`utilization`, or a fleet shedder's `shed:NAME`) shed a
+    /// request of `priority` (its label), under the shedding amount `amount` when the shedder
+    /// has one (a utilization shedder; a fleet shedder sheds when its share is full): counted,
+    /// and logged at `info` (shedding is the policy working, not a failure) at most every
+    /// 10 s. (`amount` is read only when a line is written: it takes the shedder's lock.)
+    pub(crate) fn shed(
+        &self,
+        shedder: &str,
+        priority: &'static str,
+        amount: impl FnOnce() -> Option<f64>,
+    ) {
         #[cfg(feature = "metrics")]
-        metrics::counter!("tollgate_shed_total", "priority" => priority).increment(1);
+        metrics::counter!(
+            "tollgate_shed_total",
+            "shedder" => shedder.to_string(),
+            "priority" => priority
+        )
+        .increment(1);
         #[cfg(feature = "tracing")]
         if let Some((count, since)) = self.count(Instant::now()) {
             tracing::info!(
                 target: "tollgate",
+                shedder,
                 shed = count,
                 since_s = since.map(|d| d.as_secs()),
                 priority,
                 amount = amount(),
-                "load shedder refused requests with 503 (or UNAVAILABLE) to keep the service's utilization down"
+                "load shedder refused requests with 503 (or UNAVAILABLE) to keep the service within its capacity"
             );
         }
         #[cfg(not(feature = "tracing"))]
-        let _ = (priority, amount);
+        let _ = (shedder, priority, amount);
     }
 
     /// An attempt to connect to the store `store` failed with `e`: checks are answered by

@@ -486,30 +486,49 @@ async fn open_socket(addr: SocketAddr) -> (tokio::net::TcpStream, String) {
     (stream, status)
 }
 
+/// A WebSocket opened at `addr` once the server admits one (within 5 s).
+async fn open_socket_eventually(addr: SocketAddr) -> tokio::net::TcpStream {
+    common::eventually(Duration::from_secs(5), || async {
+        match open_socket(addr).await {
+            (stream, status) if status.contains(" 101 ") => Ok(stream),
+            (_, status) => Err(status),
+        }
+    })
+    .await
+    .0
+}
+
 /// A server of WebSockets at `/ws` behind a layer of `policy` on one global key, whose handler
 /// takes its request's slots (`UpgradeSlots`, extracted as the docs show it: a request
 /// holding no slot has none) and keeps them with the socket; `slots`: whether the requests
 /// hold slots (asserted in the handler).
 async fn socket_server(policy: &str, slots: bool) -> SocketAddr {
+    socket_server_of(&[policy], slots).await
+}
+
+/// [`socket_server`] behind a layer for each of `policies`, the first innermost, each on a
+/// store of its own.
+async fn socket_server_of(policies: &[&str], slots: bool) -> SocketAddr {
     use axum::extract::ws::WebSocketUpgrade;
     use axum::Extension;
     use tollgate::layer::UpgradeSlots;
-    let limiter = Limiter::new(tollgate::MemoryStore::new(), policy.parse().unwrap());
-    let app = Router::new()
-        .route(
-            "/ws",
-            get(
-                move |ws: WebSocketUpgrade, offered: Option<Extension<UpgradeSlots>>| async move {
-                    let held = offered.and_then(|Extension(offered)| offered.take());
-                    assert_eq!(held.is_some(), slots, "the request's slot is offered");
-                    ws.on_upgrade(move |mut socket| async move {
-                        let _held = held;
-                        while let Some(Ok(_)) = socket.recv().await {}
-                    })
-                },
-            ),
-        )
-        .layer(RateLimitLayer::new(limiter).key(tollgate::key::Global));
+    let mut app = Router::new().route(
+        "/ws",
+        get(
+            move |ws: WebSocketUpgrade, offered: Option<Extension<UpgradeSlots>>| async move {
+                let held = offered.and_then(|Extension(offered)| offered.take());
+                assert_eq!(held.is_some(), slots, "the request's slot is offered");
+                ws.on_upgrade(move |mut socket| async move {
+                    let _held = held;
+                    while let Some(Ok(_)) = socket.recv().await {}
+                })
+            },
+        ),
+    );
+    for policy in policies {
+        let limiter = Limiter::new(tollgate::MemoryStore::new(), policy.parse().unwrap());
+        app = app.layer(RateLimitLayer::new(limiter).key(tollgate::key::Global));
+    }
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr: SocketAddr = listener.local_addr().unwrap();
     tokio::spawn(async move { axum::serve(listener, app).await });
@@ -541,15 +560,27 @@ async fn an_upgraded_connection_keeps_the_slot_its_handler_took() {
         "one socket at a time"
     );
     drop(first);
-    let (_third, status) = common::eventually(Duration::from_secs(5), || async {
-        match open_socket(addr).await {
-            (stream, status) if status.contains(" 101 ") => Ok((stream, status)),
-            (_, status) => Err(status),
-        }
-    })
-    .await
-    .0;
+    // the slots back once the first socket closed
+    let _third = open_socket_eventually(addr).await;
+}
+
+/// Two layers with concurrency limits on one upgrading route: the handler takes the slots of
+/// both, and the socket holds them. (The inner layer's offer once replaced the outer's, whose
+/// slot then went back as the `101` was sent: any number of sockets passed the outer limit.)
+#[tokio::test]
+async fn an_upgraded_connection_keeps_the_slots_of_stacked_layers() {
+    // inner: 5 at a time; outer: 1
+    let addr = socket_server_of(&["5 concurrent", "1 concurrent"], true).await;
+    let (first, status) = open_socket(addr).await;
     assert_eq!(status, "HTTP/1.1 101 Switching Protocols");
+    let (_, status) = open_socket(addr).await;
+    assert_eq!(
+        status, "HTTP/1.1 429 Too Many Requests",
+        "the outer layer's one socket at a time"
+    );
+    drop(first);
+    // the slots back once the first socket closed
+    let _third = open_socket_eventually(addr).await;
 }
 
 /// The slots offered to an upgrading request's handler go back when the response future is

@@ -41,8 +41,19 @@ struct Reply {
 }
 
 async fn get_with(addr: SocketAddr, path: &str, headers: &[(&str, &str)]) -> Reply {
+    send(http::Method::GET, addr, path, headers).await
+}
+
+async fn send(
+    method: http::Method,
+    addr: SocketAddr,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> Reply {
     let client = Client::builder(TokioExecutor::new()).build_http::<Empty<Bytes>>();
-    let mut req = http::Request::get(format!("http://{addr}{path}"));
+    let mut req = http::Request::builder()
+        .method(method)
+        .uri(format!("http://{addr}{path}"));
     for (k, v) in headers {
         req = req.header(*k, *v);
     }
@@ -403,4 +414,66 @@ async fn infallible_services_stay_infallible() {
     assert_eq!(first.status(), StatusCode::OK);
     let Ok(second) = svc.oneshot(req()).await;
     assert_eq!(second.status(), StatusCode::TOO_MANY_REQUESTS);
+}
+
+/// tower-http's CORS and timeout layers wrap the rate limit in one stack, in the order a
+/// browser needs: a preflight answered before the limit (not charged), a refusal carrying
+/// the CORS fields (else the page reads a network error, not the 429), and the rate-limit
+/// fields exposed to scripts. (Both layers build responses of their own, so the limit's
+/// body type must have a default.)
+#[tokio::test]
+async fn cors_and_timeout_layers_wrap_the_limit() {
+    use http::header::{HeaderName, RETRY_AFTER};
+    use tower_http::cors::{Any, CorsLayer};
+    use tower_http::timeout::TimeoutLayer;
+
+    let limiter = Limiter::new(MemoryStore::new(), "1/min".parse().unwrap());
+    let cors = CorsLayer::new()
+        .allow_origin(Any)
+        .allow_methods([http::Method::GET])
+        .expose_headers([
+            HeaderName::from_static("ratelimit"),
+            HeaderName::from_static("ratelimit-policy"),
+            RETRY_AFTER,
+        ]);
+    let stack = tower::ServiceBuilder::new()
+        .layer(cors)
+        .layer(TimeoutLayer::with_status_code(
+            StatusCode::REQUEST_TIMEOUT,
+            Duration::from_secs(30),
+        ))
+        .layer(RateLimitLayer::new(limiter).key(PeerIp::new()));
+    let addr = serve(
+        Router::new()
+            .route("/", get(|| async { "ok" }))
+            .layer(stack),
+    )
+    .await;
+    let origin = ("origin", "https://app.example");
+    for _ in 0..3 {
+        let preflight = send(
+            http::Method::OPTIONS,
+            addr,
+            "/",
+            &[origin, ("access-control-request-method", "GET")],
+        )
+        .await;
+        assert_eq!(preflight.status, StatusCode::OK);
+        assert!(preflight
+            .headers
+            .contains_key("access-control-allow-origin"));
+    }
+    // the one request a minute is the page's own, the preflights took none of it
+    let first = get_with(addr, "/", &[origin]).await;
+    assert_eq!(first.status, StatusCode::OK);
+    let exposed = first.headers["access-control-expose-headers"]
+        .to_str()
+        .unwrap()
+        .to_ascii_lowercase();
+    assert!(exposed.contains("ratelimit"), "{exposed}");
+    assert!(first.headers.contains_key("ratelimit"));
+    let second = get_with(addr, "/", &[origin]).await;
+    assert_eq!(second.status, StatusCode::TOO_MANY_REQUESTS);
+    assert!(second.headers.contains_key("access-control-allow-origin"));
+    assert!(second.headers.contains_key("retry-after"));
 }

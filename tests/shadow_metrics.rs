@@ -485,7 +485,12 @@ async fn shed_requests_are_counted_and_logged() {
         shedder.should_shed(Priority::Low);
         clock.advance(std::time::Duration::from_secs(1));
     }
-    let shed = |priority: &str| observed::metric("tollgate_shed_total", &[("priority", priority)]);
+    let shed = |priority: &str| {
+        observed::metric(
+            "tollgate_shed_total",
+            &[("shedder", "utilization"), ("priority", priority)],
+        )
+    };
     let before = shed("normal");
     let layer = UtilizationShedLayer::new(shedder);
     for _ in 0..3 {
@@ -494,6 +499,42 @@ async fn shed_requests_are_counted_and_logged() {
     }
     assert_eq!(shed("normal") - before, 3.0);
     assert!(log_text().contains("load shedder refused requests"));
+}
+
+/// A fleet shedder's refusals are counted as sheds, under its name and by the priority its
+/// classifier gives, and logged: not only as denials of its limiter.
+#[tokio::test]
+async fn fleet_sheds_are_counted_and_logged() {
+    use tollgate::shed::{FleetShedder, Priority};
+
+    observed();
+    let store = MemoryStore::new();
+    let layer = FleetShedder::new(store.clone(), 1)
+        .name("counted-fleet")
+        .reserve_for_critical(0.0)
+        .classify(|_| Priority::Low)
+        .build()
+        .unwrap();
+    // the fleet's one slot, held by a limiter sharing its budget (its namespace and key)
+    let holder = Limiter::builder(store, "1 concurrent".parse().unwrap())
+        .namespace(tollgate::store::Namespace::new("shed").unwrap())
+        .build();
+    let held = holder.check(&["shed:counted-fleet"]).await.unwrap();
+    assert!(held.is_allowed());
+    let shed = || {
+        observed::metric(
+            "tollgate_shed_total",
+            &[("shedder", "shed:counted-fleet"), ("priority", "low")],
+        )
+    };
+    let before = shed();
+    for _ in 0..2 {
+        let status = status_of(&layer, Request::new(Full::default())).await;
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    }
+    assert_eq!(shed() - before, 2.0);
+    assert!(log_text().contains("shed:counted-fleet"), "{}", log_text());
+    drop(held);
 }
 
 /// Every metric of the table in `src/observe.rs` is described to a recorder installed before

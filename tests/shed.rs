@@ -169,3 +169,73 @@ async fn the_fleets_budget_is_not_shared_with_other_limiters() {
     assert_eq!(res.status(), StatusCode::OK, "the fleet's one slot is free");
     drop(held);
 }
+
+/// A fleet shedder's refusal says the service is overloaded and nothing of the fleet's
+/// capacity, in text, in problem details and in gRPC's message: it does not name its limit
+/// (`1 concurrent`, the share) as a rate limit's refusal does, which would tell every client
+/// the capacity and blame its own concurrency.
+#[tokio::test]
+async fn a_fleet_refusal_names_no_limit() {
+    use tower::ServiceExt;
+    let (release, released) = watch::channel(false);
+    let (entered_tx, mut entered) = tokio::sync::mpsc::channel::<()>(1);
+    let app = |layer: tollgate::RateLimitLayer| {
+        let (released, entered_tx) = (released.clone(), entered_tx.clone());
+        Router::new()
+            .route(
+                "/",
+                axum::routing::any(move || {
+                    let (mut released, entered_tx) = (released.clone(), entered_tx.clone());
+                    async move {
+                        let _ = entered_tx.send(()).await;
+                        let _ = released.wait_for(|r| *r).await;
+                        "done"
+                    }
+                }),
+            )
+            .layer(layer)
+    };
+    let fleet = || {
+        FleetShedder::new(tollgate::MemoryStore::new(), 1)
+            .reserve_for_critical(0.0)
+            .build()
+            .unwrap()
+    };
+    let request = |grpc: bool| {
+        let mut req = http::Request::post("/");
+        if grpc {
+            req = req.header("content-type", "application/grpc");
+        }
+        req.body(axum::body::Body::empty()).unwrap()
+    };
+    for (problem, grpc) in [(false, false), (true, false), (false, true)] {
+        let app = app(fleet().problem_details(problem));
+        // one request holds the one slot...
+        let held = tokio::spawn(app.clone().oneshot(request(false)));
+        entered.recv().await.unwrap();
+        // ...and the next is shed
+        let res = app.oneshot(request(grpc)).await.unwrap();
+        let headers = res.headers().clone();
+        let body = axum::body::to_bytes(res.into_body(), 1 << 16)
+            .await
+            .unwrap();
+        let body = String::from_utf8_lossy(&body).into_owned();
+        let told = match grpc {
+            true => {
+                assert_eq!(headers["grpc-status"], "14", "UNAVAILABLE");
+                headers["grpc-message"].to_str().unwrap().to_string()
+            }
+            false => body,
+        };
+        assert!(told.contains("overloaded"), "{told}");
+        for secret in ["concurrent", "1", "violated"] {
+            assert!(!told.contains(secret), "{secret:?} told: {told}");
+        }
+        if problem {
+            assert!(told.contains("temporary-reduced-capacity"), "{told}");
+        }
+        release.send(true).unwrap();
+        assert_eq!(held.await.unwrap().unwrap().status(), StatusCode::OK);
+        release.send(false).unwrap();
+    }
+}

@@ -62,6 +62,15 @@ impl<B> ResponseBody<B> {
     }
 }
 
+/// An empty body, as middlewares outside the layer build for responses of their own
+/// (tower-http's `CorsLayer` answering a preflight, `TimeoutLayer` a request that took too
+/// long: both ask for a body type with a default).
+impl<B> Default for ResponseBody<B> {
+    fn default() -> Self {
+        ResponseBody::full(Bytes::new())
+    }
+}
+
 impl<B> Body for ResponseBody<B>
 where
     B: Body<Data = Bytes>,

@@ -176,11 +176,12 @@ pub(crate) fn problem_response(status: StatusCode, decision: &Decision) -> Respo
     )
 }
 
-/// The RFC 9457 `application/problem+json` answer of a load shedder: status 503, the draft's
-/// `temporary-reduced-capacity` problem type, `detail`, and no `violated-policies` (no
-/// quota was exceeded).
-pub(crate) fn shed_problem_response(detail: &str) -> Response<Bytes> {
-    problem(StatusCode::SERVICE_UNAVAILABLE, detail, None)
+/// The RFC 9457 `application/problem+json` answer of a load shedder: `status` (503, the
+/// draft's `temporary-reduced-capacity` problem type, unless the application chose
+/// another), `detail`, and no `violated-policies` (no client's quota was exceeded, and the
+/// shedder's limit is the service's capacity).
+pub(crate) fn shed_problem_response(status: StatusCode, detail: &str) -> Response<Bytes> {
+    problem(status, detail, None)
 }
 
 /// A problem+json response: `quota-exceeded`, or `temporary-reduced-capacity` when the

@@ -7,9 +7,10 @@ use http::StatusCode;
 
 use super::check::ChargeFn;
 use crate::http::headers::{HeaderCache, HeaderStyle};
-use crate::http::response::problem_response;
+use crate::http::response::{problem_response, shed_problem_response};
 use crate::key::{AnyExtractor, RequestView};
 use crate::observe::BoundedLog;
+use crate::shed::{FleetRefusals, SHED_MESSAGE};
 use crate::{Decision, Limiter};
 
 /// Whether a rule applies to a request.
@@ -144,6 +145,9 @@ pub(crate) struct Config {
     /// The requests the layer could not check (answered 400 or 500), logged at a bounded
     /// rate.
     pub(crate) unchecked_log: Arc<BoundedLog>,
+    /// The fleet load shedder the layer is, if it is one: its refusals name no limit, and
+    /// are counted and logged as sheds.
+    pub(crate) shed: Option<Arc<FleetRefusals>>,
 }
 
 impl Config {
@@ -167,6 +171,7 @@ impl Config {
             header_cache: Arc::default(),
             missing_log: Arc::default(),
             unchecked_log: Arc::default(),
+            shed: None,
         }
     }
 
@@ -211,9 +216,16 @@ impl Config {
             (Some(handler), _) => Some(handler.clone()),
             (None, true) => {
                 let status = self.limited_status;
-                Some(Arc::new(move |_: &RequestView<'_>, d: &Decision| {
-                    problem_response(status, d)
-                }))
+                let problem: LimitedFn = match self.shed {
+                    None => Arc::new(move |_: &RequestView<'_>, d: &Decision| {
+                        problem_response(status, d)
+                    }),
+                    // (a shedder's refusal names no limit: see `FleetRefusals`)
+                    Some(_) => Arc::new(move |_: &RequestView<'_>, _: &Decision| {
+                        shed_problem_response(status, SHED_MESSAGE)
+                    }),
+                };
+                Some(problem)
             }
             (None, false) => None,
         };

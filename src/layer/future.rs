@@ -21,6 +21,7 @@ use crate::http::response::{grpc_pushback, grpc_response, own_response, GrpcCode
 use crate::http::ResponseBody;
 use crate::key::RequestView;
 use crate::limiter::CheckFuture;
+use crate::shed::SHED_MESSAGE;
 use crate::{Decision, Error};
 
 pin_project! {
@@ -406,17 +407,25 @@ fn limited<B>(
     grpc: Option<&HeaderValue>,
     pks: Option<&[Vec<u8>]>,
 ) -> Response<Bytes> {
+    let limited = LimitedMessage(decision);
+    let message: &dyn fmt::Display = match &config.shed {
+        None => &limited,
+        Some(shed) => {
+            shed.record(&RequestView::of(req));
+            &SHED_MESSAGE
+        }
+    };
     let mut res = match (&config.on_limited, grpc) {
         (_, Some(content_type)) => {
             let code = GrpcCode::for_limit(config.limited_status);
-            let mut res = grpc_response(code, LimitedMessage(decision), content_type);
+            let mut res = grpc_response(code, message, content_type);
             if let Some(wait) = decision.retry_after() {
                 grpc_pushback(res.headers_mut(), wait);
             }
             res
         }
         (Some(handler), None) => handler(&RequestView::of(req), decision),
-        (None, None) => own_response(config.limited_status, LimitedMessage(decision), None),
+        (None, None) => own_response(config.limited_status, message, None),
     };
     add_headers(
         res.headers_mut(),

@@ -10,6 +10,7 @@ use super::config::{Action, Config, LayerSettings, MissingKey, Rule};
 use super::RateLimit;
 use crate::http::headers::HeaderStyle;
 use crate::key::{AnyExtractor, KeyExtractor, RequestView};
+use crate::shed::FleetRefusals;
 use crate::{Decision, Limiter};
 
 /// Rate limiting for HTTP services. See the [`layer`](super) module documentation.
@@ -156,6 +157,9 @@ impl RateLimitLayer {
     /// The cost (weight) of a request, default 1. A cost of 0, or more than some limit of the
     /// policy could ever admit ([`Policy::max_cost`](crate::Policy::max_cost)), is answered
     /// with `400 Bad Request` (let through in shadow mode).
+    ///
+    /// The rate-limit fields then count units of cost, which clients read as requests (the
+    /// draft's unit when none is given): see the README's section on the headers.
     pub fn cost<F>(self, cost: F) -> Self
     where
         F: Fn(&RequestView<'_>) -> u64 + Send + Sync + 'static,
@@ -291,6 +295,13 @@ impl RateLimitLayer {
     /// [`on_missing_key`](Self::on_missing_key)).
     pub fn shadow(self, shadow: bool) -> Self {
         self.edit(|c| c.shadow = shadow)
+    }
+
+    /// Makes the layer a fleet load shedder's, whose refusals are told and recorded as
+    /// `refusals` says.
+    pub(crate) fn shedding(self, refusals: FleetRefusals) -> Self {
+        let refusals = Arc::new(refusals);
+        self.edit(|c| c.shed = Some(refusals))
     }
 
     /// Builds the response to a limited HTTP request. gRPC requests do not reach it: they get

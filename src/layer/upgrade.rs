@@ -19,7 +19,8 @@ use crate::Decision;
 /// at once — so its slots would go back as the `101` is sent, and an `N concurrent` policy
 /// would let any number of sockets open. A handler that takes the slots before it returns
 /// its response, and keeps them with the connection, holds them until the connection ends.
-/// Slots the handler leaves are held by the response as any request's are.
+/// Slots the handler leaves are held by the response as any request's are. Layers stacked
+/// on one route offer their slots together: one `take` hands the slots of all of them.
 ///
 /// ```
 /// use axum::extract::ws::{WebSocket, WebSocketUpgrade};
@@ -86,13 +87,30 @@ pub(super) fn offer<B>(req: &mut Request<B>, decision: &mut Decision) -> Option<
 }
 
 /// [`offer`], for a decision that holds slots.
+///
+/// Slots an outer layer offered already are joined by these, in one offer that both layers
+/// share: the handler takes all of them, and whichever layer answers first takes back what
+/// it left for its response's body, which the outer response's holds. (A second offer in
+/// the extensions would replace the first, whose slots would then go back with the `101`.)
 #[cold]
 #[inline(never)]
 fn offer_held<B>(req: &mut Request<B>, decision: &mut Decision) -> Option<Offered> {
     if !asks_to_upgrade(req) {
         return None;
     }
-    let slots = UpgradeSlots(Arc::new(Mutex::new(decision.take_guard())));
+    let guard = decision.take_guard();
+    if let Some(outer) = req.extensions().get::<UpgradeSlots>() {
+        let slots = outer.clone();
+        {
+            let mut held = slots.0.lock().unwrap_or_else(PoisonError::into_inner);
+            *held = match (held.take(), guard) {
+                (Some(outer), Some(inner)) => Some(outer.join(inner)),
+                (outer, inner) => outer.or(inner),
+            };
+        }
+        return Some(Offered(slots));
+    }
+    let slots = UpgradeSlots(Arc::new(Mutex::new(guard)));
     req.extensions_mut().insert(slots.clone());
     Some(Offered(slots))
 }

@@ -19,11 +19,31 @@ use super::Priority;
 use crate::key::RequestView;
 use crate::layer::RateLimitLayer;
 use crate::limiter::Limiter;
+use crate::observe::BoundedLog;
 use crate::policy::{Limit, Policy, PolicyError, PolicyErrorKind, DEFAULT_LEASE};
 use crate::store::{Namespace, Store};
 
 /// The namespace of the fleet's budget on its store.
 const NAMESPACE: &str = "shed";
+
+/// How a fleet shedder's layer tells and records the requests it refuses: told that the
+/// service is overloaded and nothing more (the denying limit, in the message a rate limit
+/// writes, is the fleet's capacity, and would blame the client's own concurrency), and
+/// counted and logged as sheds, by the priority the shedder classifies them as.
+pub(crate) struct FleetRefusals {
+    /// The shedder's name in logs and metrics, as its limiter's (`shed:NAME`).
+    name: String,
+    classify: Classifier,
+    log: BoundedLog,
+}
+
+impl FleetRefusals {
+    /// Counts and logs the refusal of `req`.
+    pub(crate) fn record(&self, req: &RequestView<'_>) {
+        let priority = (self.classify)(req);
+        self.log.shed(&self.name, priority.label(), || None);
+    }
+}
 
 /// Builds a fleet-usage load shedder (a [`RateLimitLayer`]). See the module documentation.
 ///
@@ -129,7 +149,12 @@ impl FleetShedder {
     /// The layer: a [`RateLimitLayer`] over one global `N concurrent` limit, bypassed by
     /// critical traffic, answering `503 Service Unavailable` when the share is full. Its
     /// responses carry no rate-limit fields, which would tell every client the fleet's
-    /// capacity and load (`.headers(…)` on the layer turns them back on).
+    /// capacity and load (`.headers(…)` on the layer turns them back on), and its refusals
+    /// say that the service is overloaded, as a
+    /// [`UtilizationShedLayer`](super::UtilizationShedLayer)'s do, rather than name the
+    /// limit (an [`on_limited`](RateLimitLayer::on_limited) handler on the layer still gets
+    /// the decision). They are counted in `tollgate_shed_total{shedder="shed:NAME",priority}`
+    /// and logged at `info` at most every 10 s, besides the limiter's decisions.
     ///
     /// # Errors
     ///
@@ -161,12 +186,18 @@ impl FleetShedder {
             limiter = limiter.namespace(namespace);
         }
         let limiter = limiter.build();
+        let refusals = FleetRefusals {
+            name: name.clone(),
+            classify: self.classify.clone(),
+            log: BoundedLog::default(),
+        };
         let classify = self.classify;
         Ok(RateLimitLayer::new(limiter)
             .key(move |_: &RequestView<'_>| Some(name.clone()))
             .bypass(move |req| classify(req) == Priority::Critical)
             .limited_status(StatusCode::SERVICE_UNAVAILABLE)
-            .headers(crate::layer::HeaderStyle::None))
+            .headers(crate::layer::HeaderStyle::None)
+            .shedding(refusals))
     }
 }
 

@@ -14,12 +14,10 @@ use pin_project_lite::pin_project;
 use tower_service::Service;
 
 use super::priority::Classifier;
-use super::{InFlight, InFlightGuard, Priority, ShedConfig, UtilizationShedder};
+use super::{InFlight, InFlightGuard, Priority, ShedConfig, UtilizationShedder, SHED_MESSAGE};
 use crate::http::response::{grpc_pushback, own_response, shed_problem_response};
 use crate::http::ResponseBody;
 use crate::key::RequestView;
-
-const MESSAGE: &str = "server overloaded: request shed; retry later";
 
 /// Load shedding for HTTP services (axum, tonic, hyper, any `Service<http::Request<B>>`) by a
 /// [`UtilizationShedder`]. See the [`shed`](super) module documentation.
@@ -213,8 +211,8 @@ fn shed_response(
     problem: bool,
 ) -> Response<Bytes> {
     let mut res = match (problem, grpc) {
-        (true, None) => shed_problem_response(MESSAGE),
-        _ => own_response(StatusCode::SERVICE_UNAVAILABLE, MESSAGE, grpc),
+        (true, None) => shed_problem_response(StatusCode::SERVICE_UNAVAILABLE, SHED_MESSAGE),
+        _ => own_response(StatusCode::SERVICE_UNAVAILABLE, SHED_MESSAGE, grpc),
     };
     match grpc {
         None => {

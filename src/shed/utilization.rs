@@ -136,10 +136,12 @@ impl UtilizationShedder {
         }
     }
 
-    /// A request of `priority` a layer shed: counted (`tollgate_shed_total{priority}`) and
-    /// logged at most every 10 s, with the shedding amount.
+    /// A request of `priority` a layer shed: counted
+    /// (`tollgate_shed_total{shedder="utilization",priority}`) and logged at most every 10 s,
+    /// with the shedding amount.
     pub(crate) fn record_shed(&self, priority: Priority) {
-        self.shed_log.shed(priority.label(), || self.amount());
+        self.shed_log
+            .shed("utilization", priority.label(), || Some(self.amount()));
     }
 
     /// A shedder whose utilization is the number of requests in flight out of `capacity`
@@ -192,10 +194,10 @@ impl UtilizationShedder {
     }
 
     /// Moves the shedding amount as `utilization` (clamped to [0, 1]; NaN counts as 0) says,
-    /// for the time since the previous update — at most the
-    /// [time before shedding](ShedConfig::time_before_shedding), and at most a third of it
-    /// when the amount rises, so that it takes three samples of full utilization, however far
-    /// apart, to reach the point where shedding starts — and returns the new amount. Decisions call this with the source's utilization; call it directly to drive
+    /// for the time since the previous update — when the amount rises, at most a third of the
+    /// [time before shedding](ShedConfig::time_before_shedding), so that it takes three
+    /// samples of full utilization, however far apart, to reach the point where shedding
+    /// starts; when it falls, the whole time — and returns the new amount. Decisions call this with the source's utilization; call it directly to drive
     /// the shedder with utilization samples of your own.
     pub fn update(&self, utilization: f64) -> f64 {
         let utilization = if utilization.is_nan() {
@@ -209,12 +211,13 @@ impl UtilizationShedder {
         // sample of a quiet process must not stand for the whole wait (two blips 30 s apart
         // would then shed): one that raises the amount stands for at most a third of it. A
         // gap without requests is itself a sign of idleness, so one that lowers it stands
-        // for the whole wait, as in the sketch: a process back from a pause recovers as fast.
-        let before_shedding = self.config.time_before_shedding().as_secs_f64();
+        // for the whole gap, as the sketch's samples through the gap would have: a process
+        // back from a pause (traffic sent elsewhere while it shed) has come to rest, rather
+        // than shedding on with nothing in flight.
         let max_elapsed = if derivative > 0.0 {
-            before_shedding / 3.0
+            self.config.time_before_shedding().as_secs_f64() / 3.0
         } else {
-            before_shedding
+            f64::INFINITY
         };
         let resting = self.config.resting_amount();
         let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);

@@ -96,7 +96,7 @@ async fn shed_grpc_request_gets_unavailable() {
     let res = svc.oneshot(req).await.unwrap();
     assert_eq!(res.status(), StatusCode::OK);
     assert_eq!(res.headers()["grpc-status"], "14");
-    assert_eq!(res.headers()["grpc-message"], MESSAGE);
+    assert_eq!(res.headers()["grpc-message"], SHED_MESSAGE);
     // in the call's own type, and the wait as gRPC's pushback rather than `Retry-After`
     assert_eq!(res.headers()[CONTENT_TYPE], "application/grpc+proto");
     assert_eq!(res.headers()["grpc-retry-pushback-ms"], "1000");

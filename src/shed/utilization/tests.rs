@@ -171,10 +171,11 @@ fn lone_samples_of_full_utilization_shed_nothing_before_the_fourth() {
     assert!(rig.shedder.update(1.0) > 0.05);
 }
 
-/// A gap without requests lowers the amount as far as the whole 28 s of idleness would, not
-/// a third of it: a process back from a pause recovers as fast as in Stripe's sketch.
+/// A gap without requests lowers the amount as far as the whole gap of idleness would, as
+/// Stripe's sketch, sampling through the gap, would have: a process back from a pause (its
+/// traffic sent elsewhere while it shed) is at rest, not shedding on with nothing in flight.
 #[test]
-fn a_pause_lowers_the_amount_as_far_as_the_whole_wait() {
+fn a_pause_lowers_the_amount_as_far_as_the_whole_gap() {
     let rig = Rig::new(6);
     rig.shedder.update(1.0);
     // 84 s of full utilization, in steps a rise takes whole: 28 s to reach 0, then 0.47
@@ -184,12 +185,18 @@ fn a_pause_lowers_the_amount_as_far_as_the_whole_wait() {
     }
     let reached = rig.shedder.update(1.0);
     assert!((reached - 56.0 / 120.0).abs() < 1e-9, "{reached}");
-    rig.clock.advance(Duration::from_secs(3600));
+    // 40 s idle: 40 s of the way down, not 28
+    rig.clock.advance(Duration::from_secs(40));
     let after = rig.shedder.update(0.0);
     assert!(
-        (reached - after - 28.0 / 120.0).abs() < 1e-9,
+        (reached - after - 40.0 / 120.0).abs() < 1e-9,
         "{reached} -> {after}"
     );
+    // an hour: at rest, shedding nothing
+    rig.clock.advance(Duration::from_secs(3600));
+    let rest = rig.shedder.config().resting_amount();
+    assert_eq!(rig.shedder.update(0.0), rest);
+    assert!(!rig.shedder.should_shed_with(Priority::Low, 0.0));
 }
 
 #[test]
