@@ -43,6 +43,9 @@ impl Limiter {
     /// not at a known time): its requests check again, as long as `max_wait` lasts. A rate
     /// limit's denial says when to; one for want of a slot is checked again after 5 ms, then
     /// after twice as long each time up to 100 ms apart, and once more when `max_wait` ends.
+    /// Slots are not handed out in the order their waiters asked: a freed slot goes to the
+    /// first check that finds it, a newcomer's as well as a waiter's, so under steady
+    /// contention a waiter may wait out `max_wait` while later requests get slots.
     /// Nor can a check whose identifiers lie in several Redis Cluster hash slots (no one
     /// script call touches two slots): it checks again at each denial's retry time, in the
     /// store's call, and so waits in shadow mode too. Otherwise,

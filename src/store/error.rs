@@ -166,7 +166,9 @@ pub enum MisconfigurationKind {
     CommandDenied,
     /// The ACL user's key patterns do not cover the store's keys (`PREFIX:*`).
     KeyDenied,
-    /// The server is a read-only replica.
+    /// The server is a read-only replica, and has not served the store as its master (one
+    /// that has, demoted by a failover, is a store down until its address leads to the new
+    /// master).
     Replica,
     /// The address is a Redis Sentinel reached with a `redis://` URL.
     Sentinel,

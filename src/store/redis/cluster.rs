@@ -20,7 +20,7 @@
 //! was measured).
 
 use std::collections::HashMap;
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
 use futures_util::future::join_all;
@@ -108,31 +108,52 @@ struct Redirected {
     login: RedisConnectionInfo,
     /// How long a connection to a node may take to open.
     connect_timeout: Duration,
-    nodes: tokio::sync::Mutex<HashMap<(String, u16), MultiplexedConnection>>,
+    /// One cell a node, filled by the first call redirected there once its connection is
+    /// open: calls redirected to one node wait for one connection to open, and nothing else
+    /// waits for it (a node slow to answer, or gone, holds up the calls sent to it alone).
+    nodes: Mutex<HashMap<(String, u16), Arc<NodeConn>>>,
 }
+
+/// The store's connection to one node, once open.
+type NodeConn = tokio::sync::OnceCell<MultiplexedConnection>;
 
 impl Redirected {
     /// The connection to the node at `host:port`, opened if there is none.
-    async fn conn(&self, host: &str, port: u16) -> RedisResult<MultiplexedConnection> {
-        let mut nodes = self.nodes.lock().await;
-        if let Some(conn) = nodes.get(&(host.to_string(), port)) {
-            return Ok(conn.clone());
-        }
-        let conn = node_connection(host, port, &self.login, self.connect_timeout).await?;
-        nodes.insert((host.to_string(), port), conn.clone());
-        Ok(conn)
+    async fn conn(
+        &self,
+        host: &str,
+        port: u16,
+    ) -> RedisResult<(Arc<NodeConn>, MultiplexedConnection)> {
+        let cell = self
+            .nodes
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .entry((host.to_string(), port))
+            .or_default()
+            .clone();
+        // (a connection that fails to open leaves the cell empty: the next call tries again)
+        let conn = cell
+            .get_or_try_init(|| node_connection(host, port, &self.login, self.connect_timeout))
+            .await?
+            .clone();
+        Ok((cell, conn))
     }
 
     /// Sends `pipe` to the node at `host:port`; a connection that failed is dropped, for the
     /// next redirection there to open another.
     async fn send(&self, host: &str, port: u16, pipe: &redis::Pipeline) -> RedisResult<Vec<Value>> {
-        let mut conn = self.conn(host, port).await?;
+        let (cell, mut conn) = self.conn(host, port).await?;
         let reply = conn.req_packed_commands(pipe, 0, pipe.len()).await;
         if reply
             .as_ref()
             .is_err_and(|e| e.is_io_error() || e.is_connection_dropped())
         {
-            self.nodes.lock().await.remove(&(host.to_string(), port));
+            let mut nodes = self.nodes.lock().unwrap_or_else(PoisonError::into_inner);
+            let key = (host.to_string(), port);
+            // (unless another call replaced it already)
+            if nodes.get(&key).is_some_and(|c| Arc::ptr_eq(c, &cell)) {
+                nodes.remove(&key);
+            }
         }
         reply
     }
@@ -320,7 +341,7 @@ async fn connect(target: &ClusterTarget, connect_timeout: Duration) -> RedisResu
     let redirected = Redirected {
         login: target.login.clone(),
         connect_timeout: connect_timeout / 3,
-        nodes: tokio::sync::Mutex::default(),
+        nodes: Mutex::default(),
     };
     Ok(ClusterConn {
         inner,

@@ -31,7 +31,7 @@ use std::collections::hash_map::RandomState;
 use std::error::Error as StdError;
 use std::fmt;
 use std::hash::BuildHasher;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
@@ -43,7 +43,7 @@ use tokio::time::Instant;
 use super::cluster::{self, Conn};
 use super::sentinel::{Lookup, Sentinels, RECHECK};
 use super::url::{tcp_info, ClusterTarget, Target};
-use super::validate::{self, Failure};
+use super::validate::{self, Failure, Role};
 use crate::observe::BoundedLog;
 use crate::store::error::{Misconfiguration, MisconfigurationKind};
 use crate::store::StoreError;
@@ -56,8 +56,59 @@ const MIN_BACKOFF: Duration = Duration::from_millis(25);
 /// timeout, if longer), the next one to time out condemns the connection: a peer that vanished
 /// without closing it would otherwise hold every call until TCP gives up, minutes later.
 const SILENCE: Duration = Duration::from_secs(1);
+/// The fewest calls without a reply, in a row, that condemn a connection (however long
+/// ago the first): two could be a lone timeout long ago (or a caller that gave up) and one
+/// now, the store idle between them.
+const MISSES: u32 = 3;
 /// No time recorded.
 const NONE: u64 = u64::MAX;
+
+/// The calls without a reply on the current connection since the last reply: when they
+/// have gone on long enough, and are enough of them, the connection is given up.
+#[derive(Debug)]
+struct Silence {
+    /// When the first of them timed out, in ms since the link's epoch ([`NONE`]: none).
+    first_ms: AtomicU64,
+    /// How many.
+    misses: AtomicU32,
+}
+
+impl Silence {
+    fn new() -> Silence {
+        Silence {
+            first_ms: AtomicU64::new(NONE),
+            misses: AtomicU32::new(0),
+        }
+    }
+
+    /// A reply came, or a new connection is in use: nothing missed.
+    fn clear(&self) {
+        if self.first_ms.load(Ordering::Relaxed) != NONE {
+            self.first_ms.store(NONE, Ordering::Relaxed);
+        }
+        if self.misses.load(Ordering::Relaxed) != 0 {
+            self.misses.store(0, Ordering::Relaxed);
+        }
+    }
+
+    /// A call got no reply at `now_ms`: whether the connection has been silent for `silence`,
+    /// through at least [`MISSES`] calls.
+    fn missed(&self, now_ms: u64, silence: Duration) -> bool {
+        let first =
+            match self
+                .first_ms
+                .compare_exchange(NONE, now_ms, Ordering::Relaxed, Ordering::Relaxed)
+            {
+                Ok(_) => now_ms,
+                Err(first) => first,
+            };
+        let misses = self
+            .misses
+            .fetch_add(1, Ordering::Relaxed)
+            .saturating_add(1);
+        misses >= MISSES && u128::from(now_ms.saturating_sub(first)) >= silence.as_millis()
+    }
+}
 
 /// The store's handle on its connection. Clones share it; the background task ends when the
 /// last clone is gone.
@@ -72,13 +123,15 @@ struct Shared {
     /// Wakes the task when its connection was reported broken.
     wake: Notify,
     next_generation: AtomicU64,
-    /// When the first call timed out since the last reply, in ms since `epoch`
-    /// ([`NONE`] when a reply came after the last timeout).
-    first_miss_ms: AtomicU64,
+    /// The calls on the current connection that got no reply since the last that did.
+    silence: Silence,
     epoch: Instant,
     /// How long a call may take: the longest a caller waits for a connection attempt.
     timeout: Duration,
     behind_sentinel: bool,
+    /// Whether a connection of the link has served the store: a standalone server found a
+    /// replica since was demoted by a failover, not named by mistake.
+    served: AtomicBool,
     /// Whether the connection is a cluster's.
     cluster: bool,
     /// The key prefix, for the message of an ACL key pattern that misses it.
@@ -265,8 +318,9 @@ impl Shared {
                     false => validate::classify(&e),
                 };
                 match verdict.misconfigured {
-                    // Behind Sentinel a replica is a failover under way, not a mistake.
-                    Some(MisconfigurationKind::Replica) if self.behind_sentinel => {
+                    // Behind Sentinel, or once the server has served as the store's master, a
+                    // replica is a failover under way, not a mistake.
+                    Some(MisconfigurationKind::Replica) if self.replica_is_failover() => {
                         Cause::Failed(self.keep(e))
                     }
                     Some(kind) => {
@@ -312,6 +366,19 @@ impl Shared {
         }
     }
 
+    /// Whether a replica where the master should be is a failover under way.
+    fn replica_is_failover(&self) -> bool {
+        self.behind_sentinel || self.served.load(Ordering::Relaxed)
+    }
+
+    /// The connection of `generation` is the one in use.
+    fn up(&self, conn: Conn, generation: u64) {
+        // (the misses of the connection it replaces are not this one's)
+        self.silence.clear();
+        self.served.store(true, Ordering::Relaxed);
+        self.state.send_replace(State::Up { conn, generation });
+    }
+
     fn now_ms(&self) -> u64 {
         u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
     }
@@ -327,10 +394,7 @@ impl Link {
             .attempt(&link.shared, weak)
             .await
             .map_err(Cause::into_error)?;
-        link.shared.state.send_replace(State::Up {
-            conn: first.conn,
-            generation: first.generation,
-        });
+        link.shared.up(first.conn, first.generation);
         link.start(connector);
         Ok(link)
     }
@@ -357,10 +421,11 @@ impl Link {
             state: watch::Sender::new(state),
             wake: Notify::new(),
             next_generation: AtomicU64::new(0),
-            first_miss_ms: AtomicU64::new(NONE),
+            silence: Silence::new(),
             epoch: Instant::now(),
             timeout: connector.call_timeout,
             behind_sentinel: matches!(connector.source, Source::Sentinels(_)),
+            served: AtomicBool::new(false),
             cluster: matches!(connector.source, Source::Cluster(_)),
             prefix: connector.prefix.clone(),
             secrets: connector.secrets.clone(),
@@ -443,23 +508,14 @@ impl Link {
 
     /// A call got its reply.
     pub(crate) fn replied(&self) {
-        let missed = &self.shared.first_miss_ms;
-        if missed.load(Ordering::Relaxed) != NONE {
-            missed.store(NONE, Ordering::Relaxed);
-        }
+        self.shared.silence.clear();
     }
 
     /// A call on the connection of `generation` got no reply in time: the connection is
     /// condemned once calls have kept timing out, without any reply, for a while.
     pub(crate) fn timed_out(&self, generation: u64) {
         let silence = SILENCE.max(self.shared.timeout.saturating_mul(2));
-        let now = self.shared.now_ms();
-        let missed = &self.shared.first_miss_ms;
-        let first = match missed.compare_exchange(NONE, now, Ordering::Relaxed, Ordering::Relaxed) {
-            Ok(_) => now,
-            Err(first) => first,
-        };
-        if u128::from(now.saturating_sub(first)) >= silence.as_millis() {
+        if self.shared.silence.missed(self.shared.now_ms(), silence) {
             self.broken(generation);
         }
     }
@@ -605,7 +661,15 @@ impl Connector {
             .await
             .map_err(|e| shared.cause(e.into()))?;
         let checks = async {
-            validate::check_server(&mut conn, shared.behind_sentinel).await?;
+            let role = match (
+                shared.behind_sentinel,
+                shared.served.load(Ordering::Relaxed),
+            ) {
+                (true, _) => Role::BehindSentinel,
+                (false, true) => Role::Demoted,
+                (false, false) => Role::Standalone,
+            };
+            validate::check_server(&mut conn, role).await?;
             validate::probe(&mut conn, &self.prefix, &validate::probe_ids()).await
         };
         match tokio::time::timeout(limit, checks).await {
@@ -652,7 +716,7 @@ async fn run(shared: Arc<Shared>, mut connector: Connector, mut connected: Optio
         }
         match connector.attempt(&shared, Arc::downgrade(&shared)).await {
             Ok(Attempted { conn, generation }) => {
-                shared.state.send_replace(State::Up { conn, generation });
+                shared.up(conn, generation);
                 connected = Some(generation);
             }
             Err(cause) => {
@@ -675,6 +739,34 @@ fn jittered(d: Duration) -> Duration {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A connection is given up after a second of calls without a reply, three of them at
+    /// least: not for a lone timeout long ago and one now, with the store idle between (nor
+    /// for the misses of the connection it replaced).
+    #[test]
+    fn silence_is_calls_without_a_reply_for_a_while() {
+        let second = Duration::from_secs(1);
+        // calls timing out one after another: given up once they span the second
+        let silence = Silence::new();
+        let condemned = (0..=40).find(|i| silence.missed(i * 50, second));
+        assert_eq!(condemned, Some(20));
+        // a lone miss, a reply, then misses again: counted from the new first
+        let silence = Silence::new();
+        assert!(!silence.missed(0, second));
+        silence.clear();
+        assert!(!silence.missed(5_000, second));
+        assert!(!silence.missed(5_500, second));
+        assert!(silence.missed(6_000, second));
+        // a lone miss long ago and one now: not silence (the store was idle between)
+        let silence = Silence::new();
+        assert!(!silence.missed(0, second));
+        assert!(!silence.missed(300_000, second));
+        // sparse calls all unanswered: the third gives it up
+        assert!(silence.missed(302_000, second));
+        // a new connection starts with nothing missed
+        silence.clear();
+        assert!(!silence.missed(400_000, second));
+    }
 
     #[test]
     fn backoff_is_jittered_within_bounds() {

@@ -209,21 +209,21 @@ pub(crate) enum Role {
     Standalone,
     /// The master a sentinel named: a replica there is a failover under way.
     BehindSentinel,
+    /// A standalone server (`redis://`) that served the store as its master before: a
+    /// replica now is a failover under way (a managed service's address moving to the new
+    /// master), not a mistake in the URL.
+    Demoted,
     /// A master of a Redis Cluster, as `CLUSTER SLOTS` named it.
     ClusterMaster,
 }
 
-/// Checks with `INFO` that the server is a standalone master recent enough. Behind Sentinel,
-/// a replica is a failover under way, not a misconfiguration.
+/// Checks with `INFO` that the server is a standalone master recent enough, as `role`
+/// expects it.
 pub(crate) async fn check_server(
     conn: &mut impl ConnectionLike,
-    behind_sentinel: bool,
+    role: Role,
 ) -> Result<(), Failure> {
     let text: String = redis::cmd("INFO").query_async(conn).await?;
-    let role = match behind_sentinel {
-        true => Role::BehindSentinel,
-        false => Role::Standalone,
-    };
     judge_server(&text, role)
 }
 
@@ -236,7 +236,7 @@ pub(crate) fn judge_server(text: &str, expected: Role) -> Result<(), Failure> {
     }
     let cluster = info.mode == "cluster" || info.cluster;
     match (cluster, expected) {
-        (true, Role::Standalone | Role::BehindSentinel) => {
+        (true, Role::Standalone | Role::BehindSentinel | Role::Demoted) => {
             return wrong(MisconfigurationKind::Cluster)
         }
         (false, Role::ClusterMaster) => return wrong(MisconfigurationKind::NotCluster),
@@ -255,6 +255,9 @@ pub(crate) fn judge_server(text: &str, expected: Role) -> Result<(), Failure> {
             )),
             Role::ClusterMaster => Err(Failure::Transient(
                 "a server the cluster names as master is a replica (a failover is under way)",
+            )),
+            Role::Demoted => Err(Failure::Transient(
+                "the server, the store's master before, is a replica now (a failover is under way)",
             )),
             Role::Standalone => wrong(MisconfigurationKind::Replica),
         };

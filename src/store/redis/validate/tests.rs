@@ -260,6 +260,21 @@ fn cluster_masters_are_judged() {
     ));
 }
 
+/// A standalone replica is a mistake in the URL, unless the server served as the store's
+/// master before: then it is a failover under way.
+#[test]
+fn a_demoted_master_is_a_failover() {
+    let replica = "redis_version:7.2.0\r\nredis_mode:standalone\r\nrole:slave\r\n";
+    assert!(matches!(
+        judge_server(replica, Role::Standalone),
+        Err(Failure::Misconfigured(m)) if m.kind() == MisconfigurationKind::Replica
+    ));
+    assert!(matches!(
+        judge_server(replica, Role::Demoted),
+        Err(Failure::Transient(why)) if why.contains("replica")
+    ));
+}
+
 #[test]
 fn the_probe_covers_every_algorithm() {
     let limits = probe_limits();
