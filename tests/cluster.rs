@@ -605,3 +605,80 @@ async fn a_master_silent_at_connect_fails_only_its_slots() {
         .count();
     assert_eq!(warned, 1, "{}", observed::log_text());
 }
+
+/// Leases of four identifiers in one hash slot, renewed while the slot migrates with two of
+/// their slot sets moved and two not: either node answers a renewal of all four `TRYAGAIN`
+/// (Redis runs a command of several keys only where all of them are), so they are renewed
+/// one a call, each where its key is, and stay held past their lease.
+#[tokio::test]
+async fn leases_in_a_migrating_slot_are_renewed() {
+    let cluster = ClusterServer::shared();
+    let store = store_on(cluster).await;
+    let limiter = Limiter::new(store, "1 concurrent lease=1s".parse().unwrap());
+    // four identifiers in one slot: the first, and three found among many (1 in 16,384)
+    let id = |i: usize| format!("renew-migrating:{i}");
+    let slot = cluster.slot_of(&id(0));
+    let source = cluster.master_of(&format!("{{{}}}", id(0)));
+    let mut on_source = cluster.node_conn(source).unwrap();
+    let mut pipe = redis::pipe();
+    for i in 1..150_000 {
+        pipe.cmd("CLUSTER").arg("KEYSLOT").arg(id(i));
+    }
+    let slots: Vec<u16> = pipe.query(&mut on_source).unwrap();
+    let mut ids = vec![id(0)];
+    ids.extend(
+        (1..150_000)
+            .zip(slots)
+            .filter(|&(_, s)| s == slot)
+            .map(|(i, _)| id(i))
+            .take(3),
+    );
+    assert_eq!(ids.len(), 4, "identifiers of slot {slot}");
+    let mut held = Vec::new();
+    for id in &ids {
+        let d = limiter.check(&[id]).await.unwrap();
+        assert!(d.is_allowed(), "{id}");
+        held.push(d);
+    }
+    let target = cluster
+        .masters()
+        .into_iter()
+        .find(|&p| p != source)
+        .unwrap();
+    let (slot, target_id) = begin_migration(cluster, &ids[0], source, target);
+    // the slot sets of the first two identifiers move to the target; the others stay
+    let keys: Vec<String> = redis::cmd("CLUSTER")
+        .arg("GETKEYSINSLOT")
+        .arg(slot)
+        .arg(1000)
+        .query(&mut on_source)
+        .unwrap();
+    let of = |ids: &[String]| -> Vec<String> {
+        let tags: Vec<String> = ids.iter().map(|id| format!("{{{id}}}")).collect();
+        keys.iter()
+            .filter(|k| tags.iter().any(|t| k.contains(t.as_str())))
+            .cloned()
+            .collect()
+    };
+    let migrate = |conn: &mut redis::Connection, keys: Vec<String>| {
+        assert!(!keys.is_empty());
+        let mut cmd = redis::cmd("MIGRATE");
+        cmd.arg("127.0.0.1").arg(target).arg("").arg(0).arg(5000);
+        cmd.arg("KEYS").arg(keys);
+        let () = cmd.query(conn).unwrap();
+    };
+    migrate(&mut on_source, of(&ids[..2]));
+    // more than twice the lease: only renewals keep the slots taken
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    for id in &ids {
+        let d = limiter.check(&[id]).await.unwrap();
+        assert!(!d.is_allowed(), "{id}'s lease expired during the migration");
+    }
+    // the migration ends: the other slot sets move, and every master learns the new owner
+    migrate(&mut on_source, of(&ids[2..]));
+    for port in cluster.masters() {
+        let mut conn = cluster.node_conn(port).unwrap();
+        setslot(&mut conn, slot, "NODE", &target_id);
+    }
+    drop(held);
+}

@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::stream::{self, StreamExt};
-use redis::{RedisResult, Script, ScriptInvocation};
+use redis::{ErrorKind, RedisResult, Script, ScriptInvocation, ServerErrorKind};
 use tokio::time::Instant;
 
 use super::breaker::Breaker;
@@ -499,6 +499,12 @@ impl RedisStore {
     /// made, whatever the others answer, up to [`CALLS_IN_FLIGHT`] at once: a master that is
     /// down or stalled holds back only the leases with keys on it, and only its calls wait
     /// for the timeout.
+    ///
+    /// A call of several slot sets whose hash slot is migrating, some of its keys moved and
+    /// others not, is answered `TRYAGAIN` (by either node: Redis runs a command of several
+    /// keys only where all of them are) for as long as the migration lasts, which may outlast
+    /// the leases. Its slot sets are then renewed one a call, each where its key is (the
+    /// source, or the target its `ASK` names).
     pub(crate) async fn renew(&self, leases: &[&Lease]) -> Reached<StoreError> {
         let mut reached = Reached::all(leases.len());
         let mut times: Vec<u64> = leases.iter().map(|l| l.lease_us).collect();
@@ -528,49 +534,73 @@ impl RedisStore {
                     .map(|chunk| (t, chunk)),
             );
         }
-        let mut answers = stream::iter(calls)
-            .map(|(t, chunk)| self.renew_call(&by_time[t], leases, chunk))
-            .buffer_unordered(CALLS_IN_FLIGHT);
-        while let Some((pairs, chunk, result)) = answers.next().await {
-            match result {
-                // one flag per key, in the call's order: 0 when the set held the lease no
-                // longer
-                Ok(renewed) if renewed.len() == chunk.len() => {
-                    for (&g, _) in chunk.iter().zip(renewed).filter(|(_, r)| *r == 0) {
-                        let (_, i, k) = pairs[g];
-                        reached.lost(i, k);
+        // (a second round, of the slot sets of calls answered `TRYAGAIN`, one a call)
+        while !calls.is_empty() {
+            let mut answers = stream::iter(calls)
+                .map(|(t, chunk)| self.renew_call(t, &by_time[t], leases, chunk))
+                .buffer_unordered(CALLS_IN_FLIGHT);
+            let mut alone = Vec::new();
+            while let Some((t, chunk, result)) = answers.next().await {
+                let pairs = &by_time[t].1;
+                match result {
+                    // one flag per key, in the call's order: 0 when the set held the lease no
+                    // longer
+                    Ok(Renewed::Flags(renewed)) if renewed.len() == chunk.len() => {
+                        for (&g, _) in chunk.iter().zip(renewed).filter(|(_, r)| *r == 0) {
+                            let (_, i, k) = pairs[g];
+                            reached.lost(i, k);
+                        }
                     }
+                    // a reply of another shape than the script gives: nothing can be told of
+                    // these leases, which are tried again (and the failure logged and counted)
+                    Ok(Renewed::Flags(renewed)) => {
+                        let what =
+                            format!("{} renewal flags for {} slots", renewed.len(), chunk.len());
+                        let e = StoreError::UnexpectedReply(what);
+                        reached.missed(chunk.iter().map(|&g| pairs[g].1), e);
+                    }
+                    Ok(Renewed::TryAgain(_)) if chunk.len() > 1 => {
+                        alone.extend(chunk.into_iter().map(|g| (t, vec![g])));
+                    }
+                    Ok(Renewed::TryAgain(e)) => {
+                        let e = StoreError::Backend(Box::new(e));
+                        reached.missed(chunk.iter().map(|&g| pairs[g].1), e);
+                    }
+                    Err(e) => reached.missed(chunk.iter().map(|&g| pairs[g].1), e),
                 }
-                // a reply of another shape than the script gives: nothing can be told of these
-                // leases, which are tried again (and the failure logged and counted)
-                Ok(renewed) => {
-                    let what = format!("{} renewal flags for {} slots", renewed.len(), chunk.len());
-                    let e = StoreError::UnexpectedReply(what);
-                    reached.missed(chunk.iter().map(|&g| pairs[g].1), e);
-                }
-                Err(e) => reached.missed(chunk.iter().map(|&g| pairs[g].1), e),
             }
+            calls = alone;
         }
         reached
     }
 
     /// One renewal call: the leases of the pairs at `chunk` (indices into `pairs`, those of
-    /// one lease time), and the script's answer.
-    async fn renew_call<'p>(
+    /// the `t`-th lease time), and the script's answer, with `t` and `chunk`.
+    async fn renew_call(
         &self,
-        (lease_us, pairs): &'p (u64, Vec<Pair<'p>>),
+        t: usize,
+        (lease_us, pairs): &(u64, Vec<Pair<'_>>),
         leases: &[&Lease],
         chunk: Vec<usize>,
-    ) -> (&'p [Pair<'p>], Vec<usize>, Result<Vec<i64>, StoreError>) {
+    ) -> (usize, Vec<usize>, Result<Renewed, StoreError>) {
         let now = self.clock.manual_now();
         let slot_pairs = chunk
             .iter()
             .map(|&g| (pairs[g].0, leases[pairs[g].1].id.as_str()));
         let call = renew_call(&self.renew_script, now, *lease_us, slot_pairs);
         let result = self
-            .run(|mut conn| async move { call.invoke_async(&mut conn).await })
+            .run(|mut conn| async move {
+                match call.invoke_async(&mut conn).await {
+                    Ok(flags) => Ok(Renewed::Flags(flags)),
+                    // a reply: the server is there (and nothing condemns the connection)
+                    Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::TryAgain) => {
+                        Ok(Renewed::TryAgain(e))
+                    }
+                    Err(e) => Err(e),
+                }
+            })
             .await;
-        (pairs, chunk, result)
+        (t, chunk, result)
     }
 
     /// Releases leases: one pipelined `ZREM` per slot set, idempotent; in a cluster one
@@ -728,6 +758,15 @@ fn renew_call<'a, 'b>(
         call.key(key).arg(id);
     }
     call
+}
+
+/// The answer to a renewal call.
+enum Renewed {
+    /// One flag a slot set, in the call's order: 1 renewed, 0 the set held the lease no
+    /// longer.
+    Flags(Vec<i64>),
+    /// `TRYAGAIN`: the call's hash slot is migrating, its keys on both nodes.
+    TryAgain(redis::RedisError),
 }
 
 /// One `ZREM` per slot of `leases`, pipelined.
