@@ -58,6 +58,12 @@ async fn main() -> ExitCode {
 }
 
 async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    // The store's warnings (Redis down, misconfigured, back), on stderr: without a
+    // subscriber, a store that cannot serve would pass unnoticed, every request let through.
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_max_level(tracing::Level::WARN)
+        .init();
     let store: Store = match std::env::args().nth(1) {
         // Connects in the background (`RedisStore::connect(url).await?` would wait for Redis
         // and stop here, with the message naming the fix, while it cannot serve the store).

@@ -69,6 +69,10 @@ fn load() -> Result<Settings, Box<dyn Error>> {
     if let Ok(layer) = std::env::var("TOLLGATE_LAYER") {
         let over: toml::Table =
             toml::from_str(&layer).map_err(|e| format!("TOLLGATE_LAYER:\n{e}"))?;
+        // read alone first, so that a mistake there is not blamed on the file
+        let _: LayerSettings = toml::Value::Table(over.clone())
+            .try_into()
+            .map_err(|e| format!("TOLLGATE_LAYER:\n{e}"))?;
         let table = file
             .entry("layer")
             .or_insert_with(|| toml::Table::new().into())

@@ -5,12 +5,24 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-if ! command -v redis-server >/dev/null 2>&1; then
-  echo "redis-server not found; installing Debian's redis-server package" >&2
+# redis-server for every Redis test; procps for `kill`, which the cluster tests send
+# signals with (a minimal Debian has neither).
+missing=()
+command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
+# (the program: the shell's own `kill` is a builtin)
+[ -n "$(type -P kill)" ] || missing+=(procps)
+if [ "${#missing[@]}" -gt 0 ]; then
+  echo "installing Debian's ${missing[*]} (missing)" >&2
   sudo=""
-  if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
+  if [ "$(id -u)" -ne 0 ]; then
+    if ! command -v sudo >/dev/null 2>&1; then
+      echo "run as root, or install sudo, or install ${missing[*]} first" >&2
+      exit 1
+    fi
+    sudo="sudo"
+  fi
   $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq redis-server >/dev/null
+  $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 redis-server --version
 

@@ -205,7 +205,7 @@ impl LimiterBuilder {
     /// can only admit less, never more); limiters with different jobs — one per route —
     /// each want a namespace.
     ///
-    /// The namespace is part of every key of the limiter (`tollgate:{user:42}:login:w1m`),
+    /// The namespace is part of every key of the limiter (`tollgate:{user:42}:login:r1m`),
     /// in the check, the peek, [`usage`](Limiter::usage), [`reset`](Limiter::reset), the
     /// renewal and release of concurrency slots and the fallback store; it stays across
     /// policy changes, so counts carry over as without one. Every process of a fleet gives

@@ -1,5 +1,5 @@
 //! Store keys: `PREFIX:{IDENTIFIER}:LIMIT,LIMIT…` for an identifier's packed key (every
-//! window and GCRA limit of a policy in one string: `tollgate:{ip:1.2.3.4}:w1s,w1m`),
+//! window and GCRA limit of a policy in one string: `tollgate:{ip:1.2.3.4}:r1s,r1m`),
 //! `PREFIX:{IDENTIFIER}:LIMIT` for a sorted set (a sliding log, a concurrency limit:
 //! `tollgate:{ip:1.2.3.4}:l1s`, `tollgate:{ip:1.2.3.4}:c`).
 //!
@@ -57,7 +57,7 @@
 //! queues must stay apart too
 //! ([`SchedulerBuilder::namespace`](crate::SchedulerBuilder::namespace)), which goes between the
 //! hash tag and the limit part of every key: `PREFIX:{IDENTIFIER}:NAMESPACE:LIMIT…`
-//! (`tollgate:{ip:1.2.3.4}:login:w1m`). The hash tag, and so the Cluster slot, stays the
+//! (`tollgate:{ip:1.2.3.4}:login:r1m`). The hash tag, and so the Cluster slot, stays the
 //! identifier's. No limit part holds a `:` and no namespace may, so the part after the tag is
 //! either a limit part alone (the shared space) or one namespace, `:`, and a limit part: keys
 //! of two namespaces, or of a namespace and the shared space, never meet. A namespace is
@@ -390,7 +390,7 @@ pub(crate) fn tails_of(namespace: Option<&str>, limits: &[Limit]) -> Vec<String>
 ///
 /// A short name: 1 to [`Namespace::MAX_LEN`] bytes, none of them `:`, `{`, `}`, whitespace or
 /// a control character. The key of a namespaced limit is `PREFIX:{IDENTIFIER}:NAMESPACE:LIMIT`
-/// (`tollgate:{ip:1.2.3.4}:login:w1m`): the hash tag stays the identifier's, so in Redis
+/// (`tollgate:{ip:1.2.3.4}:login:r1m`): the hash tag stays the identifier's, so in Redis
 /// Cluster an identifier's keys of every namespace live in one slot, and since no limit's part
 /// of a key holds a `:`, neither may a namespace: no two (namespace, identifier, limit)
 /// triples, and no namespaced and shared limit, ever meet in one key.
