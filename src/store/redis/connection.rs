@@ -514,6 +514,15 @@ impl Link {
     /// A call on the connection of `generation` got no reply in time: the connection is
     /// condemned once calls have kept timing out, without any reply, for a while.
     pub(crate) fn timed_out(&self, generation: u64) {
+        // (a call of a connection replaced since counts against none: the new one's misses
+        // are its own)
+        let current = matches!(
+            &*self.shared.state.borrow(),
+            State::Up { generation: g, .. } if *g == generation
+        );
+        if !current {
+            return;
+        }
         let silence = SILENCE.max(self.shared.timeout.saturating_mul(2));
         if self.shared.silence.missed(self.shared.now_ms(), silence) {
             self.broken(generation);
