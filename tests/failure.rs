@@ -276,13 +276,15 @@ async fn an_outage_under_load() {
         .map(|(_, took, _)| *took)
         .collect();
     assert!(!settled.is_empty());
+    // (100 ms: a tenth of the timeout, far above a breaker's answer, and above a loaded
+    // machine's pauses)
     let slow = settled
         .iter()
-        .filter(|t| **t > Duration::from_millis(20))
+        .filter(|t| **t > Duration::from_millis(100))
         .count();
     assert!(
         slow * 100 <= settled.len(),
-        "{slow} of {} checks during the outage took over 20 ms",
+        "{slow} of {} checks during the outage took over 100 ms",
         settled.len()
     );
     // The failure policy answered them, and said so.
@@ -337,8 +339,10 @@ async fn a_stall_opens_the_breaker_and_recovery_closes_it() {
         match limiter.check(&["a"]).await {
             Err(Error::Store(e)) => {
                 *kinds.entry(e.kind_label()).or_default() += 1;
+                // (well under the 100 ms timeout: answered without waiting for Redis, with
+                // room for a loaded machine's pauses)
                 if matches!(e, StoreError::Unavailable)
-                    && started.elapsed() < Duration::from_millis(20)
+                    && started.elapsed() < Duration::from_millis(60)
                 {
                     fast += 1;
                 }

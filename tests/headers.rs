@@ -48,6 +48,35 @@ fn app(layer: RateLimitLayer) -> Router {
         .layer(layer)
 }
 
+/// [`app`], but `/slow` held until the test lets it go: requests that hold their slots for as
+/// long as the test needs, however loaded the machine. The router, the sender that lets them
+/// go (`true`), and a receiver told of each request held.
+fn held_app(
+    layer: RateLimitLayer,
+) -> (
+    Router,
+    tokio::sync::watch::Sender<bool>,
+    tokio::sync::mpsc::UnboundedReceiver<()>,
+) {
+    let (release, released) = tokio::sync::watch::channel(false);
+    let (entered_tx, entered) = tokio::sync::mpsc::unbounded_channel();
+    let app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .route(
+            "/slow",
+            get(move || {
+                let (mut released, entered_tx) = (released.clone(), entered_tx.clone());
+                async move {
+                    let _ = entered_tx.send(());
+                    let _ = released.wait_for(|go| *go).await;
+                    "late"
+                }
+            }),
+        )
+        .layer(layer);
+    (app, release, entered)
+}
+
 struct Reply {
     status: StatusCode,
     headers: HeaderMap,
@@ -317,14 +346,16 @@ async fn a_concurrency_limit_is_advertised_and_explains_its_denials() {
     let clock = manual_clock();
     let store = memory(&clock);
     let policy: Policy = "100/min, 2 concurrent".parse().unwrap();
-    let app = app(keyed(Limiter::new(store, policy.clone())));
+    let (app, release, mut entered) = held_app(keyed(Limiter::new(store, policy.clone())));
     let slow: Vec<_> = (0..2)
         .map(|_| {
             let app = app.clone();
             tokio::spawn(async move { call(&app, "/slow").await })
         })
         .collect();
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    for _ in 0..2 {
+        entered.recv().await.unwrap();
+    }
     let refused = call(&app, "/").await;
     assert_eq!(refused.status, StatusCode::TOO_MANY_REQUESTS);
     let items = check_fields(&refused, &[&policy]);
@@ -333,6 +364,7 @@ async fn a_concurrency_limit_is_advertised_and_explains_its_denials() {
     assert!(list(&refused.headers, "ratelimit-policy")
         .iter()
         .any(|i| i.params.get("qu") == Some(&Param::Str("concurrent-requests".into()))));
+    release.send(true).unwrap();
     for task in slow {
         let reply = task.await.unwrap();
         assert_eq!(reply.status, StatusCode::OK);
@@ -439,12 +471,12 @@ async fn an_adding_route_holds_both_slots() {
     .build();
     let layer = keyed(limiter(&store, "1 concurrent"))
         .route_adding(|req: &RequestView<'_>| req.uri.path() == "/slow", route);
-    let app = app(layer);
+    let (app, release, mut entered) = held_app(layer);
     let slow = {
         let app = app.clone();
         tokio::spawn(async move { call(&app, "/slow").await })
     };
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    entered.recv().await.unwrap();
     let refused = call(&app, "/").await;
     assert_eq!(
         refused.status,
@@ -452,6 +484,7 @@ async fn an_adding_route_holds_both_slots() {
         "the default slot is held"
     );
     assert_eq!(refused.headers["ratelimit"], r#""1 concurrent";r=0"#);
+    release.send(true).unwrap();
     let reply = slow.await.unwrap();
     assert_eq!(reply.status, StatusCode::OK);
     assert_eq!(
