@@ -185,7 +185,8 @@ pub struct Usage {
     /// The quota in use: the limit's quota (its count; a bucket's capacity, a GCRA's burst)
     /// less what remains, so never above the quota — after a policy lowered a count, a
     /// client may have used more than the new quota. For a concurrency limit, the slots
-    /// held.
+    /// held, likewise never above its count (slots held when a policy lowered it count as
+    /// the whole count).
     pub used: u64,
     /// How many more cost units the limit admits right now (free slots, for a concurrency
     /// limit).

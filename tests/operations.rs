@@ -129,6 +129,16 @@ async fn shadow_mode_lets_through_what_the_limiter_could_not_check() {
         limiter.check(&none).await,
         Err(Error::NoIdentifiers)
     ));
+    // ...whatever the cost (a shadow answer to the cost's error hid them)
+    assert!(matches!(
+        limiter.check_n(&none, 0).await,
+        Err(Error::NoIdentifiers)
+    ));
+    let many: Vec<String> = (0..17).map(|i| format!("user:{i}")).collect();
+    assert!(matches!(
+        limiter.check_n(&many, 50).await,
+        Err(Error::TooManyIdentifiers { .. })
+    ));
     // open would not have refused
     let open = Limiter::builder(dead_store(), policy("3/s"))
         .shadow(true)

@@ -348,10 +348,12 @@ struct Escaped {
 }
 
 impl Escaped {
-    /// Checks `cost` against `policy` and escapes the distinct identifiers.
+    /// Checks the identifiers, then `cost` against `policy` (in that order: shadow mode
+    /// answers a cost's error, never the caller's identifiers'), and escapes the distinct
+    /// identifiers.
     fn of<I: AsRef<str>>(identifiers: &[I], cost: u64, policy: &Policy) -> Result<Escaped, Error> {
-        admissible(cost, policy)?;
         let (first_ix, count) = first_occurrences(identifiers)?;
+        admissible(cost, policy)?;
         // `try_with`: on a thread being torn down, buffers of its own.
         let mut ids = ID_BUFFERS.try_with(Cell::take).unwrap_or_default();
         ids.truncate(count);

@@ -4,14 +4,15 @@
 //! When Redis denies an identifier by a rate limit, it says when the same cost would fit
 //! "if nothing else happens". Whatever else happens — other requests, other processes — can
 //! only use more of the quota, never give it back, so until then Redis would deny that
-//! identifier every request of at least that cost. The cache answers those requests without
-//! a round trip, which is what a flood from one client is made of.
+//! identifier every request of at least that cost. The cache answers those of that cost
+//! without a round trip, which is what a flood from one client is made of.
 //!
 //! It never denies what the store would allow:
 //! * the deadline is measured from just *before* the check was sent, so it falls no later
 //!   than the store's own (which counts from when it read its clock);
-//! * only costs at least as large as the denied one are answered (a smaller one may fit
-//!   sooner);
+//! * only the cost denied is answered: a smaller one may fit sooner, and a larger one fits
+//!   later than the deadline known (answered from it, a waiting request would wait for a
+//!   denial, and a client be told to come back too soon);
 //! * concurrency limits are never cached: slots free up when requests finish, which nobody
 //!   can predict;
 //! * it is used only with the real clock (a manual clock can jump).
@@ -74,7 +75,7 @@ const SWEEP_EVERY: Duration = Duration::from_millis(100);
 
 #[derive(Debug, Clone, Copy)]
 struct Entry {
-    /// Until when a cost of at least `cost` is denied.
+    /// Until when `cost` is denied (a larger one is too, until some later time).
     until: Instant,
     /// Until when the entry answers: `until`, or [`MAX_AGE`] after the check was sent.
     kept_until: Instant,
@@ -127,7 +128,7 @@ impl DenyCache {
                 entries.remove(id);
                 continue;
             }
-            if cost >= e.cost {
+            if cost == e.cost {
                 statuses.push(LimitStatus {
                     identifier: firsts[k],
                     limit_index: e.limit_index,
@@ -291,8 +292,8 @@ mod tests {
         assert_eq!(d.origin(), Origin::DenyCache);
         assert!(d.retry_after().unwrap() <= Duration::from_secs(1));
         assert!(
-            cache.lookup(&ids[..1], &[0], 3, 0).is_some(),
-            "a larger cost too"
+            cache.lookup(&ids[..1], &[0], 3, 0).is_none(),
+            "a larger cost fits later than the deadline known: the store tells when"
         );
         assert!(
             cache.lookup(&ids[..1], &[0], 1, 0).is_none(),
