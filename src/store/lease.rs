@@ -640,7 +640,7 @@ mod tests {
     }
 
     /// A lease of two identifiers whose slot set is lost for one of them goes on being
-    /// renewed for the other, and is reported once.
+    /// renewed for the other, and no longer for the lost one.
     #[tokio::test(start_paused = true)]
     async fn a_lease_lost_for_one_identifier_is_renewed_for_the_other() {
         let store = Recorder::default();
