@@ -44,8 +44,14 @@ impl Server {
                 return false; // its port was taken meanwhile
             }
             if let Ok(mut c) = redis::Client::open(self.url()).and_then(|c| c.get_connection()) {
-                if redis::cmd("PING").query::<String>(&mut c).is_ok() {
-                    return true;
+                // the server answering is this one, not another test's that took the port
+                // first (this one then exits: tried again on another port)
+                if let Ok(info) = redis::cmd("INFO").arg("server").query::<String>(&mut c) {
+                    let pid = info
+                        .lines()
+                        .find_map(|l| l.strip_prefix("process_id:"))
+                        .and_then(|p| p.trim().parse::<u32>().ok());
+                    return pid == Some(self.child.id());
                 }
             }
             std::thread::sleep(Duration::from_millis(10));
