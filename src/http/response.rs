@@ -9,6 +9,7 @@ use http::{Response, StatusCode};
 
 use super::chunk;
 use super::headers::{ceil_secs, GRPC_MESSAGE, GRPC_STATUS};
+use crate::shed::SHED_MESSAGE;
 use crate::Decision;
 
 /// gRPC status codes the middlewares answer with.
@@ -178,10 +179,10 @@ pub(crate) fn problem_response(status: StatusCode, decision: &Decision) -> Respo
 
 /// The RFC 9457 `application/problem+json` answer of a load shedder: `status` (503, the
 /// draft's `temporary-reduced-capacity` problem type, unless the application chose
-/// another), `detail`, and no `violated-policies` (no client's quota was exceeded, and the
-/// shedder's limit is the service's capacity).
-pub(crate) fn shed_problem_response(status: StatusCode, detail: &str) -> Response<Bytes> {
-    problem(status, detail, None)
+/// another), the shedder's message, and no `violated-policies` (no client's quota was
+/// exceeded, and the shedder's limit is the service's capacity).
+pub(crate) fn shed_problem_response(status: StatusCode) -> Response<Bytes> {
+    problem(status, SHED_MESSAGE, None)
 }
 
 /// A problem+json response: `quota-exceeded`, or `temporary-reduced-capacity` when the

@@ -10,7 +10,7 @@ use crate::http::headers::{HeaderCache, HeaderStyle};
 use crate::http::response::{problem_response, shed_problem_response};
 use crate::key::{AnyExtractor, RequestView};
 use crate::observe::BoundedLog;
-use crate::shed::{FleetRefusals, SHED_MESSAGE};
+use crate::shed::FleetRefusals;
 use crate::{Decision, Limiter};
 
 /// Whether a rule applies to a request.
@@ -222,7 +222,7 @@ impl Config {
                     }),
                     // (a shedder's refusal names no limit: see `FleetRefusals`)
                     Some(_) => Arc::new(move |_: &RequestView<'_>, _: &Decision| {
-                        shed_problem_response(status, SHED_MESSAGE)
+                        shed_problem_response(status)
                     }),
                 };
                 Some(problem)

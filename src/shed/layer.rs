@@ -211,7 +211,7 @@ fn shed_response(
     problem: bool,
 ) -> Response<Bytes> {
     let mut res = match (problem, grpc) {
-        (true, None) => shed_problem_response(StatusCode::SERVICE_UNAVAILABLE, SHED_MESSAGE),
+        (true, None) => shed_problem_response(StatusCode::SERVICE_UNAVAILABLE),
         _ => own_response(StatusCode::SERVICE_UNAVAILABLE, SHED_MESSAGE, grpc),
     };
     match grpc {
