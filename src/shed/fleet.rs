@@ -156,6 +156,12 @@ impl FleetShedder {
     /// the decision). They are counted in `tollgate_shed_total{shedder="shed:NAME",priority}`
     /// and logged at `info` at most every 10 s, besides the limiter's decisions.
     ///
+    /// Every refusal of the layer is answered and counted as a shed, including those of a
+    /// limiter added to it with [`route_adding`](RateLimitLayer::route_adding) or
+    /// [`route_replacing`](RateLimitLayer::route_replacing): keep other limits in a
+    /// [`RateLimitLayer`] of their own, which answers `429` with its fields, and use the
+    /// shedder's rules for [`bypass`](RateLimitLayer::bypass) alone.
+    ///
     /// # Errors
     ///
     /// [`PolicyErrorKind::ReservedShare`] when the reserved share is not from 0 up to (not
