@@ -22,9 +22,8 @@
 -- Returns one string (a table costs Redis more to convert): "1" (allowed) or "0", the time as
 --       "SECONDS,MICROSECONDS", ";", then per identifier: its packed state as read (as many
 --       zero bytes when none), from which the client derives the packed limits' figures with
---       the Rust twin; then per concurrency limit four little-endian doubles: admitted,
---       remaining, reset_after, retry_after (µs from now), and per log limit what it read,
---       as text ending in ";" (sliding_log.lua), from which the client derives its figures.
+--       the Rust twin; then per log or concurrency limit what it read, as text ending in ";"
+--       (sliding_log.lua, concurrency.lua), from which the client derives its figures.
 --
 -- The packed key is one string, written once (PSETEX, or SET KEEPTTL): T (the time of the
 -- identifier's last charge; every window limit's index is T / w), then each limit's fields.

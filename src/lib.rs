@@ -48,8 +48,8 @@
 //!
 //! * **A missing key is an error.** The key is the peer IP unless
 //!   [`key`](RateLimitLayer::key) says otherwise. A request in which no key is found is
-//!   answered `500` ("no rate-limit key found"), so that a server that does not record peer
-//!   addresses is loud rather than silently unlimited: serve axum with
+//!   answered `500` ("no rate-limit key found in the request"), so that a server that does
+//!   not record peer addresses is loud rather than silently unlimited: serve axum with
 //!   `into_make_service_with_connect_info::<SocketAddr>()`; tonic's is read with the `tonic`
 //!   feature. [`MissingKey`](layer::MissingKey) lets such requests through or picks the status.
 //! * **A route replaces or adds, as you say.**

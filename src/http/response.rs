@@ -9,8 +9,11 @@ use http::{Response, StatusCode};
 
 use super::chunk;
 use super::headers::{ceil_secs, GRPC_MESSAGE, GRPC_STATUS};
-use crate::shed::SHED_MESSAGE;
 use crate::Decision;
+
+/// What a shed request is told, by either load shedder: the service is overloaded, and
+/// nothing of its capacity.
+pub(crate) const SHED_MESSAGE: &str = "server overloaded: request shed; retry later";
 
 /// gRPC status codes the middlewares answer with.
 #[derive(Debug, Clone, Copy)]

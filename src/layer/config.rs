@@ -10,13 +10,14 @@ use crate::http::headers::{HeaderCache, HeaderStyle};
 use crate::http::response::{problem_response, shed_problem_response};
 use crate::key::{AnyExtractor, RequestView};
 use crate::observe::BoundedLog;
-use crate::shed::FleetRefusals;
 use crate::{Decision, Limiter};
 
 /// Whether a rule applies to a request.
 pub(crate) type Matcher = Arc<dyn Fn(&RequestView<'_>) -> bool + Send + Sync>;
 /// The cost of a request.
 pub(crate) type CostFn = Arc<dyn Fn(&RequestView<'_>) -> u64 + Send + Sync>;
+/// Records a refusal of a load shedder's layer as a shed.
+pub(crate) type ShedFn = Arc<dyn Fn(&RequestView<'_>) + Send + Sync>;
 /// The response to a limited HTTP request.
 pub(crate) type LimitedFn =
     Arc<dyn Fn(&RequestView<'_>, &Decision) -> http::Response<Bytes> + Send + Sync>;
@@ -146,8 +147,8 @@ pub(crate) struct Config {
     /// rate.
     pub(crate) unchecked_log: Arc<BoundedLog>,
     /// The fleet load shedder the layer is, if it is one: its refusals name no limit, and
-    /// are counted and logged as sheds.
-    pub(crate) shed: Option<Arc<FleetRefusals>>,
+    /// are recorded as sheds by this (it counts and logs them).
+    pub(crate) shed: Option<ShedFn>,
 }
 
 impl Config {
@@ -220,7 +221,7 @@ impl Config {
                     None => Arc::new(move |_: &RequestView<'_>, d: &Decision| {
                         problem_response(status, d)
                     }),
-                    // (a shedder's refusal names no limit: see `FleetRefusals`)
+                    // (a shedder's refusal names no limit: see `shed::FleetRefusals`)
                     Some(_) => Arc::new(move |_: &RequestView<'_>, _: &Decision| {
                         shed_problem_response(status)
                     }),

@@ -17,11 +17,12 @@ use super::check::{Charge, ChargeFuture, Pending};
 use super::config::Config;
 use super::upgrade::{self, Offered};
 use crate::http::headers::add_headers;
-use crate::http::response::{grpc_pushback, grpc_response, own_response, GrpcCode, LimitedMessage};
+use crate::http::response::{
+    grpc_pushback, grpc_response, own_response, GrpcCode, LimitedMessage, SHED_MESSAGE,
+};
 use crate::http::ResponseBody;
 use crate::key::RequestView;
 use crate::limiter::CheckFuture;
-use crate::shed::SHED_MESSAGE;
 use crate::{Decision, Error};
 
 pin_project! {
@@ -410,8 +411,8 @@ fn limited<B>(
     let limited = LimitedMessage(decision);
     let message: &dyn fmt::Display = match &config.shed {
         None => &limited,
-        Some(shed) => {
-            shed.record(&RequestView::of(req));
+        Some(record) => {
+            record(&RequestView::of(req));
             &SHED_MESSAGE
         }
     };

@@ -10,7 +10,6 @@ use super::config::{Action, Config, LayerSettings, MissingKey, Rule};
 use super::RateLimit;
 use crate::http::headers::HeaderStyle;
 use crate::key::{AnyExtractor, KeyExtractor, RequestView};
-use crate::shed::FleetRefusals;
 use crate::{Decision, Limiter};
 
 /// Rate limiting for HTTP services. See the [`layer`](super) module documentation.
@@ -297,11 +296,14 @@ impl RateLimitLayer {
         self.edit(|c| c.shadow = shadow)
     }
 
-    /// Makes the layer a fleet load shedder's, whose refusals are told and recorded as
-    /// `refusals` says.
-    pub(crate) fn shedding(self, refusals: FleetRefusals) -> Self {
-        let refusals = Arc::new(refusals);
-        self.edit(|c| c.shed = Some(refusals))
+    /// Makes the layer a fleet load shedder's: its refusals say that the server is
+    /// overloaded and name no limit, and `record` counts and logs each as a shed.
+    pub(crate) fn shedding<F>(self, record: F) -> Self
+    where
+        F: Fn(&RequestView<'_>) + Send + Sync + 'static,
+    {
+        let record: super::config::ShedFn = Arc::new(record);
+        self.edit(|c| c.shed = Some(record))
     }
 
     /// Builds the response to a limited HTTP request. gRPC requests do not reach it: they get

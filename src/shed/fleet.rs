@@ -30,7 +30,7 @@ const NAMESPACE: &str = "shed";
 /// service is overloaded and nothing more (the denying limit, in the message a rate limit
 /// writes, is the fleet's capacity, and would blame the client's own concurrency), and
 /// counted and logged as sheds, by the priority the shedder classifies them as.
-pub(crate) struct FleetRefusals {
+struct FleetRefusals {
     /// The shedder's name in logs and metrics, as its limiter's (`shed:NAME`).
     name: String,
     classify: Classifier,
@@ -39,7 +39,7 @@ pub(crate) struct FleetRefusals {
 
 impl FleetRefusals {
     /// Counts and logs the refusal of `req`.
-    pub(crate) fn record(&self, req: &RequestView<'_>) {
+    fn record(&self, req: &RequestView<'_>) {
         let priority = (self.classify)(req);
         self.log.shed(&self.name, priority.label(), || None);
     }
@@ -203,7 +203,7 @@ impl FleetShedder {
             .bypass(move |req| classify(req) == Priority::Critical)
             .limited_status(StatusCode::SERVICE_UNAVAILABLE)
             .headers(crate::layer::HeaderStyle::None)
-            .shedding(refusals))
+            .shedding(move |req| refusals.record(req)))
     }
 }
 

@@ -14,8 +14,8 @@ use pin_project_lite::pin_project;
 use tower_service::Service;
 
 use super::priority::Classifier;
-use super::{InFlight, InFlightGuard, Priority, ShedConfig, UtilizationShedder, SHED_MESSAGE};
-use crate::http::response::{grpc_pushback, own_response, shed_problem_response};
+use super::{InFlight, InFlightGuard, Priority, ShedConfig, UtilizationShedder};
+use crate::http::response::{grpc_pushback, own_response, shed_problem_response, SHED_MESSAGE};
 use crate::http::ResponseBody;
 use crate::key::RequestView;
 

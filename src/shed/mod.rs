@@ -55,11 +55,7 @@ mod priority;
 mod source;
 mod utilization;
 
-/// What a shed request is told: the service is overloaded, and nothing of its capacity.
-pub(crate) const SHED_MESSAGE: &str = "server overloaded: request shed; retry later";
-
 pub use config::{ShedConfig, ShedConfigBuilder, ShedConfigError, ShedConfigErrorKind};
-pub(crate) use fleet::FleetRefusals;
 pub use fleet::FleetShedder;
 pub use layer::{ResponseFuture, UtilizationShed, UtilizationShedLayer};
 pub use priority::Priority;
