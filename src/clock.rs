@@ -31,13 +31,21 @@ impl Clock {
 }
 
 /// A clock that moves only when told to, shared by its clones.
+///
+/// It holds times up to [`ManualClock::MAX_MICROS`] (2^53 µs, in the year 2255): the latest
+/// time the Redis scripts, whose numbers are doubles, hold to the microsecond. A later time
+/// given to it is held as that one, so that no store computes past it.
 #[derive(Clone, Default)]
 pub struct ManualClock(Arc<AtomicU64>);
 
 impl ManualClock {
-    /// A clock reading `micros` microseconds since the Unix epoch.
+    /// The latest time the clock holds, in microseconds since the Unix epoch: 2^53.
+    pub const MAX_MICROS: u64 = 1 << 53;
+
+    /// A clock reading `micros` microseconds since the Unix epoch (at most
+    /// [`MAX_MICROS`](Self::MAX_MICROS)).
     pub fn new(micros: u64) -> ManualClock {
-        ManualClock(Arc::new(AtomicU64::new(micros)))
+        ManualClock(Arc::new(AtomicU64::new(micros.min(Self::MAX_MICROS))))
     }
 
     /// A clock reading the current system time.
@@ -50,14 +58,20 @@ impl ManualClock {
         self.0.load(Ordering::SeqCst)
     }
 
-    /// Sets the time, in microseconds since the Unix epoch.
+    /// Sets the time, in microseconds since the Unix epoch (at most
+    /// [`MAX_MICROS`](Self::MAX_MICROS)).
     pub fn set_micros(&self, micros: u64) {
-        self.0.store(micros, Ordering::SeqCst);
+        self.0.store(micros.min(Self::MAX_MICROS), Ordering::SeqCst);
     }
 
-    /// Moves the clock forward.
+    /// Moves the clock forward (up to [`MAX_MICROS`](Self::MAX_MICROS)).
     pub fn advance(&self, by: Duration) {
-        self.0.fetch_add(by.as_micros() as u64, Ordering::SeqCst);
+        let by = u64::try_from(by.as_micros()).unwrap_or(u64::MAX);
+        let moved = |t: u64| Some(t.saturating_add(by).min(Self::MAX_MICROS));
+        // (the closure always gives a time, so the update cannot fail)
+        let _ = self
+            .0
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, moved);
     }
 }
 

@@ -748,3 +748,48 @@ async fn under_load_a_new_count_applies_at_once_to_what_was_counted() {
         );
     }
 }
+
+/// A manual clock holds times up to 2^53 µs (the latest the scripts' doubles hold to the
+/// µs): set or moved past it, it holds there, and both stores decide at that time as at any
+/// other, every algorithm, with no arithmetic overflowing (the tests run with overflow
+/// checks, so an overflow would fail them).
+#[tokio::test]
+async fn a_manual_clock_at_its_latest_time_is_decided_on() {
+    let server = RedisServer::start();
+    let clock = ManualClock::new(u64::MAX);
+    assert_eq!(clock.now_micros(), ManualClock::MAX_MICROS);
+    let start = ManualClock::MAX_MICROS - 100_000_000;
+    clock.set_micros(start);
+    let redis = server.store(Clock::Manual(clock.clone())).await;
+    let policies = [
+        "3/s",
+        "3/s sliding",
+        "3/s fixed",
+        "3/s log",
+        "3/s gcra",
+        "3/s bucket",
+        "3 concurrent",
+    ];
+    for store in [memory(&clock), redis.into()] {
+        for (i, text) in policies.iter().enumerate() {
+            clock.set_micros(start);
+            let limiter = Limiter::new(store.clone(), policy(text));
+            let id = format!("latest-{i}");
+            let mut held = Vec::new();
+            for n in 0..5 {
+                let decision = limiter.check(&[&id]).await.unwrap();
+                assert_eq!(decision.is_allowed(), n < 3, "{text}: check {n}");
+                held.push(decision);
+            }
+            // past every window and lease (100 s), and past the latest time
+            clock.advance(Duration::MAX);
+            assert_eq!(clock.now_micros(), ManualClock::MAX_MICROS);
+            let decision = limiter.check(&[&id]).await.unwrap();
+            assert!(decision.is_allowed(), "{text}: after the window");
+            assert!(limiter.peek(&[&id]).await.is_ok(), "{text}");
+            drop(held);
+        }
+    }
+    clock.set_micros(u64::MAX);
+    assert_eq!(clock.now_micros(), ManualClock::MAX_MICROS);
+}

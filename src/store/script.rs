@@ -652,12 +652,24 @@ fn decode(bytes: &[u8], compiled: &CheckScript, limits: &[Limit]) -> Result<Stat
         .packed
         .iter()
         .map(|&l| {
-            let n = Counter::fields(&limits[l]).len();
+            let limit = &limits[l];
+            let n = Counter::fields(limit).len();
             let (mine, others) = rest.split_at(n.min(rest.len()));
             rest = others;
-            Counter::load(&limits[l], values[0], mine)
+            let counter = Counter::load(limit, values[0], mine);
+            // A GCRA time is µs and n-ths of a µs: a remainder of n or more was written by
+            // something else (a foreign or corrupted key), and the twin's arithmetic on it
+            // would report figures that mean nothing.
+            match counter {
+                Counter::Gcra(tat) if tat.fields().1 >= limit.count() => Err(unexpected(format!(
+                    "a GCRA remainder of {} for a count of {}",
+                    tat.fields().1,
+                    limit.count()
+                ))),
+                counter => Ok(counter),
+            }
         })
-        .collect();
+        .collect::<Result<_, _>>()?;
     Ok(State::Counters(counters))
 }
 
@@ -671,20 +683,30 @@ fn stamp(text: &[u8]) -> Result<u64, StoreError> {
         v.parse::<u64>()
             .map_err(|_| unexpected(format!("a time of {text:?}")))
     };
+    // Times are doubles in the scripts, exact below 2^53 µs (the year 2255): a time past
+    // that is no time the twin can work with, and its figures would overflow.
     number(s)?
         .checked_mul(1_000_000)
         .and_then(|s| s.checked_add(number(us).ok()?))
+        .filter(|&t| t <= MAX_TIME_US)
         .ok_or_else(|| unexpected(format!("a time of {text:?}")))
 }
 
-/// Reads the check script's reply: the states it returns go through the twin ([`decide`]),
-/// which derives every figure; the script's own verdict must agree with it.
+/// The latest time a script's reply may carry (the time it read, plus a check's wait): 2^53
+/// µs, up to which a double holds every µs.
+const MAX_TIME_US: u64 = 1 << 53;
+
+/// Reads the check script's reply: the states it returns go through the twin
+/// ([`decide_at`]), which derives every figure; the script's own verdict must agree with
+/// it. A wait longer than `max_wait_us`, what the check may wait (0 for a check that does
+/// not), is an error: the caller would sleep through it.
 ///
-/// [`decide`]: algorithm::decide
+/// [`decide_at`]: algorithm::decide_at
 pub(crate) fn parse_reply(
     reply: Value,
     compiled: &CheckScript,
     plan: &Plan<'_>,
+    max_wait_us: u64,
 ) -> Result<Outcome, StoreError> {
     let Reply {
         allowed,
@@ -692,6 +714,11 @@ pub(crate) fn parse_reply(
         wait,
         mut states,
     } = read_reply(reply, compiled, plan, false)?;
+    if wait > max_wait_us {
+        return Err(unexpected(format!(
+            "a wait of {wait} µs for a check that may wait {max_wait_us} µs"
+        )));
+    }
     let outcome = algorithm::decide_at(
         &mut states,
         &compiled.layout,

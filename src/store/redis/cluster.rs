@@ -430,6 +430,11 @@ fn masters(reply: Value) -> Result<Vec<Master>, Failure> {
         ) else {
             return Err(bad());
         };
+        // A range no slot is in would have the start-up probe look for an identifier in it
+        // for ever.
+        if start > end || end >= SLOTS {
+            return Err(bad());
+        }
         match out.iter_mut().find(|m| m.host == host && m.port == port) {
             Some(m) => m.slots.push((start, end)),
             None => out.push(Master {
@@ -587,7 +592,9 @@ fn probe_ids(base: &str, slots: &[(u16, u16)]) -> ProbeIds {
         let n = slot_number(slot_of(id));
         slots.iter().any(|&(a, b)| (a..=b).contains(&n))
     };
-    let first = (0u32..)
+    // (bounded as the second search is: 2^20 tries miss a one-slot range one time in
+    // e^64, and the probe of an identifier outside the master's slots fails, naming it)
+    let first = (0u32..1 << 20)
         .map(|i| format!("{base}-{i}"))
         .find(|id| inside(id))
         .unwrap_or_else(|| base.to_string());
@@ -715,5 +722,12 @@ mod tests {
         );
         assert!(masters(Value::Array(vec![])).is_err());
         assert!(masters(Value::Nil).is_err());
+        // a range that holds no slot: the start-up probe would look for an identifier in it
+        // for ever
+        let one = |a, b| masters(Value::Array(vec![range(a, b, node("h", 1))]));
+        assert!(one(200, 100).is_err());
+        assert!(one(0, 16_384).is_err());
+        assert!(one(16_384, 16_384).is_err());
+        assert_eq!(one(16_383, 16_383).unwrap()[0].slots, [(16_383, 16_383)]);
     }
 }

@@ -367,7 +367,12 @@ impl RedisStore {
             let reply: redis::Value = self
                 .run(|mut conn| async move { call.invoke_async(&mut conn).await })
                 .await?;
-            script::parse_reply(reply, &compiled, plan)
+            script::parse_reply(
+                reply,
+                &compiled,
+                plan,
+                if reserving { max_wait_us } else { 0 },
+            )
         };
         self.breaker.call(call, || self.prober()).await
     }

@@ -66,7 +66,7 @@ fn unpack(bytes: &[u8], rate: &Rate) -> Result<Tat, StoreError> {
 }
 
 /// Reads `{placed, wait, drain, before, after}`.
-fn parse(reply: Value, rate: &Rate) -> Result<Placement, StoreError> {
+fn parse(reply: Value, rate: &Rate, longest_us: u64) -> Result<Placement, StoreError> {
     let Value::Array(items) = reply else {
         return Err(unexpected(format!("{reply:?}")));
     };
@@ -81,11 +81,22 @@ fn parse(reply: Value, rate: &Rate) -> Result<Placement, StoreError> {
     let [placed, wait, drain, before, after] = items.as_slice() else {
         return Err(unexpected(format!("a reply of {} items", items.len())));
     };
-    let placed = int(placed)? == 1;
+    let placed = match int(placed)? {
+        0 => false,
+        1 => true,
+        other => return Err(unexpected(format!("{other} for whether it placed"))),
+    };
+    // The script places only within the longest wait: a longer one would be slept through.
+    let wait_us = int(wait)?;
+    if placed && wait_us > longest_us {
+        return Err(unexpected(format!(
+            "a wait of {wait_us} µs for a call that may wait {longest_us} µs"
+        )));
+    }
     let before = unpack(&bytes(before)?, rate)?;
     Ok(Placement {
         placed,
-        wait_us: int(wait)?,
+        wait_us,
         drain_us: int(drain)?,
         before,
         after: if placed {
@@ -117,7 +128,7 @@ impl RedisStore {
             let reply: Value = self
                 .run(|mut conn| async move { call.invoke_async(&mut conn).await })
                 .await?;
-            parse(reply, rate)
+            parse(reply, rate, longest_us)
         };
         self.breaker.call(call, || self.prober()).await
     }
@@ -157,6 +168,34 @@ mod tests {
         assert_eq!(unpack(&pack(t), &rate).unwrap(), t);
         assert!(unpack(&pack((5, 3)), &rate).is_err());
         assert!(unpack(&[0; 11], &rate).is_err());
+    }
+
+    /// A reply the script cannot have written is an error, not a placement: a wait past the
+    /// longest the call may wait (it would be slept through), a "placed" neither 0 nor 1.
+    #[test]
+    fn replies_the_script_cannot_write_are_errors() {
+        let rate = Rate {
+            count: 3,
+            window_us: 1_000_000,
+            burst: 1,
+        };
+        let state = pack((1_767_225_600_333_333, 2));
+        let reply = |placed: i64, wait: i64| {
+            Value::Array(vec![
+                Value::Int(placed),
+                Value::Int(wait),
+                Value::Int(0),
+                Value::BulkString(state.clone()),
+                Value::BulkString(state.clone()),
+            ])
+        };
+        let placement = parse(reply(1, 500_000), &rate, 500_000).unwrap();
+        assert!(placement.placed);
+        assert_eq!(placement.wait_us, 500_000);
+        assert!(!parse(reply(0, 900_000), &rate, 500_000).unwrap().placed);
+        assert!(parse(reply(1, 500_001), &rate, 500_000).is_err());
+        assert!(parse(reply(2, 0), &rate, 500_000).is_err());
+        assert!(parse(reply(-1, 0), &rate, 500_000).is_err());
     }
 
     #[test]

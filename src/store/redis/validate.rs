@@ -385,7 +385,7 @@ async fn run_probe(
         let mut call = check.script.prepare_invoke();
         script::check_args(&mut call, prefix, None, &plan);
         let reply: redis::Value = call.invoke_async(conn).await?;
-        script::parse_reply(reply, &check, &plan).map_err(Failure::Reply)?;
+        script::parse_reply(reply, &check, &plan, 0).map_err(Failure::Reply)?;
     }
     // Packed limits alone, for two identifiers: one MGET reads both keys, the first check
     // creates them (PSETEX), the second keeps their TTLs (SET KEEPTTL).
@@ -404,7 +404,7 @@ async fn run_probe(
         let mut call = check.script.prepare_invoke();
         script::check_args(&mut call, prefix, None, &plan);
         let reply: redis::Value = call.invoke_async(conn).await?;
-        script::parse_reply(reply, &check, &plan).map_err(Failure::Reply)?;
+        script::parse_reply(reply, &check, &plan, 0).map_err(Failure::Reply)?;
     }
     let lease = Lease {
         keys: limits

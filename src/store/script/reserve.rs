@@ -68,7 +68,9 @@ pub(super) fn stamp_and_wait(text: &[u8]) -> Result<(u64, u64), StoreError> {
             let wait = wait.parse::<u64>().map_err(|_| bad())?;
             let time = stamp(time.as_bytes())?;
             // the time admitted at, `time + wait`, must be a time
-            time.checked_add(wait).ok_or_else(bad)?;
+            time.checked_add(wait)
+                .filter(|&at| at <= super::MAX_TIME_US)
+                .ok_or_else(bad)?;
             Ok((time, wait))
         }
     }

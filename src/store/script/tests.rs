@@ -347,6 +347,17 @@ fn pack(wire: &[Wire], values: &[u64]) -> Vec<u8> {
         .collect()
 }
 
+/// A check of cost 1 of `ids` under `limits`, without a namespace or a lease.
+fn one_check<'a>(ids: &'a [String], limits: &'a [Limit]) -> Plan<'a> {
+    Plan {
+        ids,
+        namespace: None,
+        limits,
+        cost: 1,
+        lease: "",
+    }
+}
+
 /// A reply is read through the twin: the packed state gives every figure, the sorted sets'
 /// entries are taken as the script reported them, and the verdicts must agree.
 #[test]
@@ -355,13 +366,7 @@ fn replies_are_derived_with_the_twin() {
     let compiled = check_script(&l, 1);
     let now = 1_767_225_600_250_000u64;
     let ids = vec!["a".to_string()];
-    let plan = Plan {
-        ids: &ids,
-        namespace: None,
-        limits: &l,
-        cost: 1,
-        lease: "",
-    };
+    let plan = one_check(&ids, &l);
     // one request earlier in this second: T, c, p
     let state = pack(&compiled.wire, &[now - 100_000, 1, 0]);
     let reply = |allowed: &str, state: &[u8], entry: &str| {
@@ -372,7 +377,7 @@ fn replies_are_derived_with_the_twin() {
     };
     // the log as the script read it: one live entry, 0.1 s ago; charged one more
     let log = "1,,1767225600150000-1;";
-    let out = parse_reply(reply("1", &state, log), &compiled, &plan).unwrap();
+    let out = parse_reply(reply("1", &state, log), &compiled, &plan, 0).unwrap();
     assert!(out.allowed);
     assert_eq!(out.entries[0].remaining, 0);
     assert_eq!(out.entries[0].reset_after_us, 1_750_000);
@@ -380,28 +385,29 @@ fn replies_are_derived_with_the_twin() {
 
     // a fresh identifier: all zeros
     let fresh = vec![0; state.len()];
-    let out = parse_reply(reply("1", &fresh, log), &compiled, &plan).unwrap();
+    let out = parse_reply(reply("1", &fresh, log), &compiled, &plan, 0).unwrap();
     assert_eq!(out.entries[0].remaining, 1);
 
     // the script and the twin disagree: an error, not a guess
-    assert!(parse_reply(reply("0", &state, log), &compiled, &plan).is_err());
+    assert!(parse_reply(reply("0", &state, log), &compiled, &plan, 0).is_err());
     // a state of the wrong size, a negative or fractional figure, a bad time, not a string
-    assert!(parse_reply(reply("1", &state[1..], log), &compiled, &plan).is_err());
+    assert!(parse_reply(reply("1", &state[1..], log), &compiled, &plan, 0).is_err());
     let negative = "-3,,1767225600150000-1;";
-    assert!(parse_reply(reply("1", &state, negative), &compiled, &plan).is_err());
+    assert!(parse_reply(reply("1", &state, negative), &compiled, &plan, 0).is_err());
     let fraction = "3.5,,1767225600150000-1;";
-    assert!(parse_reply(reply("1", &state, fraction), &compiled, &plan).is_err());
+    assert!(parse_reply(reply("1", &state, fraction), &compiled, &plan, 0).is_err());
     // a record cut short, or followed by more
     assert!(parse_reply(
         reply("1", &state, "1,,1767225600150000-1"),
         &compiled,
-        &plan
+        &plan,
+        0
     )
     .is_err());
     let longer = "1,,1767225600150000-1;0";
-    assert!(parse_reply(reply("1", &state, longer), &compiled, &plan).is_err());
-    assert!(parse_reply(Value::BulkString(b"1x;".to_vec()), &compiled, &plan).is_err());
-    assert!(parse_reply(Value::Int(1), &compiled, &plan).is_err());
+    assert!(parse_reply(reply("1", &state, longer), &compiled, &plan, 0).is_err());
+    assert!(parse_reply(Value::BulkString(b"1x;".to_vec()), &compiled, &plan, 0).is_err());
+    assert!(parse_reply(Value::Int(1), &compiled, &plan, 0).is_err());
 
     // without sorted sets the reply is the string alone
     let l = limits("2/s sliding");
@@ -409,21 +415,79 @@ fn replies_are_derived_with_the_twin() {
     let plan = Plan { limits: &l, ..plan };
     let mut head = b"10,1767225600250000;".to_vec();
     head.extend_from_slice(&state);
-    let out = parse_reply(Value::BulkString(head), &compiled, &plan).unwrap();
+    let out = parse_reply(Value::BulkString(head), &compiled, &plan, 0).unwrap();
     assert_eq!(out.entries[0].remaining, 0);
     assert_eq!(stamp(b"1767225600,5").unwrap(), 1_767_225_600_000_005);
     assert!(stamp(b"17,x").is_err() && stamp(b"17").is_err());
-    // a waiting check's time and wait; a wait that would carry the time past what a u64
-    // holds is a reply of the wrong kind, not a time
+    // a waiting check's time and wait; a time, or a wait that would carry the time, past
+    // 2^53 µs (what the scripts' doubles hold exactly, and the twin's arithmetic takes) is a
+    // reply of the wrong kind, not a time
     assert_eq!(stamp_and_wait(b"17,5,40").unwrap(), (17_000_005, 40));
     assert_eq!(stamp_and_wait(b"17,5").unwrap(), (17_000_005, 0));
-    let past = format!("17,5,{}", u64::MAX - 17_000_004);
+    let past = format!("17,5,{}", (1u64 << 53) - 17_000_004);
     assert!(stamp_and_wait(past.as_bytes()).is_err());
-    let last = format!("17,5,{}", u64::MAX - 17_000_005);
+    let last = format!("17,5,{}", (1u64 << 53) - 17_000_005);
     assert_eq!(
         stamp_and_wait(last.as_bytes()).unwrap().1,
-        u64::MAX - 17_000_005
+        (1u64 << 53) - 17_000_005
     );
+    let wrapping = format!("17,5,{}", u64::MAX - 17_000_005);
+    assert!(stamp_and_wait(wrapping.as_bytes()).is_err());
+    assert_eq!(stamp(b"9007199254,740992").unwrap(), 1 << 53);
+    assert!(stamp(b"9007199254,740993").is_err());
+    assert!(stamp(b"18446744073709,551615").is_err());
+}
+
+/// A reply whose figures the twin cannot work with is an error, not figures that mean
+/// nothing: a GCRA remainder of n-ths of a µs that is n or more (a key written by something
+/// else), a time past 2^53 µs, a wait longer than the check may wait.
+#[test]
+fn replies_the_twin_cannot_work_with_are_errors() {
+    let l = limits("10/s gcra");
+    let compiled = check_script(&l, 1);
+    let ids = vec!["a".to_string()];
+    let plan = one_check(&ids, &l);
+    let now = 1_767_225_600_250_000u64;
+    let reply = |head: &str, state: &[u8]| {
+        let mut bytes = head.as_bytes().to_vec();
+        bytes.extend_from_slice(state);
+        Value::BulkString(bytes)
+    };
+    // an arrival time just ahead of now, with a remainder in range: read, and denied by
+    // both the script and the twin
+    let ahead = now + 999_999;
+    let fine = pack(&compiled.wire, &[now - 1, ahead, 9]);
+    assert!(
+        !parse_reply(reply("01767225600,250000;", &fine), &compiled, &plan, 0)
+            .unwrap()
+            .allowed
+    );
+    // the same with a remainder of the count or more: its figures would wrap
+    for r in [10, 1_000_000_000] {
+        let foreign = pack(&compiled.wire, &[now - 1, ahead, r]);
+        let error =
+            parse_reply(reply("01767225600,250000;", &foreign), &compiled, &plan, 0).unwrap_err();
+        assert!(error.to_string().contains("GCRA remainder"), "{error}");
+    }
+    // a time past 2^53 µs
+    let fresh = vec![0; fine.len()];
+    let late = parse_reply(
+        reply("118446744073709,551615;", &fresh),
+        &compiled,
+        &plan,
+        0,
+    );
+    assert!(late.is_err());
+    // a check that may wait 1 s told to wait longer, or a check that may not wait told to:
+    // an error, not a sleep of that long
+    let wait = |wait: u64, max: u64| {
+        let head = format!("11767225600,250000,{wait};");
+        parse_reply(reply(&head, &fresh), &compiled, &plan, max)
+    };
+    assert_eq!(wait(1_000_000, 1_000_000).unwrap().wait_us, 1_000_000);
+    assert!(wait(1_000_001, 1_000_000).is_err());
+    assert!(wait(1_000_000_000_000, 1_000_000).is_err());
+    assert!(wait(1, 0).is_err());
 }
 
 #[test]
