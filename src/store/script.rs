@@ -22,7 +22,7 @@ use smallvec::SmallVec;
 
 use super::keyspace;
 use super::{Outcome, Plan, StoreError};
-use crate::algorithm::{self, rolling_window, Counter, Layout, State};
+use crate::algorithm::{self, rolling_window, Counter, Counters, Layout, State};
 use crate::policy::{Algorithm, Limit};
 pub(crate) use reserve::reserve_arg;
 use reserve::{retries_of, stamp_and_wait};
@@ -648,28 +648,30 @@ fn decode(bytes: &[u8], compiled: &CheckScript, limits: &[Limit]) -> Result<Stat
         values.push(value);
     }
     let mut rest = &values[1..];
-    let counters = compiled
+    let counters: Counters = compiled
         .packed
         .iter()
         .map(|&l| {
-            let limit = &limits[l];
-            let n = Counter::fields(limit).len();
+            let n = Counter::fields(&limits[l]).len();
             let (mine, others) = rest.split_at(n.min(rest.len()));
             rest = others;
-            let counter = Counter::load(limit, values[0], mine);
-            // A GCRA time is µs and n-ths of a µs: a remainder of n or more was written by
-            // something else (a foreign or corrupted key), and the twin's arithmetic on it
-            // would report figures that mean nothing.
-            match counter {
-                Counter::Gcra(tat) if tat.fields().1 >= limit.count() => Err(unexpected(format!(
-                    "a GCRA remainder of {} for a count of {}",
-                    tat.fields().1,
-                    limit.count()
-                ))),
-                counter => Ok(counter),
-            }
+            Counter::load(&limits[l], values[0], mine)
         })
-        .collect::<Result<_, _>>()?;
+        .collect();
+    // A GCRA time is µs and n-ths of a µs: a remainder of n or more was written by something
+    // else (a foreign or corrupted key), and the twin's arithmetic on it would report figures
+    // that mean nothing. (Checked after the collection, which then knows its size: collected
+    // through a `Result` it would grow, and allocate, step by step.)
+    for (&l, counter) in compiled.packed.iter().zip(&counters) {
+        if let Counter::Gcra(tat) = counter {
+            let (remainder, count) = (tat.fields().1, limits[l].count());
+            if remainder >= count {
+                return Err(unexpected(format!(
+                    "a GCRA remainder of {remainder} for a count of {count}"
+                )));
+            }
+        }
+    }
     Ok(State::Counters(counters))
 }
 
