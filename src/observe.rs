@@ -21,6 +21,7 @@
 //! | `tollgate_lease_failures_total` | counter | `store`, `call` (`renew`, `release`), `kind` ([`StoreError::kind_label`]) |
 //! | `tollgate_leases_lost_total` | counter | `store` (`memory` for the memory store) |
 //! | `tollgate_memory_evictions_total` | counter | none (states still in use that a memory store at its bound evicted) |
+//! | `tollgate_client_ip_fallbacks_total` | counter | `reason` (`headers_disagree`, `not_an_address`, `too_few_hops`: a request through the proxies keyed by a proxy's address, its forwarding headers giving no client; see [`ClientIp`](crate::key::ClientIp)) |
 //! | `tollgate_shed_total` | counter | `shedder` (`utilization` for a [`UtilizationShedLayer`](crate::shed::UtilizationShedLayer), `shed:NAME` for a [`FleetShedder`](crate::shed::FleetShedder)'s layer), `priority` (`high`, `normal`, `low`) |
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -104,6 +105,11 @@ pub(crate) fn describe_metrics() {
             "tollgate_memory_evictions_total",
             Unit::Count,
             "States still in use evicted by a memory store at its bound (max_keys)"
+        );
+        describe_counter!(
+            "tollgate_client_ip_fallbacks_total",
+            Unit::Count,
+            "Requests through the proxies that ClientIp keyed by a proxy's address, their forwarding headers giving no client"
         );
         describe_counter!(
             "tollgate_shed_total",
@@ -791,6 +797,25 @@ impl BoundedLog {
             }
         }
         let _ = (limiter, action);
+    }
+
+    /// A [`ClientIp`](crate::key::ClientIp) keyed a request that came through the proxies by
+    /// a proxy's address, its forwarding headers giving no client for `reason`: counted, and
+    /// a warning at a bounded rate (when it is every request, every client shares one quota).
+    pub(crate) fn client_ip_fell_back(&self, reason: &'static str) {
+        #[cfg(feature = "metrics")]
+        metrics::counter!("tollgate_client_ip_fallbacks_total", "reason" => reason).increment(1);
+        #[cfg(feature = "tracing")]
+        if let Some((count, since)) = self.count(Instant::now()) {
+            tracing::warn!(
+                target: "tollgate",
+                reason,
+                requests = count,
+                since_s = since.map(|d| d.as_secs()),
+                "client IP not found in the forwarding headers: keyed by a proxy's address; name the header the proxies maintain (ClientIp::only_x_forwarded_for, say)"
+            );
+        }
+        let _ = reason;
     }
 
     /// An HTTP layer answered requests it could not check (`e`: a cost the policy never

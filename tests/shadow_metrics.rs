@@ -567,3 +567,76 @@ fn every_metric_is_described_with_its_unit() {
         assert_eq!(unit, Some(expected), "{name}");
     }
 }
+
+/// A request that came through the proxies but whose forwarding headers give no client is
+/// keyed by a proxy's address, as documented, and that is counted by reason and logged:
+/// when it is every request, every client shares one quota. A request whose headers agree,
+/// or that did not come through the proxies, is not counted.
+#[test]
+fn client_ip_fallbacks_to_a_proxy_are_counted_and_logged() {
+    use std::net::SocketAddr;
+    use tollgate::key::{ClientIp, KeyExtractor, RequestView};
+
+    observed();
+    let fallbacks = |reason: &str| {
+        observed::metric("tollgate_client_ip_fallbacks_total", &[("reason", reason)])
+    };
+    let key = |extractor: &ClientIp, peer: &str, headers: &[(&str, &str)]| {
+        let mut req = Request::new(());
+        for (name, value) in headers {
+            req.headers_mut().append(
+                http::HeaderName::from_bytes(name.as_bytes()).unwrap(),
+                value.parse().unwrap(),
+            );
+        }
+        req.extensions_mut()
+            .insert(peer.parse::<SocketAddr>().unwrap());
+        extractor.extract(&RequestView::of(&req))
+    };
+    let proxies = ClientIp::trusted_proxies(["10.0.0.0/8".parse().unwrap()]);
+    let two_hops = ClientIp::hops(2);
+    let before = ["headers_disagree", "not_an_address", "too_few_hops"].map(fallbacks);
+
+    // headers that agree, and a request straight from a client: the client, nothing counted
+    let agree = [
+        ("x-forwarded-for", "203.0.113.7"),
+        ("x-real-ip", "203.0.113.7"),
+    ];
+    let found = key(&proxies, "10.0.0.2:4000", &agree);
+    assert_eq!(found.as_deref(), Some("ip:203.0.113.7"));
+    let direct = key(&proxies, "198.51.100.1:4000", &agree);
+    assert_eq!(direct.as_deref(), Some("ip:198.51.100.1"));
+    assert_eq!(
+        key(&two_hops, "10.0.0.2:4000", &[]).as_deref(),
+        Some("ip:10.0.0.2")
+    );
+    let after = ["headers_disagree", "not_an_address", "too_few_hops"].map(fallbacks);
+    assert_eq!(after, before, "nothing fell back");
+
+    // a second proxy set X-Real-IP to the first one's address: every client is the proxy
+    let disagree = [
+        ("x-forwarded-for", "203.0.113.7"),
+        ("x-real-ip", "10.0.0.1"),
+    ];
+    let proxy = key(&proxies, "10.0.0.2:4000", &disagree);
+    assert_eq!(proxy.as_deref(), Some("ip:10.0.0.2"));
+    assert_eq!(fallbacks("headers_disagree") - before[0], 1.0);
+    // a proxy that hides the client
+    let hidden = key(&proxies, "10.0.0.2:4000", &[("forwarded", "for=unknown")]);
+    assert_eq!(hidden.as_deref(), Some("ip:10.0.0.2"));
+    assert_eq!(fallbacks("not_an_address") - before[1], 1.0);
+    // one proxy of the two appended
+    let short = key(
+        &two_hops,
+        "10.0.0.2:4000",
+        &[("x-forwarded-for", "203.0.113.7")],
+    );
+    assert_eq!(short.as_deref(), Some("ip:10.0.0.2"));
+    assert_eq!(fallbacks("too_few_hops") - before[2], 1.0);
+
+    assert!(
+        log_text().contains("client IP not found in the forwarding headers"),
+        "{}",
+        log_text()
+    );
+}

@@ -9,6 +9,7 @@
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::ops::ControlFlow;
+use std::sync::Arc;
 
 use http::header::HeaderMap;
 use http::Extensions;
@@ -16,6 +17,7 @@ use ipnet::Ipv6Net;
 
 use super::id::{Identifier, InlineText};
 use super::{KeyExtractor, RequestView};
+use crate::observe::BoundedLog;
 
 mod cidr;
 mod forwarded;
@@ -352,11 +354,22 @@ impl PeerIp {
 /// The key is missing when the server recorded no peer address and the headers give no
 /// usable answer. With `trusted_proxies` a missing peer address always means a missing key:
 /// without it nobody can be told apart from a trusted proxy.
+///
+/// # Falling back to a proxy's address
+///
+/// Each time the headers of a request that came through the proxies give no client — they
+/// disagree, an entry is not an address, or (`hops`) there are fewer entries than hops — and
+/// the request is keyed by a proxy's address instead, that is counted in
+/// `tollgate_client_ip_fallbacks_total{reason}` (`headers_disagree`, `not_an_address`,
+/// `too_few_hops`) and logged as a warning at most every 10 s: when it is every request,
+/// every client shares one quota, and the cause is the proxies' headers.
 #[derive(Debug, Clone)]
 pub struct ClientIp {
     trust: Trust,
     source: Source,
     ipv6_prefix: u8,
+    /// The requests keyed by a proxy's address because the headers gave no client.
+    fallbacks: Arc<BoundedLog>,
 }
 
 #[derive(Debug, Clone)]
@@ -387,6 +400,7 @@ impl ClientIp {
             trust: Trust::Proxies(proxies.into_iter().collect()),
             source: Source::Any,
             ipv6_prefix: DEFAULT_IPV6_PREFIX,
+            fallbacks: Arc::default(),
         }
     }
 
@@ -407,6 +421,7 @@ impl ClientIp {
             trust: Trust::Hops(n),
             source: Source::Any,
             ipv6_prefix: DEFAULT_IPV6_PREFIX,
+            fallbacks: Arc::default(),
         }
     }
 
@@ -463,7 +478,7 @@ impl ClientIp {
                         None => answer = Some(found),
                         Some(earlier) if earlier == found => {}
                         // Disagreement: one of them was passed through from the client.
-                        Some(_) => return peer,
+                        Some(_) => return self.fell_back("headers_disagree", peer),
                     }
                 }
                 answer.unwrap_or(peer)
@@ -500,7 +515,7 @@ impl ClientIp {
         let flow = walk_chain(headers, header, |hop| {
             let Hop::Addr(ip) = hop else {
                 // Not an address: nothing to its left can be trusted.
-                return ControlFlow::Break(last.or(peer));
+                return ControlFlow::Break(self.fell_back("not_an_address", last.or(peer)));
             };
             match &self.trust {
                 Trust::Proxies(proxies) => {
@@ -524,10 +539,20 @@ impl ClientIp {
                 // Every entry trusted: the leftmost is the client (or the peer, when the
                 // chain is empty).
                 Trust::Proxies(_) => last.or(peer),
-                // Fewer entries than hops: none is known to come from our proxies.
+                // Fewer entries than hops: none is known to come from our proxies. (None at
+                // all: a request that did not come through them, a health check say.)
+                Trust::Hops(_) if count > 0 => self.fell_back("too_few_hops", peer),
                 Trust::Hops(_) => peer,
             },
         }
+    }
+
+    /// `proxy`, the address a request is keyed by when its headers gave no client for
+    /// `reason`: counted and logged (see "Falling back to a proxy's address").
+    #[cold]
+    fn fell_back(&self, reason: &'static str, proxy: Option<IpAddr>) -> Option<IpAddr> {
+        self.fallbacks.client_ip_fell_back(reason);
+        proxy
     }
 }
 
