@@ -293,6 +293,51 @@ async fn a_wait_without_end_across_slots_waits_its_turn() {
     );
 }
 
+/// Checks across slots that wait for a fast limit ask Redis again at a pace of their own,
+/// not every time their denial says (a millisecond for `1000/s`), when they are a crowd
+/// that the limit admits one by one: each is told the same time, and all but one are denied
+/// again. Forty waiters of 5 units each, admitted one every 5 ms, make about ten calls each
+/// (two a try, one per slot); asking at every denial's time, they made some 27.
+#[tokio::test]
+async fn waiters_across_slots_ask_again_at_a_bounded_pace() {
+    observed::observed();
+    let cluster = ClusterServer::shared();
+    let prefix = common::unique_prefix();
+    let store = RedisStore::builder(cluster.url())
+        .prefix(prefix.clone())
+        .timeout(Duration::from_secs(2))
+        .connect_timeout(Duration::from_secs(5))
+        .build()
+        .await
+        .unwrap();
+    let limiter = Limiter::new(store, "1000/s gcra".parse().unwrap());
+    let ids: Vec<String> = one_id_per_master(cluster, "paced")
+        .into_iter()
+        .take(2)
+        .collect();
+    assert!(limiter.check_n(&ids, 1000).await.unwrap().is_allowed());
+    let calls = || observed::metric("tollgate_store_call_seconds", &[("store", &prefix)]);
+    let before = calls();
+    const WAITERS: usize = 40;
+    let waiters: Vec<_> = (0..WAITERS)
+        .map(|_| {
+            let (limiter, ids) = (limiter.clone(), ids.clone());
+            tokio::spawn(async move {
+                let waited = limiter
+                    .check_n_waiting(&ids, 5, Duration::from_secs(3))
+                    .await;
+                waited.unwrap().is_allowed()
+            })
+        })
+        .collect();
+    for waiter in waiters {
+        assert!(waiter.await.unwrap(), "a waiter was not admitted");
+    }
+    // each try is a call per slot: two here
+    let per_waiter = (calls() - before) / WAITERS as f64;
+    assert!(per_waiter <= 16.0, "{per_waiter} calls per waiter");
+}
+
 /// A peek and a usage read of identifiers in two hash slots answer, and say what the memory
 /// store says after the same checks: one call per slot, merged as one peek.
 #[tokio::test]

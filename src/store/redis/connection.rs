@@ -739,7 +739,7 @@ async fn run(shared: Arc<Shared>, mut connector: Connector, mut connected: Optio
 }
 
 /// Between half of `d` and all of it, so that a fleet does not reconnect in step.
-fn jittered(d: Duration) -> Duration {
+pub(super) fn jittered(d: Duration) -> Duration {
     let r = RandomState::new().hash_one(std::time::Instant::now());
     let half = d / 2;
     half + Duration::from_nanos(r % (u64::try_from(half.as_nanos()).unwrap_or(1).max(1)))

@@ -63,6 +63,14 @@ const LEASES_PER_CALL: usize = 256;
 /// more than a few milliseconds of scripts at a healthy server.
 const CALLS_IN_FLIGHT: usize = 16;
 
+/// The first pause of a waiting check across cluster slots before it asks again (at least
+/// its retry time); each next one is twice as long, up to [`LONGEST_SPLIT_PAUSE`]. As the
+/// polls of a wait for a concurrency slot.
+const FIRST_SPLIT_PAUSE: Duration = Duration::from_millis(5);
+
+/// The longest pause of a waiting check across cluster slots between two tries.
+const LONGEST_SPLIT_PAUSE: Duration = Duration::from_millis(100);
+
 /// State in Redis, shared by every process that uses the same server and prefix.
 ///
 /// A cheap handle: clones share one connection. The connection comes back by itself after
@@ -333,17 +341,31 @@ impl RedisStore {
         }
         // (a wait past what the clock holds has no deadline)
         let deadline = Instant::now().checked_add(Duration::from_micros(max_wait_us));
+        let mut pause = FIRST_SPLIT_PAUSE;
         loop {
             let outcome = self.check_split(plan, &groups).await?;
             if outcome.allowed || max_wait_us == 0 {
                 return Ok(outcome);
             }
             let retry = outcome.entries.iter().map(|e| e.retry_after_us).max();
-            let at = Instant::now().checked_add(Duration::from_micros(retry.unwrap_or(0).max(1)));
-            let Some(at) = at.filter(|at| deadline.is_none_or(|d| *at <= d)) else {
+            let retry = Duration::from_micros(retry.unwrap_or(0).max(1));
+            let now = Instant::now();
+            let Some(fits) = now
+                .checked_add(retry)
+                .filter(|at| deadline.is_none_or(|d| *at <= d))
+            else {
                 return Ok(outcome);
             };
-            tokio::time::sleep_until(at).await;
+            // Unlike a check in one slot, which reserves its turn in one call, these ask
+            // again, and every waiter of a limit is told the same time: woken together, one
+            // is admitted and the others ask again, each time a call per slot and refunds.
+            // Each waits at least a pause that doubles, jittered, so that a crowd of waiters
+            // on a fast limit (a retry of a millisecond) costs Redis a few calls each, not
+            // one every millisecond. The deadline still gets its last try.
+            let paced = now.checked_add(connection::jittered(pause)).unwrap_or(fits);
+            pause = (pause * 2).min(LONGEST_SPLIT_PAUSE);
+            let at = fits.max(paced);
+            tokio::time::sleep_until(deadline.map_or(at, |d| at.min(d))).await;
         }
     }
 
