@@ -217,30 +217,6 @@ pub(crate) fn store_call(
     let _ = (store, keys, took, result);
 }
 
-/// A charge could not be given back (a check split across Redis Cluster slots was denied by
-/// one slot and admitted by another): it stays until its state expires, and may deny a few
-/// requests it should not have (never admit one). The failed call itself is counted with the
-/// store's other failures too.
-#[cfg_attr(not(feature = "redis"), allow(dead_code))]
-pub(crate) fn refund_failed(store: &str, e: &StoreError) {
-    #[cfg(feature = "metrics")]
-    metrics::counter!(
-        "tollgate_refund_failures_total",
-        "store" => store.to_string(),
-        "kind" => e.kind_label()
-    )
-    .increment(1);
-    #[cfg(feature = "tracing")]
-    tracing::warn!(
-        target: "tollgate",
-        store,
-        kind = e.kind_label(),
-        error = %chain(e),
-        "rate-limit store could not give back a charge: it holds until its state expires"
-    );
-    let _ = (store, e);
-}
-
 /// A store's breaker opened: it is failing, and checks are answered by the failure policies.
 #[cfg_attr(not(feature = "redis"), allow(dead_code))]
 pub(crate) fn breaker_opened(store: &str, e: &StoreError) {
@@ -732,6 +708,29 @@ impl BoundedLog {
             );
         }
         let _ = (store, leases);
+    }
+
+    /// A charge could not be given back to the store `store` (`e`; a check split across
+    /// Redis Cluster slots was denied by one slot and admitted by another): it stays until
+    /// its state expires, and may deny a few requests it should not have (never admit one).
+    /// Counted, and a warning at a bounded rate: a client whose identifiers span slots could
+    /// otherwise write a line a request while Redis fails. (A refund does not go through the
+    /// breaker, so it is not in `tollgate_store_errors_total`.)
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub(crate) fn refund_failed(&self, store: &str, e: &StoreError) {
+        #[cfg(feature = "metrics")]
+        metrics::counter!(
+            "tollgate_refund_failures_total",
+            "store" => store.to_string(),
+            "kind" => e.kind_label()
+        )
+        .increment(1);
+        self.warn_store_failed(
+            store,
+            "refund",
+            e,
+            "rate-limit store could not give back charges: they hold until their state expires",
+        );
     }
 
     /// A scheduler's slot whose waiter gave up could not be given back to the store `store`

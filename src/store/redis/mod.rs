@@ -88,6 +88,9 @@ pub struct RedisStore {
     lease_log: Arc<BoundedLog>,
     /// The scheduled slots that could not be given back, logged at a bounded rate.
     give_back_log: Arc<BoundedLog>,
+    /// The charges of checks across cluster slots that could not be given back, logged at
+    /// a bounded rate.
+    refund_log: Arc<BoundedLog>,
     prefix: Arc<str>,
     /// The URL with its credentials redacted.
     url: Arc<str>,
@@ -226,6 +229,7 @@ impl RedisStoreBuilder {
             keeper: Arc::default(),
             lease_log: Arc::default(),
             give_back_log: Arc::default(),
+            refund_log: Arc::default(),
             prefix,
             url: redact_url(&self.url).into(),
             clock: self.clock,

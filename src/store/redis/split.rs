@@ -10,7 +10,6 @@
 use futures_util::future::join_all;
 
 use super::{script, RedisStore};
-use crate::observe;
 use crate::store::{Outcome, Plan, StoreError};
 
 impl RedisStore {
@@ -59,7 +58,7 @@ impl RedisStore {
     /// The check never admits more than each group's limits allow. Between a charge and its
     /// refund, other checks see the charge, so a few may be denied that would have been
     /// admitted: the under-admission is bounded by the charges in flight, and lasts a round
-    /// trip. A refund that fails is logged and counted (`observe::refund_failed`); its charge
+    /// trip. A refund that fails is logged and counted (`BoundedLog::refund_failed`); its charge
     /// then stays until its state expires. A caller that gives up while the groups' checks
     /// run (a client disconnecting) may leave such a charge too: it only under-admits.
     ///
@@ -150,7 +149,7 @@ impl RedisStore {
             });
             for result in join_all(calls).await {
                 if let Err(e) = result {
-                    observe::refund_failed(&store.prefix, &e);
+                    store.refund_log.refund_failed(&store.prefix, &e);
                 }
             }
         };
