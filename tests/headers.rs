@@ -595,6 +595,16 @@ async fn partition_keys_are_byte_sequences_that_hide_the_identifier() {
     assert!(!plain.headers["ratelimit"].to_str().unwrap().contains("pk="));
 }
 
+/// An empty secret (read from a variable that is not set, say) would hash every identifier
+/// under a key everyone knows: the layer refuses it where it is built.
+#[test]
+#[should_panic(expected = "empty secret")]
+fn an_empty_partition_key_secret_is_refused() {
+    let store = memory(&manual_clock());
+    let unset = std::env::var("TOLLGATE_TEST_UNSET_SECRET").unwrap_or_default();
+    let _ = keyed(limiter(&store, "10/s")).partition_keys(unset);
+}
+
 /// A refusal is an HTTP answer no cache keeps, whatever the request says of itself: a `GET`
 /// claiming `content-type: application/grpc` gets the HTTP `429`, not gRPC's `200` (a shared
 /// cache keeping that `200` for the path would serve an empty body to everyone).

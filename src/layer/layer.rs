@@ -235,8 +235,21 @@ impl RateLimitLayer {
     /// ```text
     /// RateLimit: "10/s";r=7;t=1;pk=:x4sWbYlQk0PA2ndV:
     /// ```
+    ///
+    /// Use at least 16 random bytes: anyone who can guess the secret can hash every IPv4
+    /// address in minutes.
+    ///
+    /// # Panics
+    ///
+    /// When `secret` is empty (a secret read from an unset variable, say): the keys would be
+    /// hashed under a key everyone knows, and hide nothing.
     pub fn partition_keys(self, secret: impl AsRef<[u8]>) -> Self {
         let secret: Arc<[u8]> = secret.as_ref().into();
+        assert!(
+            !secret.is_empty(),
+            "tollgate: partition_keys(secret) with an empty secret hides no identifier: give \
+             every process of the fleet the same random secret of 16 bytes or more"
+        );
         self.edit(|c| c.partition_secret = Some(secret))
     }
 
