@@ -798,6 +798,23 @@ impl BoundedLog {
         let _ = (limiter, action);
     }
 
+    /// A utilization shedder was given a reading outside [0, 1] (`reading`: NaN, negative, a
+    /// percentage), which it clamps: a warning at a bounded rate, as the shedder's decisions
+    /// then rest on a figure its source did not mean.
+    pub(crate) fn utilization_out_of_range(&self, reading: f64) {
+        #[cfg(feature = "tracing")]
+        if let Some((count, since)) = self.count(Instant::now()) {
+            tracing::warn!(
+                target: "tollgate",
+                reading,
+                readings = count,
+                since_s = since.map(|d| d.as_secs()),
+                "load shedder's utilization reading is not a fraction from 0 to 1: NaN counts as 0, others as the nearest bound (a percentage must be divided by 100)"
+            );
+        }
+        let _ = reading;
+    }
+
     /// A [`ClientIp`](crate::key::ClientIp) keyed a request that came through the proxies by
     /// a proxy's address, its forwarding headers giving no client for `reason`: counted, and
     /// a warning at a bounded rate (when it is every request, every client shares one quota).

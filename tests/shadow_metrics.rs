@@ -640,3 +640,27 @@ fn client_ip_fallbacks_to_a_proxy_are_counted_and_logged() {
         log_text()
     );
 }
+
+/// A utilization reading that is not a fraction (a percentage, a negative, NaN from a failing
+/// source) is clamped, as documented, and said in a warning: the shedder's decisions then
+/// rest on a figure its source did not mean. A fraction is not.
+#[test]
+fn utilization_readings_out_of_range_are_warned_about() {
+    use tollgate::shed::{ShedConfig, UtilizationShedder};
+
+    observed();
+    let warned = || log_lines("utilization reading is not a fraction").len();
+    let shedder = UtilizationShedder::new(ShedConfig::default(), || 0.5);
+    let before = warned();
+    for fraction in [0.0, 0.45, 1.0] {
+        shedder.update(fraction);
+    }
+    assert_eq!(warned(), before, "fractions are not warned about");
+    shedder.update(45.0);
+    assert_eq!(warned(), before + 1, "{}", log_text());
+    assert!(log_text().contains("reading=45"), "{}", log_text());
+    // at most a line every 10 s, counting the readings since
+    shedder.update(f64::NAN);
+    shedder.update(-0.2);
+    assert_eq!(warned(), before + 1);
+}

@@ -98,6 +98,8 @@ pub struct UtilizationShedder {
     state: Mutex<State>,
     /// Requests a layer shed, logged at most every 10 s.
     shed_log: BoundedLog,
+    /// Readings outside [0, 1], logged at a bounded rate.
+    reading_log: BoundedLog,
 }
 
 impl fmt::Debug for UtilizationShedder {
@@ -133,6 +135,7 @@ impl UtilizationShedder {
                 last_update: None,
             }),
             shed_log: BoundedLog::default(),
+            reading_log: BoundedLog::default(),
         }
     }
 
@@ -193,18 +196,24 @@ impl UtilizationShedder {
             .unwrap_or_else(|| u64::try_from(self.epoch.elapsed().as_micros()).unwrap_or(u64::MAX))
     }
 
-    /// Moves the shedding amount as `utilization` (clamped to [0, 1]; NaN counts as 0) says,
+    /// Moves the shedding amount as `utilization` (clamped to [0, 1]; NaN counts as 0, and
+    /// either is logged as a warning at most every 10 s: a percentage given as 45.0 reads as
+    /// full utilization, and a source failing with NaN would never shed) says,
     /// for the time since the previous update — when the amount rises, at most a third of the
     /// [time before shedding](ShedConfig::time_before_shedding), so that it takes three
     /// samples of full utilization, however far apart, to reach the point where shedding
     /// starts; when it falls, the whole time — and returns the new amount. Decisions call this with the source's utilization; call it directly to drive
     /// the shedder with utilization samples of your own.
     pub fn update(&self, utilization: f64) -> f64 {
+        let reading = utilization;
         let utilization = if utilization.is_nan() {
             0.0
         } else {
             utilization.clamp(0.0, 1.0)
         };
+        if utilization != reading {
+            self.reading_log.utilization_out_of_range(reading);
+        }
         let derivative = self.config.derivative(utilization);
         // Stripe's sketch samples the utilization every 8 s, and waits 28 s: several samples,
         // each standing for its 8 s. Sampled as requests come instead, irregularly, one
