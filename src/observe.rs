@@ -16,7 +16,7 @@
 //! | `tollgate_store_breaker_open` | gauge (the store's breaker open: 1, or 0 from its start; stores of one prefix add up) | `store` |
 //! | `tollgate_store_call_seconds` | histogram | `store` |
 //! | `tollgate_refund_failures_total` | counter | `store`, `kind` ([`StoreError::kind_label`]) |
-//! | `tollgate_missing_key_total` | counter | `limiter` (the one that would have checked the request: a route's, or the layer's default), `action` (`allow`, `reject`, `shadow`: let through in shadow mode) |
+//! | `tollgate_missing_key_total` | counter | `limiter` (the one that would have checked the request: a route's, or the layer's default), `action` (`allow`, `reject`, `shadow`: let through in shadow mode; `partial`: no peer address for the address extractors, checked by the other keys found) |
 //! | `tollgate_give_back_failures_total` | counter | `store`, `kind` ([`StoreError::kind_label`]) |
 //! | `tollgate_lease_failures_total` | counter | `store`, `call` (`renew`, `release`), `kind` ([`StoreError::kind_label`]) |
 //! | `tollgate_leases_lost_total` | counter | `store` (`memory` for the memory store) |
@@ -775,8 +775,10 @@ impl BoundedLog {
     /// An HTTP layer whose default limiter is `limiter` found no key in a request, and
     /// answered as `action` says: `allow` (let through unlimited, as configured), `reject`
     /// (refused, as configured), `shadow` (let through: the layer is in shadow mode, and
-    /// would refuse it when enforcing). A request let through unlimited is logged at `info`
-    /// (a policy the application chose), the others at `warn`.
+    /// would refuse it when enforcing), `partial` (no peer address for the layer's address
+    /// extractors, the request checked by the keys its other extractors found). A request let
+    /// through unlimited is logged at `info` (a policy the application chose), the others at
+    /// `warn`.
     pub(crate) fn missing_key(&self, limiter: &str, action: &'static str) {
         #[cfg(feature = "metrics")]
         metrics::counter!(
@@ -788,7 +790,10 @@ impl BoundedLog {
         #[cfg(feature = "tracing")]
         if let Some((count, since)) = self.count(Instant::now()) {
             let since_s = since.map(|d| d.as_secs());
-            let message = "rate-limit layer found no key in requests";
+            let message = match action {
+                "partial" => "rate-limit layer found no peer address in requests: checked by their other keys alone, without the address's limit (serve axum with into_make_service_with_connect_info::<SocketAddr>())",
+                _ => "rate-limit layer found no key in requests",
+            };
             if action == "allow" {
                 tracing::info!(target: "tollgate", limiter, action, requests = count, since_s, "{message}");
             } else {

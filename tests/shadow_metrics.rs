@@ -664,3 +664,44 @@ fn utilization_readings_out_of_range_are_warned_about() {
     shedder.update(-0.2);
     assert_eq!(warned(), before + 1);
 }
+
+/// A layer keyed by the peer's address and a user, on a server that records no peer
+/// address: a request with a user is checked by the user alone — the address's limit lost
+/// for it — and that is counted (`action="partial"`) and logged; a request with both keys is
+/// not, and one with neither is a request without a key.
+#[tokio::test]
+async fn requests_checked_without_their_address_are_counted_and_logged() {
+    use std::net::SocketAddr;
+    use tollgate::key::PeerIp;
+
+    observed();
+    let name = "no-address";
+    let missing = |action: &str| {
+        observed::metric(
+            "tollgate_missing_key_total",
+            &[("limiter", name), ("action", action)],
+        )
+    };
+    let layer = RateLimitLayer::new(memory_limiter("100/min", name, false))
+        .key(PeerIp::new())
+        .key(Header::named("x-user").unwrap());
+    let with_peer = || {
+        let mut req = of_user("u1");
+        req.extensions_mut()
+            .insert("192.0.2.1:4000".parse::<SocketAddr>().unwrap());
+        req
+    };
+    assert_eq!(status_of(&layer, with_peer()).await, StatusCode::OK);
+    assert_eq!(missing("partial"), 0.0, "both keys found");
+    for _ in 0..3 {
+        assert_eq!(status_of(&layer, of_user("u1")).await, StatusCode::OK);
+    }
+    assert_eq!(missing("partial"), 3.0);
+    let lines = log_lines(&format!("limiter=\"{name}\""));
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert!(lines[0].contains("found no peer address"), "{}", lines[0]);
+    let none = Request::get("/").body(Full::default()).unwrap();
+    let status = status_of(&layer, none).await;
+    assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!((missing("partial"), missing("reject")), (3.0, 1.0));
+}

@@ -92,13 +92,6 @@ impl Identifiers {
         };
     }
 
-    /// Adds `id`, if there is one.
-    pub(crate) fn extend(&mut self, id: Option<Identifier>) {
-        if let Some(id) = id {
-            self.push(id);
-        }
-    }
-
     pub(crate) fn as_slice(&self) -> &[Identifier] {
         match self {
             Identifiers::None => &[],

@@ -115,6 +115,12 @@ impl AnyExtractor {
         AnyExtractor::Other(Arc::new(extractor))
     }
 
+    /// Whether the extractor keys by an address ([`PeerIp`], [`ClientIp`]), which it finds
+    /// in every request of a server that records its peers.
+    pub(crate) fn reads_address(&self) -> bool {
+        matches!(self, AnyExtractor::Peer(_) | AnyExtractor::Client(_))
+    }
+
     /// The identifier the extractor finds in `req`.
     pub(crate) fn identifier(&self, req: &RequestView<'_>) -> Option<Identifier> {
         match self {

@@ -143,6 +143,9 @@ pub(crate) struct Config {
     pub(crate) header_cache: Arc<HeaderCache>,
     /// The requests without a key, logged at a bounded rate.
     pub(crate) missing_log: Arc<BoundedLog>,
+    /// The requests without the peer's address, checked by their other keys alone, logged at
+    /// a bounded rate.
+    pub(crate) no_address_log: Arc<BoundedLog>,
     /// The requests the layer could not check (answered 400 or 500), logged at a bounded
     /// rate.
     pub(crate) unchecked_log: Arc<BoundedLog>,
@@ -171,6 +174,7 @@ impl Config {
             partition_secret: None,
             header_cache: Arc::default(),
             missing_log: Arc::default(),
+            no_address_log: Arc::default(),
             unchecked_log: Arc::default(),
             shed: None,
         }

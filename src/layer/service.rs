@@ -110,6 +110,17 @@ enum Checked {
     },
 }
 
+/// A request the address extractors found no address in (the server recorded no peer), and
+/// that the other keys found is checked by them alone: counted and logged, as the limit of
+/// the address is lost for it.
+#[cold]
+#[inline(never)]
+fn no_address_checked(config: &Config, limiter: &Limiter) {
+    config
+        .no_address_log
+        .missing_key(&limiter.name(), "partial");
+}
+
 /// The check of `req`, made at once when its limiters decide at once (the memory store).
 #[inline(never)]
 fn check_request<B>(config: &Config, req: &Request<B>) -> Checked {
@@ -128,8 +139,16 @@ fn check_request<B>(config: &Config, req: &Request<B>) -> Checked {
             ids = Identifiers::One(id);
         }
     } else {
+        let mut no_address = false;
         for key in &config.keys {
-            ids.extend(key.identifier(&view));
+            match key.identifier(&view) {
+                Some(id) => ids.push(id),
+                // (an address extractor finds none only when the server recorded no peer)
+                None => no_address |= key.reads_address(),
+            }
+        }
+        if no_address && !ids.is_empty() {
+            no_address_checked(config, limiter);
         }
     }
     if ids.is_empty() {
