@@ -10,7 +10,10 @@ use super::{KeyExtractor, RequestView};
 /// The value of a request header, e.g. an API key: `header:NAME:VALUE`.
 ///
 /// Any bytes make a key (escaped, so that distinct values stay distinct); an empty value is
-/// missing.
+/// missing. A value longer than 1 KiB is keyed by its SHA-1, as [`hashed`](Header::hashed)
+/// keys every value: written out and escaped in full (four bytes for one, at worst), a
+/// header of hundreds of kilobytes would cost megabytes and passes over them for each
+/// request, only to be hashed where it becomes a key name.
 ///
 /// The value is part of the store's key names, where whoever can list the store's keys
 /// (`SCAN` on Redis, a monitoring tool, a dump) reads it. For a secret such as an API key,
@@ -63,13 +66,16 @@ impl Header {
     }
 }
 
+/// The longest header value [`Header`] keys by itself rather than by its SHA-1.
+const LONGEST_PLAIN_VALUE: usize = 1024;
+
 impl KeyExtractor for Header {
     fn extract(&self, req: &RequestView<'_>) -> Option<String> {
         let value = req.headers.get(&self.name)?;
         if value.is_empty() {
             return None;
         }
-        if self.hashed {
+        if self.hashed || value.len() > LONGEST_PLAIN_VALUE {
             // A kind of its own, so that no plain value's key can spell a hashed one.
             let digest = sha1_smol::Sha1::from(value.as_bytes()).digest();
             return Some(format!("header-sha1:{}:{digest}", self.name));
@@ -245,6 +251,21 @@ mod tests {
         let other = key(&hashed, &get("/", &[("x-api-key", b"sk_live_abd")])).unwrap();
         assert_ne!(secret, other);
         assert_eq!(key(&hashed, &get("/", &[("x-api-key", b"")])), None);
+
+        // A value over 1 KiB is keyed by its SHA-1, not written out (escaped, up to four
+        // times its size) only to be hashed into a key name; 1 KiB still is written out.
+        let api_key = Header::named("x-api-key").unwrap();
+        let long = vec![0xffu8; 400 * 1024];
+        let keyed = key(&api_key, &get("/", &[("x-api-key", &long)])).unwrap();
+        let digest = sha1_smol::Sha1::from(&long[..]).digest();
+        assert_eq!(keyed, format!("header-sha1:x-api-key:{digest}"));
+        let kib = vec![b'k'; 1024];
+        let plain = key(&api_key, &get("/", &[("x-api-key", &kib)])).unwrap();
+        assert_eq!(plain.len(), "header:x-api-key:".len() + 1024);
+        let mut longer = kib.clone();
+        longer.push(b'k');
+        let hashed = key(&api_key, &get("/", &[("x-api-key", &longer)])).unwrap();
+        assert!(hashed.starts_with("header-sha1:"), "{hashed}");
     }
 
     #[test]
