@@ -10,8 +10,10 @@ mod common;
 mod observed;
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
+use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use common::{Proxy, RedisServer};
@@ -640,6 +642,43 @@ async fn calls_their_callers_abandon_still_condemn_a_silent_connection() {
     };
     assert_eq!(answered.origin(), Origin::FailOpen);
     proxy.freeze(false);
+}
+
+/// Calls dropped as soon as they are sent (a client resetting each request at once) are no
+/// silence: Redis had no time to answer them. However many, with no other call answered
+/// between them for seconds, they do not have the connection given up and made again.
+#[tokio::test]
+async fn calls_dropped_at_once_do_not_condemn_the_connection() {
+    let server = RedisServer::start();
+    let store = store_at(&server.url(), "dropped-at-once", 300).await;
+    let limiter = limiter(&store, "1000/s", "dropped-at-once", OnStoreError::Closed);
+    assert!(limiter.check(&["a"]).await.unwrap().is_allowed());
+    // one connection of the test's own, for both readings
+    let mut admin = redis::Client::open(server.url())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let mut connections = || {
+        let info: String = redis::cmd("INFO").arg("stats").query(&mut admin).unwrap();
+        info.lines()
+            .find_map(|l| l.strip_prefix("total_connections_received:"))
+            .map(|n| n.trim().parse::<u64>().unwrap())
+            .unwrap()
+    };
+    let before = connections();
+    // 25 calls dropped right after they are sent, 100 ms apart: no reply seen for 2.5 s
+    for _ in 0..25 {
+        {
+            // polled once (the call sent), then dropped
+            let mut call = std::pin::pin!(limiter.check(&["a"]));
+            let polled = std::future::poll_fn(|cx| Poll::Ready(call.as_mut().poll(cx))).await;
+            assert!(polled.is_pending(), "answered before it was dropped");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(connections(), before, "the connection was made again");
+    let answer = limiter.check(&["a"]).await.unwrap();
+    assert_eq!(answer.origin(), Origin::Store);
 }
 
 /// A waiting check the store fails (a timeout) is answered by the fallback within what the

@@ -712,6 +712,7 @@ where
         link,
         generation,
         answered: false,
+        counts_from: Instant::now() + (timeout / 2).min(UNANSWERED_AFTER),
     };
     let answer = tokio::time::timeout_at(deadline, call(conn)).await;
     waiting.answered = true;
@@ -736,15 +737,28 @@ where
 /// deadline. A reply to any later call clears it. The breaker does not count it: a client
 /// going away is no failure of the store (the connection's replacement, if it comes to
 /// that, fails the calls after it, which the breaker counts).
+///
+/// Only a call that went unanswered for a while counts: [`UNANSWERED_AFTER`], or half the
+/// timeout when that is shorter. One dropped sooner says nothing of Redis, which had no
+/// time to answer, and a client that resets its requests as soon as it sends them (an
+/// HTTP/2 `RST_STREAM` each) would otherwise have a quiet process's connection replaced,
+/// and validated anew, every second.
 struct Unanswered<'a> {
     link: &'a Link,
     generation: u64,
     answered: bool,
+    /// When the call, unanswered, starts to count as a silence.
+    counts_from: Instant,
 }
+
+/// How long a call dropped unanswered must have waited to count as a call without a reply
+/// (at most half the timeout): far longer than Redis takes to answer, far shorter than the
+/// deadlines that drop calls to a Redis gone silent.
+const UNANSWERED_AFTER: Duration = Duration::from_millis(10);
 
 impl Drop for Unanswered<'_> {
     fn drop(&mut self) {
-        if !self.answered {
+        if !self.answered && Instant::now() >= self.counts_from {
             self.link.timed_out(self.generation);
         }
     }
