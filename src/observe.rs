@@ -14,7 +14,7 @@
 //! | `tollgate_failure_policy_total` | counter | `limiter`, `action` (`open`, `closed`, `fallback`) |
 //! | `tollgate_store_errors_total` | counter | `store`, `kind` ([`StoreError::kind_label`]) |
 //! | `tollgate_store_breaker_open` | gauge (the store's breaker open: 1, or 0 from its start; stores of one prefix add up) | `store` |
-//! | `tollgate_store_call_seconds` | histogram | `store` |
+//! | `tollgate_store_call_seconds` | histogram (calls that reached the store; one its caller dropped, for as long as it ran) | `store` |
 //! | `tollgate_refund_failures_total` | counter | `store`, `kind` ([`StoreError::kind_label`]) |
 //! | `tollgate_missing_key_total` | counter | `limiter` (the one that would have checked the request: a route's, or the layer's default), `action` (`allow`, `reject`, `shadow`: let through in shadow mode; `partial`: no peer address for the address extractors, checked by the other keys found) |
 //! | `tollgate_give_back_failures_total` | counter | `store`, `kind` ([`StoreError::kind_label`]) |
@@ -189,6 +189,16 @@ impl StoreKeys {
             StoreKeys {}
         }
     }
+}
+
+/// A call to the store `store` (whose keys are `keys`) that its caller dropped after `took`,
+/// unanswered: its latency so far.
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
+pub(crate) fn store_call_dropped(store: &Arc<str>, keys: &StoreKeys, took: Duration) {
+    #[cfg(feature = "metrics")]
+    metrics::with_recorder(|r| r.register_histogram(&keys.call_seconds, &METADATA))
+        .record(took.as_secs_f64());
+    let _ = (store, keys, took);
 }
 
 /// One check of the store `store` (whose keys are `keys`): its latency (none when the breaker

@@ -644,6 +644,32 @@ async fn calls_their_callers_abandon_still_condemn_a_silent_connection() {
     proxy.freeze(false);
 }
 
+/// A call its caller gives up on (a deadline of its own, shorter than the store's timeout)
+/// is in the store's latencies, for as long as it ran: without it the latencies would read
+/// low exactly while Redis is slow. It is no store error.
+#[tokio::test]
+async fn calls_their_callers_give_up_on_are_in_the_latencies() {
+    observed();
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.port).await;
+    let store = store_at(&proxy.url(), "given-up", 300).await;
+    let limiter = limiter(&store, "100/s", "given-up", OnStoreError::Open);
+    assert_eq!(limiter.check(&["a"]).await.unwrap().origin(), Origin::Store);
+    let calls = || metric("tollgate_store_call_seconds", &[("store", "given-up")]);
+    let errors = || metric("tollgate_store_errors_total", &[("store", "given-up")]);
+    let (before, errors_before) = (calls(), errors());
+    proxy.freeze(true);
+    let gave_up = tokio::time::timeout(Duration::from_millis(50), limiter.check(&["a"])).await;
+    assert!(gave_up.is_err(), "answered by a frozen store: {gave_up:?}");
+    assert_eq!(
+        calls() - before,
+        1.0,
+        "the call given up on is not in the latencies"
+    );
+    assert_eq!(errors(), errors_before);
+    proxy.freeze(false);
+}
+
 /// Calls dropped as soon as they are sent (a client resetting each request at once) are no
 /// silence: Redis had no time to answer them. However many, with no other call answered
 /// between them for seconds, they do not have the connection given up and made again.

@@ -90,8 +90,14 @@ impl Breaker {
             observe::store_call(&self.store, &self.keys, None, Err(&StoreError::Unavailable));
             return Err(StoreError::Unavailable);
         }
-        let started = Instant::now();
+        let mut timing = Timing {
+            breaker: self,
+            started: Instant::now(),
+            done: false,
+        };
         let result = call.await;
+        timing.done = true;
+        let started = timing.started;
         let outcome = result.as_ref().map(|_| ());
         observe::store_call(&self.store, &self.keys, Some(started.elapsed()), outcome);
         if let Err(e) = outcome {
@@ -167,6 +173,26 @@ impl Drop for Breaker {
     fn drop(&mut self) {
         if !self.is_closed() {
             observe::breaker_dropped_open(&self.store);
+        }
+    }
+}
+
+/// The time of a call that went to the store: recorded as the call's latency, if its
+/// caller drops it before it ends (a deadline of its own, a client gone), for as long as it
+/// ran. Otherwise the calls a slow store makes its callers give up on would be missing from
+/// the latencies, which would read low exactly while the store is slow. (Neither the breaker
+/// nor the error counts take such a call: its caller gave up, the store did not fail.)
+struct Timing<'a> {
+    breaker: &'a Breaker,
+    started: Instant,
+    done: bool,
+}
+
+impl Drop for Timing<'_> {
+    fn drop(&mut self) {
+        if !self.done {
+            let breaker = self.breaker;
+            observe::store_call_dropped(&breaker.store, &breaker.keys, self.started.elapsed());
         }
     }
 }
