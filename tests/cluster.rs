@@ -597,6 +597,46 @@ async fn checks_follow_a_migration_to_a_new_master() {
     checked_on_the_target(&limiter, &cluster, id, target).await;
 }
 
+/// A check across slots whose caller gives up while one group's call is still out (a client
+/// disconnecting, a deadline of its own) still gives back what the other group charged: the
+/// calls and the refunds run in a task of their own, which the caller's going does not cut
+/// short.
+#[tokio::test]
+async fn a_check_across_slots_given_up_on_still_gives_back_its_charge() {
+    let cluster = ClusterServer::start(3, 0);
+    let ids = one_id_per_master(&cluster, "given-up");
+    let (admits, stalls) = (&ids[0], &ids[1]);
+    let store = RedisStore::builder(cluster.url())
+        .prefix("given-up")
+        .timeout(Duration::from_millis(500))
+        .connect_timeout(Duration::from_secs(3))
+        .build()
+        .await
+        .unwrap();
+    let limiter = Limiter::new(store, "1/min".parse().unwrap());
+    let stalled = cluster.master_of(&format!("{{{stalls}}}"));
+    let node = cluster
+        .nodes
+        .iter()
+        .find(|n| n.port == stalled)
+        .expect("the stalled master's node");
+    node.stall(true);
+    let both = [admits, stalls];
+    let gave_up = tokio::time::timeout(Duration::from_millis(100), limiter.check(&both)).await;
+    // the stalled group times out (500 ms), and the one that admitted is given its charge back
+    tokio::time::sleep(Duration::from_millis(900)).await;
+    node.stall(false);
+    assert!(
+        gave_up.is_err(),
+        "answered with a master stalled: {gave_up:?}"
+    );
+    let alone = limiter.check(&[admits]).await.unwrap();
+    assert!(
+        alone.is_allowed(),
+        "the charge of the check given up on was kept"
+    );
+}
+
 /// A master that does not answer when the store connects (stalled, or down before its
 /// failover) fails only its own slots, where the cluster serves the others meanwhile
 /// (`cluster-require-full-coverage no`): the store connects without it, the other masters'

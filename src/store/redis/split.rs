@@ -59,8 +59,8 @@ impl RedisStore {
     /// refund, other checks see the charge, so a few may be denied that would have been
     /// admitted: the under-admission is bounded by the charges in flight, and lasts a round
     /// trip. A refund that fails is logged and counted (`BoundedLog::refund_failed`); its charge
-    /// then stays until its state expires. A caller that gives up while the groups' checks
-    /// run (a client disconnecting) may leave such a charge too: it only under-admits.
+    /// then stays until its state expires. The calls and refunds run in a task of their own,
+    /// so a caller that gives up meanwhile (a client disconnecting) cuts none of them short.
     ///
     /// Groups that do not partition the identifiers are checked as one group.
     ///
@@ -75,21 +75,20 @@ impl RedisStore {
         if !partitions(groups, plan.ids.len()) {
             return self.check_call(plan, 0).await;
         }
-        let ids = group_ids(plan, groups);
-        let plans = group_plans(plan, &ids);
-        let results = join_all(plans.iter().map(|p| self.check_call(p, 0))).await;
-
-        let admitted: Vec<(Vec<String>, u64)> = results
-            .iter()
-            .zip(&ids)
-            .filter_map(|(r, ids)| match r {
-                Ok(o) if o.allowed => Some((ids.clone(), o.at_us)),
-                _ => None,
-            })
-            .collect();
-        if admitted.len() < groups.len() && !admitted.is_empty() {
-            self.refund_groups(plan, admitted).await;
-        }
+        // The calls, and the refunds a denial among them needs, run in a task of their own:
+        // a caller that gives up meanwhile (a client disconnecting) would otherwise leave
+        // the groups that admitted charged, or a slot taken, until their state expires.
+        let task = charge_groups(self.clone(), Owned::of(plan), group_ids(plan, groups));
+        let results = match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => match runtime.spawn(task).await {
+                Ok(results) => results,
+                // a bug, not a store failure: it goes on in the caller
+                Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+                // cancelled: the runtime is shutting down under the check
+                Err(e) => return Err(StoreError::Backend(Box::new(e))),
+            },
+            Err(_) => task.await,
+        };
         let mut outcomes = settled(results)?;
         if outcomes.iter().any(|o| !o.allowed) {
             for outcome in outcomes.iter_mut().filter(|o| o.allowed) {
@@ -121,48 +120,74 @@ impl RedisStore {
         merge(groups, &outcomes, plan.ids.len(), plan.limits.len())
             .ok_or_else(|| StoreError::UnexpectedReply("a peek of the wrong size".into()))
     }
+}
 
-    /// Refunds the checks of `groups` (identifiers, time of the check), all at once, and logs
-    /// and counts the refunds that fail.
-    ///
-    /// The denial waits for its refunds: once the caller is told, the check holds nothing
-    /// (unless a refund failed), so a retry of its own never meets its own charge, and a test
-    /// or a caller sees a settled state. It costs one more round trip, only when the groups
-    /// disagree. The refunds run in a task of their own, so a caller that gives up meanwhile
-    /// (a client disconnecting) does not cut them short: a slot taken by a refunded check
-    /// would otherwise stay taken until its lease expires.
-    async fn refund_groups(&self, plan: &Plan<'_>, groups: Vec<(Vec<String>, u64)>) {
-        let store = self.clone();
-        let (limits, lease, cost) = (plan.limits.to_vec(), plan.lease.to_string(), plan.cost);
-        let namespace = plan.namespace.map(str::to_string);
-        let task = async move {
-            let calls = groups.iter().map(|(ids, at)| {
-                let plan = Plan {
-                    ids,
-                    namespace: namespace.as_deref(),
-                    limits: &limits,
-                    cost,
-                    lease: &lease,
-                };
-                let store = &store;
-                async move { store.refund(&plan, *at).await }
-            });
-            for result in join_all(calls).await {
-                if let Err(e) = result {
-                    store.refund_log.refund_failed(&store.prefix, &e);
-                }
-            }
-        };
-        match tokio::runtime::Handle::try_current() {
-            Ok(runtime) => {
-                if let Err(e) = runtime.spawn(task).await {
-                    if e.is_panic() {
-                        // a bug, not a store failure: it goes on in the caller
-                        std::panic::resume_unwind(e.into_panic());
-                    }
-                }
-            }
-            Err(_) => task.await,
+/// What a plan holds besides its identifiers, owned, for a task of its own.
+struct Owned {
+    namespace: Option<String>,
+    limits: Vec<crate::policy::Limit>,
+    cost: u64,
+    lease: String,
+}
+
+impl Owned {
+    fn of(plan: &Plan<'_>) -> Owned {
+        Owned {
+            namespace: plan.namespace.map(str::to_string),
+            limits: plan.limits.to_vec(),
+            cost: plan.cost,
+            lease: plan.lease.to_string(),
+        }
+    }
+
+    /// The plan of the identifiers `ids`.
+    fn plan<'a>(&'a self, ids: &'a [String]) -> Plan<'a> {
+        Plan {
+            ids,
+            namespace: self.namespace.as_deref(),
+            limits: &self.limits,
+            cost: self.cost,
+            lease: &self.lease,
+        }
+    }
+}
+
+/// Checks each group of identifiers `ids` (one call each, all at once) and, when some group
+/// did not admit, refunds the groups that did, all at once, logging and counting the refunds
+/// that fail. The answers of the groups' checks, in order.
+///
+/// The denial waits for its refunds: once the caller is told, the check holds nothing
+/// (unless a refund failed), so a retry of its own never meets its own charge, and a test or
+/// a caller sees a settled state. It costs one more round trip, only when the groups
+/// disagree.
+async fn charge_groups(
+    store: RedisStore,
+    plan: Owned,
+    ids: Vec<Vec<String>>,
+) -> Vec<Result<Outcome, StoreError>> {
+    let plans: Vec<Plan<'_>> = ids.iter().map(|ids| plan.plan(ids)).collect();
+    let results = join_all(plans.iter().map(|p| store.check_call(p, 0))).await;
+    let admitted: Vec<(&Plan<'_>, u64)> = results
+        .iter()
+        .zip(&plans)
+        .filter_map(|(r, p)| match r {
+            Ok(o) if o.allowed => Some((p, o.at_us)),
+            _ => None,
+        })
+        .collect();
+    if !admitted.is_empty() && admitted.len() < plans.len() {
+        refund_charges(&store, &admitted).await;
+    }
+    results
+}
+
+/// Gives back `charges` (each a plan and the time it was charged at), all at once, logging
+/// and counting the refunds that fail.
+async fn refund_charges(store: &RedisStore, charges: &[(&Plan<'_>, u64)]) {
+    let refunds = charges.iter().map(|&(plan, at)| store.refund(plan, at));
+    for result in join_all(refunds).await {
+        if let Err(e) = result {
+            store.refund_log.refund_failed(&store.prefix, &e);
         }
     }
 }

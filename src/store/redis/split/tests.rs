@@ -500,9 +500,7 @@ fn a_refund_that_fails_is_counted() {
             assert!(out.allowed);
             // Redis goes away before the refund
             drop(server);
-            p.redis
-                .refund_groups(&plan, vec![(ids.clone(), out.at_us)])
-                .await;
+            refund_charges(&p.redis, &[(&plan, out.at_us)]).await;
         });
     });
     let counted = recorder.0.lock().unwrap();
