@@ -16,7 +16,7 @@ use crate::observe::{self, Action, LimiterKeys};
 use crate::policy::{Limit, Policy};
 use crate::store::keyspace;
 use crate::store::lease::{lease_id, Lease};
-use crate::store::{MemoryStore, Namespace, OneKey, Outcome, Plan, Store, StoreError};
+use crate::store::{LetGo, MemoryStore, Namespace, OneKey, Outcome, Plan, Store, StoreError};
 
 /// How a check runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -712,14 +712,15 @@ async fn take_slot(
         Ok(outcome) => Ok((outcome, None)),
         Err(e) => {
             // The script may have run and taken the slot before the answer was lost (a
-            // timeout, a dropped connection): give it back, as a guard dropped at once would.
-            // Not when the store was known not to be called (its breaker open, its
+            // timeout, a dropped connection), or may still be on its way: give it back now
+            // and until its lease would have expired (a release on another connection could
+            // overtake the script). Not when the store was known not to be called (its breaker open, its
             // configuration unusable): there is no slot, and a release of it would be
             // retried, and warned of, until its lease ran out, for every check of the outage.
             // (A failure while connecting is a backend failure like any other, and releases
             // to be safe.)
             if e.may_have_run() {
-                drop(ConcurrencyGuard::new(lease, store));
+                store.let_go(lease, LetGo::Unsure);
             }
             Err(Error::Store(e))
         }

@@ -150,6 +150,12 @@ enum Msg {
     Hold(Lease),
     /// A guard was dropped: release the slot (Redis only: in process it is released at once).
     Release(Lease),
+    /// A check that may have taken the slot failed (a timeout): release it now, and again
+    /// each tick until its lease would have expired. Its script may still be on its way
+    /// when the first release arrives (sent on another connection, after the timeouts had
+    /// the connection replaced, or a cluster redirect), and would then take the slot with
+    /// no guard to give it back.
+    ReleaseUntilExpired(Lease),
     /// Stop renewing (the slot was forgotten, or released already).
     Forget(String),
 }
@@ -218,6 +224,18 @@ impl KeeperSlot {
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn release<B: Backend>(&self, backend: impl FnOnce() -> B, lease: Lease) {
         self.send(backend, Msg::Release(lease));
+    }
+
+    /// Releases the slot of `lease`, which a check that failed may have taken (a timeout), now
+    /// and again each tick until its lease would have expired (see
+    /// [`Msg::ReleaseUntilExpired`]).
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub(crate) fn release_until_expired<B: Backend>(
+        &self,
+        backend: impl FnOnce() -> B,
+        lease: Lease,
+    ) {
+        self.send(backend, Msg::ReleaseUntilExpired(lease));
     }
 
     /// Ends the renewal of the lease `id` (a slot in process its store releases at once, or
@@ -291,6 +309,9 @@ const TICK: Duration = Duration::from_millis(250);
 struct Held {
     lease: Lease,
     renewed: Instant,
+    /// Released again each tick until it expires, reached or not (see
+    /// [`Msg::ReleaseUntilExpired`]).
+    again: bool,
 }
 
 impl Held {
@@ -469,8 +490,8 @@ async fn release<B: Backend>(backend: &B, released: Vec<Held>, unreleased: &mut 
     unreleased.extend(released);
     let reached = backend.release(&leases).await;
     let mut i = 0;
-    unreleased.retain(|_| {
-        let keep = i < from || !reached.get(i - from).copied().unwrap_or(false);
+    unreleased.retain(|h| {
+        let keep = i < from || h.again || !reached.get(i - from).copied().unwrap_or(false);
         i += 1;
         keep
     });
@@ -480,13 +501,33 @@ fn apply(msg: Msg, held: &mut HashMap<String, Held>, released: &mut Vec<Held>) {
     match msg {
         Msg::Hold(lease) => {
             let renewed = Instant::now();
-            held.insert(lease.id.clone(), Held { lease, renewed });
+            let again = false;
+            held.insert(
+                lease.id.clone(),
+                Held {
+                    lease,
+                    renewed,
+                    again,
+                },
+            );
         }
         Msg::Release(lease) => {
             let renewed = held
                 .remove(&lease.id)
                 .map_or_else(Instant::now, |h| h.renewed);
-            released.push(Held { lease, renewed });
+            released.push(Held {
+                lease,
+                renewed,
+                again: false,
+            });
+        }
+        Msg::ReleaseUntilExpired(lease) => {
+            held.remove(&lease.id);
+            released.push(Held {
+                lease,
+                renewed: Instant::now(),
+                again: true,
+            });
         }
         Msg::Forget(id) => {
             held.remove(&id);
@@ -608,6 +649,35 @@ mod tests {
         run_for(TICK).await;
         assert_eq!(store.take(), [("release", vec!["b".into()])]);
         run_for(TICK * 4).await;
+        assert_eq!(store.take(), []);
+        drop(tx);
+        keeper.await.unwrap();
+    }
+
+    /// The slot of a check that failed and may have taken it is released at once, and again
+    /// each tick though the release reached the store, until its lease would have expired:
+    /// the check's script may still be on its way, and take the slot after a release that
+    /// overtook it. A release of a guard is made once.
+    #[tokio::test(start_paused = true)]
+    async fn an_unsure_slot_is_released_until_its_lease_would_have_expired() {
+        let store = Recorder::default();
+        let (tx, rx) = mpsc::unbounded_channel();
+        let keeper = tokio::spawn(run(
+            store.clone(),
+            Holding::taking_over(rx, Arc::default(), Arc::default()),
+        ));
+        tx.send(Msg::ReleaseUntilExpired(lease("u"))).unwrap();
+        tx.send(Msg::Release(lease("r"))).unwrap();
+        run_for(Duration::ZERO).await;
+        assert_eq!(store.take(), [("release", vec!["r".into(), "u".into()])]);
+        for _ in 0..4 {
+            run_for(TICK).await;
+            assert_eq!(store.take(), [("release", vec!["u".into()])]);
+        }
+        // its lease (3 s) over: no more
+        run_for(Duration::from_secs(3)).await;
+        store.take();
+        run_for(TICK * 2).await;
         assert_eq!(store.take(), []);
         drop(tx);
         keeper.await.unwrap();

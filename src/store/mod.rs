@@ -73,6 +73,10 @@ pub(crate) struct Plan<'a> {
 pub(crate) enum LetGo {
     /// Give it back now.
     Release,
+    /// The slot of a check that failed and may have taken it (a timeout): give it back now,
+    /// and again until its lease would have expired, as the check's script may still be on
+    /// its way (Redis; in process, the same as `Release`).
+    Unsure,
     /// Stop renewing it: it expires after its lease time.
     Expire,
 }
@@ -230,7 +234,7 @@ impl Store {
     pub(crate) fn let_go(&self, lease: Lease, how: LetGo) {
         let slot = self.keeper_slot();
         match (how, self) {
-            (LetGo::Release, Store::Memory(m)) => {
+            (LetGo::Release | LetGo::Unsure, Store::Memory(m)) => {
                 // The keeper is told first: a renewal that finds the slot released after
                 // this then finds the message too, and does not take the slot for lost.
                 slot.forget(|| self.detached(), lease.id.clone());
@@ -238,6 +242,10 @@ impl Store {
             }
             #[cfg(feature = "redis")]
             (LetGo::Release, Store::Redis(_)) => slot.release(|| self.detached(), lease),
+            #[cfg(feature = "redis")]
+            (LetGo::Unsure, Store::Redis(_)) => {
+                slot.release_until_expired(|| self.detached(), lease);
+            }
             (LetGo::Expire, _) => slot.forget(|| self.detached(), lease.id),
         }
     }
