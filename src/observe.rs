@@ -21,6 +21,7 @@
 //! | `tollgate_lease_failures_total` | counter | `store`, `call` (`renew`, `release`), `kind` ([`StoreError::kind_label`]) |
 //! | `tollgate_leases_lost_total` | counter | `store` (`memory` for the memory store) |
 //! | `tollgate_memory_evictions_total` | counter | none (states still in use that a memory store at its bound evicted) |
+//! | `tollgate_charges_refused_total` | counter | `limiter` (the one that checked the request first: a route's, or the layer's default; a layer charging by response whose charge the limits no longer admitted, its request served over the limit) |
 //! | `tollgate_client_ip_fallbacks_total` | counter | `reason` (`headers_disagree`, `not_an_address`, `too_few_hops`: a request through the proxies keyed by a proxy's address, its forwarding headers giving no client; see [`ClientIp`](crate::key::ClientIp)) |
 //! | `tollgate_shed_total` | counter | `shedder` (`utilization` for a [`UtilizationShedLayer`](crate::shed::UtilizationShedLayer), `shed:NAME` for a [`FleetShedder`](crate::shed::FleetShedder)'s layer), `priority` (`high`, `normal`, `low`) |
 
@@ -105,6 +106,11 @@ pub(crate) fn describe_metrics() {
             "tollgate_memory_evictions_total",
             Unit::Count,
             "States still in use evicted by a memory store at its bound (max_keys)"
+        );
+        describe_counter!(
+            "tollgate_charges_refused_total",
+            Unit::Count,
+            "Responses a layer charging by response could not charge: the limits no longer admitted them, their requests served over the limit"
         );
         describe_counter!(
             "tollgate_client_ip_fallbacks_total",
@@ -811,6 +817,27 @@ impl BoundedLog {
             }
         }
         let _ = (limiter, action);
+    }
+
+    /// A layer charging by response found the limits of `limiter` (the one that checked the
+    /// request first) no longer admitting a response's charge: others were charged since its
+    /// peek, and its request was served over the limit. Counted, and logged at `info` (the
+    /// way charging by response works under concurrency) at most every 10 s.
+    pub(crate) fn charge_refused(&self, limiter: &str) {
+        #[cfg(feature = "metrics")]
+        metrics::counter!("tollgate_charges_refused_total", "limiter" => limiter.to_string())
+            .increment(1);
+        #[cfg(feature = "tracing")]
+        if let Some((count, since)) = self.count(Instant::now()) {
+            tracing::info!(
+                target: "tollgate",
+                limiter,
+                requests = count,
+                since_s = since.map(|d| d.as_secs()),
+                "rate-limit layer served requests whose charge by response the limits no longer admitted: others were charged between their peek and their response"
+            );
+        }
+        let _ = limiter;
     }
 
     /// A utilization shedder was given a reading outside [0, 1] (`reading`: NaN, negative, a

@@ -705,3 +705,48 @@ async fn requests_checked_without_their_address_are_counted_and_logged() {
     assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR);
     assert_eq!((missing("partial"), missing("reject")), (3.0, 1.0));
 }
+
+/// A layer charging by response whose limits no longer admit a response's charge (another
+/// request was charged between its peek and its response) serves that request over the
+/// limit, as documented, and counts and logs it.
+#[tokio::test]
+async fn charges_the_limits_no_longer_admit_are_counted_and_logged() {
+    observed();
+    let name = "refused-charges";
+    let refused = || observed::metric("tollgate_charges_refused_total", &[("limiter", name)]);
+    let layer = RateLimitLayer::new(memory_limiter("1/min", name, false))
+        .key(Header::named("x-user").unwrap())
+        .charge_if(|_: &http::response::Parts| true);
+    // the handler holds each request until both are in it: both passed the peek
+    let (open, gate) = tokio::sync::watch::channel(false);
+    let inside = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let handler = {
+        let inside = inside.clone();
+        service_fn(move |_: Request<Full<bytes::Bytes>>| {
+            let (mut gate, inside) = (gate.clone(), inside.clone());
+            async move {
+                inside.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                gate.wait_for(|open| *open).await.unwrap();
+                Ok::<_, Infallible>(Response::new(Full::<bytes::Bytes>::default()))
+            }
+        })
+    };
+    let svc = layer.layer(handler);
+    let before = refused();
+    let calls: Vec<_> = (0..2)
+        .map(|_| tokio::spawn(svc.clone().oneshot(of_user("u-charged"))))
+        .collect();
+    while inside.load(std::sync::atomic::Ordering::SeqCst) < 2 {
+        tokio::task::yield_now().await;
+    }
+    open.send(true).unwrap();
+    for call in calls {
+        assert_eq!(call.await.unwrap().unwrap().status(), StatusCode::OK);
+    }
+    assert_eq!(refused() - before, 1.0, "one of the two charges fits 1/min");
+    let lines = log_lines(&format!("limiter=\"{name}\""));
+    assert!(
+        lines.iter().any(|l| l.contains("no longer admitted")),
+        "{lines:?}"
+    );
+}

@@ -6,9 +6,11 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 
 use crate::key::{Identifier, Identifiers};
 use crate::limiter::Mode;
+use crate::observe::BoundedLog;
 use crate::{Decision, Error, Limiter, Origin};
 
 /// Where a check made at once got to.
@@ -159,6 +161,8 @@ pub(crate) struct Pending {
     pub(super) ids: Identifiers,
     pub(super) cost: u64,
     pub(super) shadow: bool,
+    /// Where a charge the limits no longer admit is counted and logged.
+    pub(super) refused: Arc<BoundedLog>,
 }
 
 /// A charge under way; its decision when it allowed.
@@ -177,7 +181,8 @@ impl Pending {
     /// limiters make at once is made here; any other runs in a task of its own. Either way
     /// it is made even if the response is dropped before it is sent. It counts no decision
     /// (the peek before the handler did); a charge the limits no longer admit (others were
-    /// charged since the peek) charges nothing.
+    /// charged since the peek) charges nothing, and is counted and logged: its request was
+    /// served over the limit.
     pub(super) fn charge(self) -> Charge {
         let mode = Mode {
             shadow: self.shadow,
@@ -192,13 +197,14 @@ impl Pending {
             self.cost,
             mode,
         ) {
-            AtOnce::Decided(outcome) => return Charge::Made(charged(outcome)),
+            AtOnce::Decided(outcome) => return Charge::Made(charged(outcome, &self)),
             AtOnce::Later(done) => done,
         };
         let task = async move {
             let ids = self.ids.as_slice();
             let first = &self.first;
-            charged(check_both(first, self.then.as_ref(), ids, self.cost, mode, done).await)
+            let outcome = check_both(first, self.then.as_ref(), ids, self.cost, mode, done).await;
+            charged(outcome, &self)
         };
         Charge::Running(match tokio::runtime::Handle::try_current() {
             Ok(runtime) => {
@@ -219,12 +225,23 @@ impl Pending {
     }
 }
 
-/// The decision of a charge, when it charged.
-fn charged(outcome: Result<Decision, Error>) -> Option<Decision> {
+/// The decision of `pending`'s charge, when it charged.
+fn charged(outcome: Result<Decision, Error>, pending: &Pending) -> Option<Decision> {
     let mut decision = outcome.ok()?;
     // A slot taken now would outlive nothing: it is given back at once.
     drop(decision.take_guard());
+    if !decision.is_allowed() {
+        refused(pending);
+    }
     (decision.is_allowed() && decision.origin() != Origin::FailOpen).then_some(decision)
+}
+
+/// A charge the limits no longer admitted: counted and logged under the limiter that
+/// checked the request first (a route's, or the layer's default).
+#[cold]
+#[inline(never)]
+fn refused(pending: &Pending) {
+    pending.refused.charge_refused(&pending.first.name());
 }
 
 #[cfg(test)]

@@ -146,6 +146,8 @@ pub(crate) struct Config {
     /// The requests without the peer's address, checked by their other keys alone, logged at
     /// a bounded rate.
     pub(crate) no_address_log: Arc<BoundedLog>,
+    /// The charges by response the limits no longer admitted, logged at a bounded rate.
+    pub(crate) refused_charges_log: Arc<BoundedLog>,
     /// The requests the layer could not check (answered 400 or 500), logged at a bounded
     /// rate.
     pub(crate) unchecked_log: Arc<BoundedLog>,
@@ -175,6 +177,7 @@ impl Config {
             header_cache: Arc::default(),
             missing_log: Arc::default(),
             no_address_log: Arc::default(),
+            refused_charges_log: Arc::default(),
             unchecked_log: Arc::default(),
             shed: None,
         }

@@ -178,7 +178,7 @@ fn check_request<B>(config: &Config, req: &Request<B>) -> Checked {
             // Not `by_response.then(|| …)`: a closure taking `ids` would copy them in
             // even when it is not called.
             let pending = if by_response {
-                Some(pending(limiter, also, ids, cost, shadow))
+                Some(pending(limiter, also, ids, cost, shadow, config))
             } else {
                 None
             };
@@ -198,8 +198,7 @@ fn check_request<B>(config: &Config, req: &Request<B>) -> Checked {
         cost,
         mode,
         done,
-        shadow,
-        by_response,
+        by_response.then_some(config),
         pks,
     )
 }
@@ -217,11 +216,12 @@ fn later(
     cost: u64,
     mode: Mode,
     done: Option<Decision>,
-    shadow: bool,
-    by_response: bool,
+    // (the layer's configuration when it charges by response)
+    by_response: Option<&Config>,
     pks: Option<Arc<[Vec<u8>]>>,
 ) -> Checked {
-    let pending = by_response.then(|| pending(limiter, also, ids.clone(), cost, shadow));
+    let pending =
+        by_response.map(|config| pending(limiter, also, ids.clone(), cost, mode.shadow, config));
     let later = Later {
         limiter: limiter.clone(),
         also: also.cloned(),
@@ -360,6 +360,7 @@ fn pending(
     ids: Identifiers,
     cost: u64,
     shadow: bool,
+    config: &Config,
 ) -> Box<Pending> {
     Box::new(Pending {
         first: limiter.clone(),
@@ -367,5 +368,6 @@ fn pending(
         ids,
         cost,
         shadow,
+        refused: config.refused_charges_log.clone(),
     })
 }
