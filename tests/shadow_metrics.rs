@@ -750,3 +750,24 @@ async fn charges_the_limits_no_longer_admit_are_counted_and_logged() {
         "{lines:?}"
     );
 }
+
+/// A waiting check of slots given up on while it waits (a client gone, a deadline of its
+/// own) counts one decision too: the denial it had last.
+#[tokio::test(start_paused = true)]
+async fn a_waiting_check_of_slots_given_up_on_counts_its_denial() {
+    observed();
+    let limiter = Limiter::builder(MemoryStore::new(), "1 concurrent".parse().unwrap())
+        .name("gave-up-waiting")
+        .build();
+    let held = limiter.check(&["job"]).await.unwrap();
+    assert!(held.is_allowed());
+    let wait = limiter.check_waiting(&["job"], std::time::Duration::from_secs(3));
+    let gave_up = tokio::time::timeout(std::time::Duration::from_millis(200), wait).await;
+    assert!(
+        gave_up.is_err(),
+        "answered while the slot was held: {gave_up:?}"
+    );
+    assert_eq!(decisions("gave-up-waiting", "allowed").0, 1.0);
+    assert_eq!(decisions("gave-up-waiting", "denied").0, 1.0);
+    drop(held);
+}

@@ -133,12 +133,23 @@ impl Limiter {
             ..mode
         };
         let mut poll = FIRST_POLL;
+        // A request given up on while it waits (a client gone, a deadline of its own) is
+        // counted too, as the denial it had last.
+        let mut waiting = Waiting {
+            limiter: self,
+            version,
+            denied: None,
+        };
         loop {
             let checked = self.run_within_on(version, identifiers, cost, each, Duration::ZERO);
             let (decision, _) = checked.await?;
             let left = deadline.map(|d| d.saturating_duration_since(tokio::time::Instant::now()));
             match next_check(&decision, &mut poll, left) {
-                Some(wait) => tokio::time::sleep(wait).await,
+                Some(wait) => {
+                    waiting.denied = mode.record.then_some(decision);
+                    tokio::time::sleep(wait).await;
+                    waiting.denied = None;
+                }
                 None => {
                     if mode.record {
                         self.record(version, &decision);
@@ -146,6 +157,23 @@ impl Limiter {
                     return Ok(decision);
                 }
             }
+        }
+    }
+}
+
+/// A waiting check of slots, while it sleeps: the denial it had last, counted if it is
+/// dropped there (its caller gave up), so that every request waiting for a slot counts one
+/// decision, answered or not.
+struct Waiting<'a> {
+    limiter: &'a Limiter,
+    version: &'a Version,
+    denied: Option<Decision>,
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        if let Some(denied) = self.denied.take() {
+            self.limiter.record(self.version, &denied);
         }
     }
 }
