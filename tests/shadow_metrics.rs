@@ -633,6 +633,22 @@ fn client_ip_fallbacks_to_a_proxy_are_counted_and_logged() {
     );
     assert_eq!(short.as_deref(), Some("ip:10.0.0.2"));
     assert_eq!(fallbacks("too_few_hops") - before[2], 1.0);
+    // one request, one count: two headers hiding the client alike, or one hiding it and the
+    // other naming it (they disagree), count once
+    let both_hidden = [("forwarded", "for=unknown"), ("x-forwarded-for", "unknown")];
+    let hidden = key(&proxies, "10.0.0.2:4000", &both_hidden);
+    assert_eq!(hidden.as_deref(), Some("ip:10.0.0.2"));
+    let hidden_named = [
+        ("forwarded", "for=unknown"),
+        ("x-forwarded-for", "203.0.113.7"),
+    ];
+    let proxy = key(&proxies, "10.0.0.2:4000", &hidden_named);
+    assert_eq!(proxy.as_deref(), Some("ip:10.0.0.2"));
+    let after = ["headers_disagree", "not_an_address", "too_few_hops"].map(fallbacks);
+    assert_eq!(
+        after.map(|n| n as i64),
+        [before[0] + 2.0, before[1] + 2.0, before[2] + 1.0].map(|n| n as i64)
+    );
 
     assert!(
         log_text().contains("client IP not found in the forwarding headers"),

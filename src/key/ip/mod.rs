@@ -453,6 +453,17 @@ impl ClientIp {
 
     /// The client address of `req` (canonical, not grouped), if known.
     pub fn ip(&self, req: &RequestView<'_>) -> Option<IpAddr> {
+        let mut fell = None;
+        let ip = self.locate(req, &mut fell);
+        if let Some(reason) = fell {
+            self.fell_back(reason);
+        }
+        ip
+    }
+
+    /// [`ip`](Self::ip), setting `fell` to the reason when the headers gave no client and
+    /// the answer is a proxy's address (the last reason found: one per request).
+    fn locate(&self, req: &RequestView<'_>, fell: &mut Option<&'static str>) -> Option<IpAddr> {
         let peer = peer_addr(req.extensions);
         match &self.trust {
             Trust::Proxies(proxies) => {
@@ -466,19 +477,22 @@ impl ClientIp {
             Trust::Hops(_) => {}
         }
         match self.source {
-            Source::Only(header) => self.client_by(req.headers, header, peer),
+            Source::Only(header) => self.client_by(req.headers, header, peer, fell),
             Source::Any => {
                 let mut answer = None;
                 for header in ForwardingHeader::ALL {
                     if !req.headers.contains_key(header.name()) {
                         continue;
                     }
-                    let found = self.client_by(req.headers, header, peer);
+                    let found = self.client_by(req.headers, header, peer, fell);
                     match answer {
                         None => answer = Some(found),
                         Some(earlier) if earlier == found => {}
                         // Disagreement: one of them was passed through from the client.
-                        Some(_) => return self.fell_back("headers_disagree", peer),
+                        Some(_) => {
+                            *fell = Some("headers_disagree");
+                            return peer;
+                        }
                     }
                 }
                 answer.unwrap_or(peer)
@@ -492,11 +506,12 @@ impl ClientIp {
         headers: &HeaderMap,
         header: ForwardingHeader,
         peer: Option<IpAddr>,
+        fell: &mut Option<&'static str>,
     ) -> Option<IpAddr> {
         match header {
             ForwardingHeader::XRealIp => real_ip(headers).or(peer),
             ForwardingHeader::Forwarded | ForwardingHeader::XForwardedFor => {
-                self.client_by_chain(headers, header, peer)
+                self.client_by_chain(headers, header, peer, fell)
             }
         }
     }
@@ -507,6 +522,7 @@ impl ClientIp {
         headers: &HeaderMap,
         header: ForwardingHeader,
         peer: Option<IpAddr>,
+        fell: &mut Option<&'static str>,
     ) -> Option<IpAddr> {
         // The last address walked: the leftmost so far, and the proxy nearest to whatever
         // comes next.
@@ -515,7 +531,8 @@ impl ClientIp {
         let flow = walk_chain(headers, header, |hop| {
             let Hop::Addr(ip) = hop else {
                 // Not an address: nothing to its left can be trusted.
-                return ControlFlow::Break(self.fell_back("not_an_address", last.or(peer)));
+                *fell = Some("not_an_address");
+                return ControlFlow::Break(last.or(peer));
             };
             match &self.trust {
                 Trust::Proxies(proxies) => {
@@ -541,18 +558,21 @@ impl ClientIp {
                 Trust::Proxies(_) => last.or(peer),
                 // Fewer entries than hops: none is known to come from our proxies. (None at
                 // all: a request that did not come through them, a health check say.)
-                Trust::Hops(_) if count > 0 => self.fell_back("too_few_hops", peer),
+                Trust::Hops(_) if count > 0 => {
+                    *fell = Some("too_few_hops");
+                    peer
+                }
                 Trust::Hops(_) => peer,
             },
         }
     }
 
-    /// `proxy`, the address a request is keyed by when its headers gave no client for
-    /// `reason`: counted and logged (see "Falling back to a proxy's address").
+    /// A request keyed by a proxy's address, its headers giving no client for `reason`:
+    /// counted and logged (see "Falling back to a proxy's address").
     #[cold]
-    fn fell_back(&self, reason: &'static str, proxy: Option<IpAddr>) -> Option<IpAddr> {
+    #[inline(never)]
+    fn fell_back(&self, reason: &'static str) {
         self.fallbacks.client_ip_fell_back(reason);
-        proxy
     }
 }
 
