@@ -301,7 +301,9 @@ impl Decision {
     }
 
     /// Every (identifier, limit) pair, identifier-major — of a decision the store made; one
-    /// the failure policy or the deny cache answered has fewer (see [`Origin`]).
+    /// the failure policy or the deny cache answered has fewer (see [`Origin`]), and so does
+    /// a denial of a check across Redis Cluster slots that one slot denied while the call to
+    /// another failed: the identifiers of the slot that failed have no statuses.
     pub fn statuses(&self) -> &[LimitStatus] {
         &self.statuses
     }

@@ -602,7 +602,7 @@ impl BoundedLog {
             store,
             "call",
             e,
-            "rate-limit store calls failed: each check among them was answered by its limiter's failure policy",
+            "rate-limit store calls failed: each check among them was answered by its limiter's failure policy (or, across Cluster slots, denied by another slot)",
         );
     }
 

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use common::{ClusterServer, RedisServer};
 use tollgate::store::MisconfigurationKind;
-use tollgate::{Error, Limiter, OnStoreError, RedisStore, StoreError};
+use tollgate::{Error, Limiter, OnStoreError, Origin, RedisStore, StoreError};
 
 /// One identifier served by each master of `cluster`.
 fn one_id_per_master(cluster: &ClusterServer, tag: &str) -> Vec<String> {
@@ -31,6 +31,17 @@ fn one_id_per_master(cluster: &ClusterServer, tag: &str) -> Vec<String> {
         }
     }
     unreachable!()
+}
+
+/// A store on `cluster` under `prefix` whose calls time out after `timeout`.
+async fn impatient_store(cluster: &ClusterServer, prefix: &str, timeout: Duration) -> RedisStore {
+    RedisStore::builder(cluster.url())
+        .prefix(prefix)
+        .timeout(timeout)
+        .connect_timeout(Duration::from_secs(3))
+        .build()
+        .await
+        .unwrap()
 }
 
 /// A store on `cluster` under a prefix of its own.
@@ -606,20 +617,9 @@ async fn a_check_across_slots_given_up_on_still_gives_back_its_charge() {
     let cluster = ClusterServer::start(3, 0);
     let ids = one_id_per_master(&cluster, "given-up");
     let (admits, stalls) = (&ids[0], &ids[1]);
-    let store = RedisStore::builder(cluster.url())
-        .prefix("given-up")
-        .timeout(Duration::from_millis(500))
-        .connect_timeout(Duration::from_secs(3))
-        .build()
-        .await
-        .unwrap();
+    let store = impatient_store(&cluster, "given-up", Duration::from_millis(500)).await;
     let limiter = Limiter::new(store, "1/min".parse().unwrap());
-    let stalled = cluster.master_of(&format!("{{{stalls}}}"));
-    let node = cluster
-        .nodes
-        .iter()
-        .find(|n| n.port == stalled)
-        .expect("the stalled master's node");
+    let node = cluster.master_node_of(stalls);
     node.stall(true);
     let both = [admits, stalls];
     let gave_up = tokio::time::timeout(Duration::from_millis(100), limiter.check(&both)).await;
@@ -635,6 +635,71 @@ async fn a_check_across_slots_given_up_on_still_gives_back_its_charge() {
         alone.is_allowed(),
         "the charge of the check given up on was kept"
     );
+}
+
+/// A check across slots that one slot denies while another's master is silent is denied, as
+/// that slot says: the failure policy (open here) answers only checks that no answer settles,
+/// and failing open would admit a request Redis just refused. The silent group's identifier
+/// has no statuses. With a concurrency limit, the slot the silent master's script takes once
+/// it runs, under the lease of the denied check, is given back.
+#[tokio::test]
+async fn a_denial_across_slots_stands_when_another_slot_fails() {
+    let cluster = ClusterServer::start(3, 0);
+    let ids = one_id_per_master(&cluster, "partly");
+    let (silent, spent) = (&ids[0], &ids[1]);
+    let store = impatient_store(&cluster, "partly", Duration::from_millis(300)).await;
+    let rate = Limiter::builder(store.clone(), "1/min".parse().unwrap())
+        .name("rate")
+        .on_store_error(OnStoreError::Open)
+        .build();
+    assert!(rate.check(&[spent]).await.unwrap().is_allowed());
+    // (the default lease, 15 s: longer than the test waits for the slot)
+    let slots = Limiter::builder(store, "100/min, 1 concurrent".parse().unwrap())
+        .name("slots")
+        .on_store_error(OnStoreError::Open)
+        .build();
+    let held = slots.check(&[spent]).await.unwrap();
+    assert!(held.is_allowed());
+    // The silent master learns the script first (a check it did not know would be answered
+    // `NOSCRIPT` once it woke, and run by no one), and the slot is given back.
+    drop(slots.check(&[silent]).await.unwrap());
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let node = cluster.master_node_of(silent);
+    node.stall(true);
+    let by_rate = rate.check(&[silent, spent]).await;
+    let by_slots = slots.check(&[silent, spent]).await;
+    node.stall(false);
+    for (decision, limit) in [(by_rate, "1/min"), (by_slots, "1 concurrent")] {
+        let decision = decision.unwrap();
+        assert!(!decision.is_allowed(), "{limit}: {decision:?}");
+        assert_eq!(decision.origin(), Origin::Store, "{limit}");
+        assert_eq!(
+            decision
+                .denied_by()
+                .map(|s| (s.identifier, s.limit.to_string())),
+            Some((1, limit.to_string())),
+            "{decision:?}"
+        );
+        assert!(
+            decision.statuses().iter().all(|s| s.identifier == 1),
+            "the silent slot's figures are unknown: {decision:?}"
+        );
+        assert!(decision.retry_after().is_some());
+    }
+    // The silent master ran the slots check's script once it woke, taking a slot for the
+    // denied check: it is given back well before its lease would run out.
+    let started = Instant::now();
+    loop {
+        if slots.check(&[silent]).await.unwrap().is_allowed() {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "the slot taken by the denied check was kept"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    drop(held);
 }
 
 /// A master that does not answer when the store connects (stalled, or down before its
@@ -656,12 +721,8 @@ async fn a_master_silent_at_connect_fails_only_its_slots() {
             .unwrap();
     }
     let ids = one_id_per_master(&cluster, "silent");
-    let silent = cluster.master_of(&format!("{{{}}}", ids[0]));
-    let node = cluster
-        .nodes
-        .iter()
-        .find(|n| n.port == silent)
-        .expect("the silent master's node");
+    let node = cluster.master_node_of(&ids[0]);
+    let silent = node.port;
     node.stall(true);
     let store = RedisStore::builder(cluster.url())
         .prefix("silent")

@@ -213,6 +213,14 @@ pub(crate) struct Outcome {
     /// How long an allowed check waits for the time it was admitted at (0 but for a check
     /// that may wait: see `reserve`).
     pub(crate) wait_us: u64,
+    /// The identifiers whose figures are unknown (bit `j`: the check's `j`th), their entries
+    /// placeholders to leave out: a denial of a check across Redis Cluster slots, which one
+    /// slot denied while the call to another failed (see `RedisStore::check_split`). 0 for
+    /// every other outcome.
+    pub(crate) unknown: u16,
+    /// Whether a failed call of such a denial may have run, and taken a concurrency slot
+    /// that its caller then releases, as after a failed check.
+    pub(crate) unsure: bool,
 }
 
 impl Outcome {
@@ -223,9 +231,21 @@ impl Outcome {
             entries,
             at_us: summary.at_us,
             wait_us: summary.wait_us,
+            unknown: 0,
+            unsure: false,
         }
     }
+
+    /// Whether the figures of the check's `j`th identifier are known (see
+    /// [`unknown`](Outcome::unknown)).
+    pub(crate) fn knows(&self, j: usize) -> bool {
+        let bit = u32::try_from(j).ok().and_then(|j| 1u16.checked_shl(j));
+        bit.is_none_or(|bit| self.unknown & bit == 0)
+    }
 }
+
+// `Outcome::unknown` holds a bit for each identifier a check may name.
+const _: () = assert!(crate::limiter::MAX_IDENTIFIERS <= u16::BITS as usize);
 
 /// An [`Outcome`] without its entries, which went to a [`Sink`] as they were reported.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -599,7 +599,10 @@ fn decision_of(
     };
     let per_id = limits.len();
     for (k, &entry) in outcome.entries.iter().enumerate() {
-        sink.entry(k / per_id, k % per_id, entry);
+        // (an identifier whose figures are unknown has no statuses)
+        if outcome.knows(k / per_id) {
+            sink.entry(k / per_id, k % per_id, entry);
+        }
     }
     let summary = Summary {
         allowed: outcome.allowed,
@@ -709,7 +712,14 @@ async fn take_slot(
     let lease = lease(&store, (&ids[..], namespace), &slot, id);
     match result {
         Ok(outcome) if outcome.allowed => Ok((outcome, Some(ConcurrencyGuard::new(lease, store)))),
-        Ok(outcome) => Ok((outcome, None)),
+        Ok(outcome) => {
+            // A denial across Cluster slots, one of whose calls failed and may have run (see
+            // `Outcome::unsure`): its slot is given back as after a failed check (below).
+            if outcome.unsure {
+                store.let_go(lease, LetGo::Unsure);
+            }
+            Ok((outcome, None))
+        }
         Err(e) => {
             // The script may have run and taken the slot before the answer was lost (a
             // timeout, a dropped connection), or may still be on its way: give it back now

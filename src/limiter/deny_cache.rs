@@ -261,6 +261,8 @@ mod tests {
             wait_us: 0,
             entries: entries.into_iter().collect(),
             at_us: 0,
+            unknown: 0,
+            unsure: false,
         }
     }
 

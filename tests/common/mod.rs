@@ -900,6 +900,12 @@ impl ClusterServer {
             .unwrap()
     }
 
+    /// The node of the master serving identifier `id`'s slot (its keys' hash tag).
+    pub fn master_node_of(&self, id: &str) -> &ClusterNode {
+        let port = self.master_of(&format!("{{{id}}}"));
+        self.nodes.iter().find(|n| n.port == port).unwrap()
+    }
+
     /// The node on `port`.
     pub fn node(&mut self, port: u16) -> &mut ClusterNode {
         self.nodes.iter_mut().find(|n| n.port == port).unwrap()

@@ -10,6 +10,7 @@
 use futures_util::future::join_all;
 
 use super::{script, RedisStore};
+use crate::algorithm::Entry;
 use crate::store::{Outcome, Plan, StoreError};
 
 impl RedisStore {
@@ -48,12 +49,18 @@ impl RedisStore {
     ///   which releases the slot a concurrency limit took there. The remaining quota of an
     ///   admitting group is reported with its charge given back, as a denied single check
     ///   reports it; its times until reset are those its check reported.
-    /// * a group fails (a timeout, an error): the check fails with the first group's error
-    ///   that may have run, or else the first (the limiter's failure policy answers it), once
-    ///   the admitting groups were refunded.
-    ///   A group that timed out may have charged, and is not refunded (nothing says it ran):
-    ///   that charge can only deny requests later, never admit one, and the limiter releases
-    ///   the slot it may have taken, as after any failed check.
+    /// * a group fails (a timeout, an error) and another denies: denied, as the denying group
+    ///   says (no answer of the failed group could admit the check), once the admitting groups
+    ///   were refunded. The failed group's identifiers have no figures
+    ///   ([`Outcome::unknown`]); when its call may have run, the outcome says so
+    ///   ([`Outcome::unsure`]) and the limiter releases the slot it may have taken.
+    /// * a group fails and none denies: the check fails with the first group's error that may
+    ///   have run, or else the first (the limiter's failure policy answers it), once the
+    ///   admitting groups were refunded.
+    ///
+    /// A group that failed may have charged, and is not refunded (nothing says it ran): that
+    /// charge can only deny requests later, never admit one, and the limiter releases the
+    /// slot it may have taken, as after any failed check.
     ///
     /// The check never admits more than each group's limits allow. Between a charge and its
     /// refund, other checks see the charge, so a few may be denied that would have been
@@ -66,7 +73,7 @@ impl RedisStore {
     ///
     /// # Errors
     ///
-    /// As [`check`](Self::check), for the first group that failed.
+    /// As [`check`](Self::check), for the first group that failed, when no group denied.
     pub(crate) async fn check_split(
         &self,
         plan: &Plan<'_>,
@@ -89,14 +96,19 @@ impl RedisStore {
             },
             Err(_) => task.await,
         };
-        let mut outcomes = settled(results)?;
-        if outcomes.iter().any(|o| !o.allowed) {
-            for outcome in outcomes.iter_mut().filter(|o| o.allowed) {
+        let Settled {
+            mut outcomes,
+            unsure,
+        } = settled(results)?;
+        if outcomes.iter().flatten().any(|o| !o.allowed) {
+            for outcome in outcomes.iter_mut().flatten().filter(|o| o.allowed) {
                 uncharged(outcome, plan.limits, plan.cost);
             }
         }
-        merge(groups, &outcomes, plan.ids.len(), plan.limits.len())
-            .ok_or_else(|| StoreError::UnexpectedReply("a check of the wrong size".into()))
+        let mut merged = merge(groups, &outcomes, plan.ids.len(), plan.limits.len())
+            .ok_or_else(|| StoreError::UnexpectedReply("a check of the wrong size".into()))?;
+        merged.unsure = unsure;
+        Ok(merged)
     }
 
     /// A peek of `plan` whose identifiers are split into `groups` (as
@@ -104,7 +116,9 @@ impl RedisStore {
     /// into one [`Outcome`] laid out as a single peek's. A peek charges nothing, and each
     /// identifier's figures come from its own states alone, so the merged peek reports what
     /// one call would: admitted when every group admits. It fails with the first group's
-    /// error.
+    /// error, even when another group denies: unlike a check, which a denial settles, a peek
+    /// is also asked for every figure ([`Limiter::usage`](crate::Limiter::usage)), and
+    /// admits nothing.
     pub(crate) async fn peek_split(
         &self,
         plan: &Plan<'_>,
@@ -116,7 +130,10 @@ impl RedisStore {
         let ids = group_ids(plan, groups);
         let plans = group_plans(plan, &ids);
         let results = join_all(plans.iter().map(|p| self.peek_call(p))).await;
-        let outcomes = results.into_iter().collect::<Result<Vec<_>, _>>()?;
+        let outcomes = results
+            .into_iter()
+            .map(|r| r.map(Some))
+            .collect::<Result<Vec<_>, _>>()?;
         merge(groups, &outcomes, plan.ids.len(), plan.limits.len())
             .ok_or_else(|| StoreError::UnexpectedReply("a peek of the wrong size".into()))
     }
@@ -243,10 +260,12 @@ fn partitions(groups: &[Vec<usize>], ids: usize) -> bool {
 
 /// The groups' outcomes as one check's: admitted when every group admitted, the entries per
 /// identifier in the plan's order (`per_id` per identifier), stamped with the earliest time.
-/// `None` when an outcome does not hold its group's entries.
+/// A group without an outcome (its call failed) has its identifiers' figures unknown
+/// ([`Outcome::unknown`]), their entries placeholders, and the check is not admitted.
+/// `None` when an outcome does not hold its group's entries, or no group has one.
 fn merge(
     groups: &[Vec<usize>],
-    outcomes: &[Outcome],
+    outcomes: &[Option<Outcome>],
     ids: usize,
     per_id: usize,
 ) -> Option<Outcome> {
@@ -258,30 +277,71 @@ fn merge(
         }
     }
     let mut entries = Vec::with_capacity(ids * per_id);
-    for (g, p) in at {
-        let outcome = outcomes.get(g)?;
-        entries.extend_from_slice(outcome.entries.get(p * per_id..(p + 1) * per_id)?);
+    let mut unknown = 0u16;
+    for (j, (g, p)) in at.into_iter().enumerate() {
+        match outcomes.get(g)? {
+            Some(outcome) => {
+                entries.extend_from_slice(outcome.entries.get(p * per_id..(p + 1) * per_id)?);
+            }
+            None => {
+                unknown |= 1u16.checked_shl(u32::try_from(j).ok()?)?;
+                entries.extend(std::iter::repeat_n(UNKNOWN, per_id));
+            }
+        }
     }
+    let answered = || outcomes.iter().flatten();
     Some(Outcome {
-        allowed: outcomes.iter().all(|o| o.allowed),
+        allowed: unknown == 0 && answered().all(|o| o.allowed),
         entries: entries.into(),
-        at_us: outcomes.iter().map(|o| o.at_us).min()?,
+        at_us: answered().map(|o| o.at_us).min()?,
         wait_us: 0,
+        unknown,
+        unsure: false,
     })
 }
 
-/// The groups' outcomes, or the error the check fails with: the first that may have run
-/// (a timeout, an answer lost), else the first. A group that may have run may hold a
-/// concurrency slot, which the limiter releases after a failed check only when its error
-/// says the check may have run: an `Unavailable` of another group (its breaker opened
-/// between the groups' calls) must not hide it.
-fn settled(results: Vec<Result<Outcome, StoreError>>) -> Result<Vec<Outcome>, StoreError> {
+/// The entry of an (identifier, limit) pair whose figures are unknown: a placeholder, left
+/// out of the decision. Were it read, it would hold nothing back (no retry time, nothing for
+/// the deny cache to learn).
+const UNKNOWN: Entry = Entry {
+    allowed: true,
+    remaining: 0,
+    reset_after_us: 0,
+    retry_after_us: 0,
+};
+
+/// What the groups of a check across slots answered.
+#[derive(Debug)]
+struct Settled {
+    /// Each group's outcome, `None` for a group whose call failed.
+    outcomes: Vec<Option<Outcome>>,
+    /// Whether a call that failed may have run.
+    unsure: bool,
+}
+
+/// The groups' outcomes, or the error the check fails with.
+///
+/// A group that denied decides the check whatever became of the others (all or nothing: no
+/// answer of theirs could admit it), so a check with a denial among its answers is settled,
+/// its failed groups without outcomes. Failing open, or to a fallback, on such a check would
+/// admit a request Redis just refused.
+///
+/// Otherwise a failure fails the check with the first error that may have run (a timeout, an
+/// answer lost), else the first. A group that may have run may hold a concurrency slot, which
+/// the limiter releases after a failed check only when its error says the check may have run:
+/// an `Unavailable` of another group (its breaker opened between the groups' calls) must not
+/// hide it.
+fn settled(results: Vec<Result<Outcome, StoreError>>) -> Result<Settled, StoreError> {
+    let denied = results.iter().any(|r| matches!(r, Ok(o) if !o.allowed));
     let mut outcomes = Vec::with_capacity(results.len());
     let mut failed: Option<StoreError> = None;
+    let mut unsure = false;
     for result in results {
         match result {
-            Ok(outcome) => outcomes.push(outcome),
+            Ok(outcome) => outcomes.push(Some(outcome)),
             Err(e) => {
+                outcomes.push(None);
+                unsure |= e.may_have_run();
                 if failed
                     .as_ref()
                     .is_none_or(|f| !f.may_have_run() && e.may_have_run())
@@ -292,8 +352,8 @@ fn settled(results: Vec<Result<Outcome, StoreError>>) -> Result<Vec<Outcome>, St
         }
     }
     match failed {
-        Some(e) => Err(e),
-        None => Ok(outcomes),
+        Some(e) if !denied => Err(e),
+        _ => Ok(Settled { outcomes, unsure }),
     }
 }
 

@@ -143,6 +143,24 @@ impl Pair {
         seen
     }
 
+    /// Writes what no script writes to the first key of `id` on Redis, so that a check of it
+    /// fails there; that key.
+    fn spoil(&self, id: &str, conn: &mut redis::Connection) -> String {
+        let l = &self.limits;
+        let key = if crate::algorithm::is_packed(&l[0]) {
+            let packed = l.iter().filter(|l| crate::algorithm::is_packed(l));
+            keyspace::packed_key(self.redis.prefix(), id, None, packed)
+        } else {
+            keyspace::key(self.redis.prefix(), id, None, &l[0])
+        };
+        let () = redis::cmd("SET")
+            .arg(&key)
+            .arg("not a state")
+            .query(conn)
+            .unwrap();
+        key
+    }
+
     fn max_cost(&self) -> u64 {
         self.limits.iter().map(Limit::max_cost).min().unwrap()
     }
@@ -174,6 +192,7 @@ fn memory_split(memory: &MemoryStore, plan: &Plan<'_>, groups: &[Vec<usize>]) ->
             }
         }
     }
+    let outcomes: Vec<Option<Outcome>> = outcomes.into_iter().map(Some).collect();
     merge(groups, &outcomes, plan.ids.len(), plan.limits.len()).unwrap()
 }
 
@@ -330,9 +349,10 @@ fn log_members_stay_numbered_across_refunds() {
 }
 
 /// A group that fails makes the whole check fail, after the groups that admitted were
-/// refunded.
+/// refunded, unless another group denies: that denial settles the check, and the failed
+/// group's figures are unknown. A peek, asked for every figure, fails in both cases.
 #[test]
-fn a_failing_group_fails_the_check_after_refunding_the_others() {
+fn a_failing_group_fails_the_check_unless_another_denies() {
     let server = Server::start();
     let mut conn = server.conn();
     runtime().block_on(async {
@@ -343,33 +363,45 @@ fn a_failing_group_fails_the_check_after_refunding_the_others() {
             "5/min",
         ] {
             let mut p = Pair::new(&server, policy).await;
-            let before = p.probe("a").await;
-            // b's first key holds what no script wrote: its check fails on the server
-            let l = &p.limits;
-            let key = if crate::algorithm::is_packed(&l[0]) {
-                let packed = l.iter().filter(|l| crate::algorithm::is_packed(l));
-                keyspace::packed_key(p.redis.prefix(), "b", None, packed)
-            } else {
-                keyspace::key(p.redis.prefix(), "b", None, &l[0])
-            };
-            let () = redis::cmd("SET")
-                .arg(&key)
-                .arg("not a state")
-                .query(&mut conn)
-                .unwrap();
-            let ids = ["a".to_string(), "b".to_string()];
+            // a is spent, c admits, and b's first key holds what no script wrote: its check
+            // fails on the server
+            let spend = p.max_cost();
+            let (out, _) = p.check(&["a"], spend).await;
+            assert!(out.allowed, "{policy}");
+            let before = p.probe("c").await;
+            p.spoil("b", &mut conn);
             let lease = p.lease();
-            let plan = Plan {
-                namespace: None,
-                ids: &ids,
-                limits: &p.limits,
-                cost: 1,
-                lease: &lease,
-            };
-            let result = p.redis.check_split(&plan, &each_alone()).await;
-            assert!(result.is_err(), "{policy}: {result:?}");
-            // a was charged and given back: it decides as before, on both stores
-            assert_eq!(p.probe("a").await, before, "{policy}");
+            for (ids, denied) in [(["c", "b"].as_slice(), false), (&["c", "b", "a"], true)] {
+                let ids: Vec<String> = ids.iter().map(|s| s.to_string()).collect();
+                let plan = Plan {
+                    namespace: None,
+                    ids: &ids,
+                    limits: &p.limits,
+                    cost: 1,
+                    lease: &lease,
+                };
+                let groups: Vec<Vec<usize>> = (0..ids.len()).map(|i| vec![i]).collect();
+                assert!(
+                    p.redis.peek_split(&plan, &groups).await.is_err(),
+                    "{policy}"
+                );
+                let result = p.redis.check_split(&plan, &groups).await;
+                if !denied {
+                    assert!(result.is_err(), "{policy}: {result:?}");
+                    continue;
+                }
+                let out = result.unwrap_or_else(|e| panic!("{policy}: {e:?}"));
+                assert!(!out.allowed, "{policy}");
+                assert_eq!(out.unknown, 0b010, "{policy}: b's figures are unknown");
+                assert!(out.knows(0) && !out.knows(1) && out.knows(2), "{policy}");
+                // (an answer no script writes may come from a script that ran)
+                assert!(out.unsure, "{policy}");
+                let a = &out.entries[2 * p.limits.len()..];
+                let held_back = |e: &Entry| !e.allowed && e.retry_after_us > 0;
+                assert!(a.iter().any(held_back), "{policy}: {a:?}");
+            }
+            // c was charged and given back each time: it decides as before, on both stores
+            assert_eq!(p.probe("c").await, before, "{policy}");
         }
     });
 }
@@ -528,6 +560,31 @@ fn a_failed_split_check_fails_with_an_error_that_may_have_run() {
     assert!(matches!(failed, StoreError::Timeout(_)), "{failed:?}");
     let failed = settled(vec![unavailable(), unavailable()]).unwrap_err();
     assert!(!failed.may_have_run());
+    // a denial settles the check, and says whether a failed call may have run
+    let denied = || {
+        let entry = Entry {
+            allowed: false,
+            remaining: 0,
+            reset_after_us: 9,
+            retry_after_us: 9,
+        };
+        Ok(Outcome::of(
+            crate::algorithm::Summary {
+                allowed: false,
+                at_us: 1,
+                wait_us: 0,
+            },
+            [entry].into_iter().collect(),
+        ))
+    };
+    let s = settled(vec![unavailable(), denied()]).unwrap();
+    assert!(!s.unsure);
+    assert!(s.outcomes[0].is_none() && s.outcomes[1].is_some());
+    let s = settled(vec![denied(), unavailable(), timeout()]).unwrap();
+    assert!(s.unsure);
+    let merged = merge(&[vec![0], vec![1], vec![2]], &s.outcomes, 3, 1).unwrap();
+    assert!(!merged.allowed);
+    assert_eq!(merged.unknown, 0b110);
 }
 
 /// A refund goes to a master that answered a moment ago: a breaker opened meanwhile by the
