@@ -242,6 +242,16 @@ async fn a_missing_key_is_rejected_or_allowed_as_configured() {
         .on_missing_key(MissingKey::Reject(StatusCode::UNAUTHORIZED));
     let addr = serve(app(lenient.clone())).await;
     assert_eq!(get_path(addr, "/").await.status, StatusCode::UNAUTHORIZED);
+    // a layer answering in problem details answers this in them too
+    let addr = serve(app(lenient.clone().problem_details(true))).await;
+    let r = get_path(addr, "/").await;
+    assert_eq!(r.status, StatusCode::UNAUTHORIZED);
+    assert_eq!(r.headers["content-type"], "application/problem+json");
+    assert_eq!(
+        r.body,
+        "{\"type\":\"about:blank\",\"title\":\"Unauthorized\",\"status\":401,\
+         \"detail\":\"no rate-limit key found in the request\"}\n"
+    );
     let addr = serve(app(lenient.on_missing_key(MissingKey::Allow))).await;
     for _ in 0..3 {
         assert_eq!(get_path(addr, "/").await.status, StatusCode::OK);
@@ -380,12 +390,34 @@ async fn redis_backed_layer_and_its_failure_policy() {
         .on_store_error(OnStoreError::Closed)
         .build();
     let closed = RateLimitLayer::new(closed).key(Header::named("x-api-key").unwrap());
-    let addr = serve(app(closed)).await;
+    let addr = serve(app(closed.clone())).await;
     let r = get_with(addr, "/", &key).await;
     assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(r.headers["retry-after"], "1");
     // The store's error (addresses, timeouts) stays out of the response.
     assert_eq!(r.body, "rate limiting unavailable\n");
+    // in problem details, when the layer answers in them
+    let addr = serve(app(closed.clone().problem_details(true))).await;
+    let r = get_with(addr, "/", &key).await;
+    assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(r.headers["retry-after"], "1");
+    assert_eq!(r.headers["content-type"], "application/problem+json");
+    assert_eq!(
+        r.body,
+        "{\"type\":\"about:blank\",\"title\":\"Service Unavailable\",\"status\":503,\
+         \"detail\":\"rate limiting unavailable\"}\n"
+    );
+    // and so is a request the layer could not check: a cost no policy admits
+    let addr = serve(app(closed.cost(|_| 5).problem_details(true))).await;
+    let r = get_with(addr, "/", &key).await;
+    assert_eq!(r.status, StatusCode::BAD_REQUEST);
+    assert_eq!(r.headers["content-type"], "application/problem+json");
+    assert!(
+        r.body
+            .starts_with("{\"type\":\"about:blank\",\"title\":\"Bad Request\",\"status\":400,"),
+        "{}",
+        r.body
+    );
 }
 
 /// A service that cannot fail stays one that cannot fail: rejections are responses, so the

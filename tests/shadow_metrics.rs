@@ -787,3 +787,38 @@ async fn a_waiting_check_of_slots_given_up_on_counts_its_denial() {
     assert_eq!(decisions("gave-up-waiting", "denied").0, 1.0);
     drop(held);
 }
+
+/// The same when it is given up on during one of its checks rather than between them: here,
+/// a check it makes again that a silent Redis leaves unanswered.
+#[tokio::test]
+async fn a_waiting_check_of_slots_given_up_on_mid_check_counts_its_denial() {
+    observed();
+    let server = common::RedisServer::start();
+    let proxy = common::Proxy::start(server.port).await;
+    let store = tollgate::RedisStore::builder(proxy.url())
+        .timeout(std::time::Duration::from_secs(3))
+        .build()
+        .await
+        .unwrap();
+    let limiter = Limiter::builder(store, "1 concurrent".parse().unwrap())
+        .name("gave-up-mid-check")
+        .build();
+    let held = limiter.check(&["job"]).await.unwrap();
+    assert!(held.is_allowed());
+    let wait = limiter.check_waiting(&["job"], std::time::Duration::from_secs(10));
+    let freeze = async {
+        // Its first check is answered (denied), the ones it makes again stop answering: given
+        // up on half a second later, it is in one of them (it waits at most 100 ms between).
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        proxy.freeze(true);
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    };
+    tokio::select! {
+        answer = wait => panic!("answered while the slot was held: {answer:?}"),
+        () = freeze => {}
+    }
+    proxy.freeze(false);
+    assert_eq!(decisions("gave-up-mid-check", "allowed").0, 1.0);
+    assert_eq!(decisions("gave-up-mid-check", "denied").0, 1.0);
+    drop(held);
+}

@@ -188,14 +188,45 @@ pub(crate) fn shed_problem_response(status: StatusCode) -> Response<Bytes> {
     problem(status, SHED_MESSAGE, None)
 }
 
+/// The answer of a middleware of its own that is not a refusal — the store unavailable under a
+/// closed failure policy, a request it could not check, a request without a key — as
+/// `own_response` writes it, or, with `problem` (the layer answers in problem details) and
+/// for HTTP, as an RFC 9457 `application/problem+json` body: of no problem type of its own
+/// (`about:blank`: the status says what happened), titled with the status's reason phrase,
+/// `message` as its detail. An API whose errors are problem details gets them for these
+/// answers too.
+pub(crate) fn error_response(
+    status: StatusCode,
+    message: impl fmt::Display,
+    grpc: Option<&HeaderValue>,
+    problem: bool,
+) -> Response<Bytes> {
+    if !problem || grpc.is_some() {
+        return own_response(status, message, grpc);
+    }
+    let title = status.canonical_reason().unwrap_or("Error");
+    problem_of(("about:blank", title), status, &message.to_string(), None)
+}
+
 /// A problem+json response: `quota-exceeded`, or `temporary-reduced-capacity` when the
 /// status is 503, with `violated-policies` when given.
 fn problem(status: StatusCode, detail: &str, violated: Option<&[String]>) -> Response<Bytes> {
-    let (kind, title) = if status == StatusCode::SERVICE_UNAVAILABLE {
+    let kind = if status == StatusCode::SERVICE_UNAVAILABLE {
         (TEMPORARY_REDUCED_CAPACITY, "Temporary Reduced Capacity")
     } else {
         (QUOTA_EXCEEDED, "Quota Exceeded")
     };
+    problem_of(kind, status, detail, violated)
+}
+
+/// A problem+json response of the problem type and title `kind`, with `violated-policies`
+/// when given.
+fn problem_of(
+    (kind, title): (&str, &str),
+    status: StatusCode,
+    detail: &str,
+    violated: Option<&[String]>,
+) -> Response<Bytes> {
     let mut body = String::from("{");
     let _ = write!(
         body,

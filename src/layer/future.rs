@@ -18,7 +18,8 @@ use super::config::Config;
 use super::upgrade::{self, Offered};
 use crate::http::headers::add_headers;
 use crate::http::response::{
-    grpc_pushback, grpc_response, own_response, GrpcCode, LimitedMessage, SHED_MESSAGE,
+    error_response, grpc_pushback, grpc_response, own_response, GrpcCode, LimitedMessage,
+    SHED_MESSAGE,
 };
 use crate::http::ResponseBody;
 use crate::key::RequestView;
@@ -377,10 +378,11 @@ fn refusal<B>(
         Ok(decision) => limited(config, req, &decision, grpc, pks),
         Err(Error::Store(_)) => {
             // The store's error stays out of the response: it describes the deployment.
-            let mut res = own_response(
+            let mut res = error_response(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "rate limiting unavailable",
                 grpc,
+                config.problem_details,
             );
             res.headers_mut()
                 .insert(RETRY_AFTER, HeaderValue::from_static("1"));
@@ -395,7 +397,7 @@ fn refusal<B>(
                 _ => StatusCode::INTERNAL_SERVER_ERROR,
             };
             config.unchecked_log.unchecked_answered(status.as_u16(), &e);
-            own_response(status, e, grpc)
+            error_response(status, e, grpc, config.problem_details)
         }
     }
 }

@@ -259,6 +259,12 @@ impl RateLimitLayer {
     /// [status](Self::limited_status) is 503, with the denying limits as
     /// `violated-policies`. A handler given to [`on_limited`](Self::on_limited) takes
     /// precedence.
+    ///
+    /// The layer's other answers of its own then come as problem details too, of no problem
+    /// type of their own (`about:blank`, titled with the status): the store unavailable under
+    /// [`OnStoreError::Closed`](crate::OnStoreError::Closed) (503), a request it could not
+    /// check (a cost the policy never admits: 400; 500 otherwise), and a request without a
+    /// key under [`MissingKey::Reject`]. gRPC calls are answered in gRPC's way either way.
     pub fn problem_details(self, on: bool) -> Self {
         self.edit(|c| c.problem_details = on)
     }

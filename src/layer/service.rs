@@ -11,7 +11,7 @@ use super::check::{check_both, check_both_now, AtOnce, Pending};
 use super::config::{Action, Config, MissingKey};
 use super::future::ResponseFuture;
 use crate::http::headers::partition_key;
-use crate::http::response::own_response;
+use crate::http::response::error_response;
 use crate::http::ResponseBody;
 use crate::key::{Identifiers, PeerIp, RequestView};
 use crate::limiter::Mode;
@@ -312,7 +312,8 @@ impl<S> RateLimit<S> {
         match config.missing {
             MissingKey::Reject(status) if !shadow => {
                 let grpc = RequestView::of(&req).grpc_content_type();
-                let res = own_response(status, "no rate-limit key found in the request", grpc);
+                let message = "no rate-limit key found in the request";
+                let res = error_response(status, message, grpc, config.problem_details);
                 ResponseFuture::answered(res, config.clone())
             }
             _ => ResponseFuture::called(self.inner.call(req), config.clone()),

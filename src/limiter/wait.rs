@@ -141,16 +141,25 @@ impl Limiter {
             denied: None,
         };
         loop {
+            // The denial stays counted-if-dropped through the next check too: a caller can
+            // give up during a check (a round trip to Redis) as well as between checks.
             let checked = self.run_within_on(version, identifiers, cost, each, Duration::ZERO);
-            let (decision, _) = checked.await?;
+            let (decision, _) = match checked.await {
+                Ok(answer) => answer,
+                // (the error is the request's answer, counted as such)
+                Err(e) => {
+                    waiting.denied = None;
+                    return Err(e);
+                }
+            };
             let left = deadline.map(|d| d.saturating_duration_since(tokio::time::Instant::now()));
             match next_check(&decision, &mut poll, left) {
                 Some(wait) => {
                     waiting.denied = mode.record.then_some(decision);
                     tokio::time::sleep(wait).await;
-                    waiting.denied = None;
                 }
                 None => {
+                    waiting.denied = None;
                     if mode.record {
                         self.record(version, &decision);
                     }
@@ -161,9 +170,9 @@ impl Limiter {
     }
 }
 
-/// A waiting check of slots, while it sleeps: the denial it had last, counted if it is
-/// dropped there (its caller gave up), so that every request waiting for a slot counts one
-/// decision, answered or not.
+/// A waiting check of slots, once denied: the denial it had last, counted if it is dropped
+/// before it is answered (its caller gave up while it slept or checked again), so that every
+/// request waiting for a slot counts one decision, answered or not.
 struct Waiting<'a> {
     limiter: &'a Limiter,
     version: &'a Version,

@@ -84,8 +84,14 @@ impl Breaker {
                 .probes
                 .compare_exchange(0, 1, Ordering::AcqRel, Ordering::Acquire);
             if lost.is_ok() {
-                observe::breaker_probe_restarted(&self.store);
-                self.probe(probe());
+                if self.is_closed() {
+                    // The probe closed the breaker and ended between the two reads: none was
+                    // lost. (A call that opens it again meanwhile counted its own probe.)
+                    self.probes.fetch_sub(1, Ordering::AcqRel);
+                } else {
+                    observe::breaker_probe_restarted(&self.store);
+                    self.probe(probe());
+                }
             }
             observe::store_call(&self.store, &self.keys, None, Err(&StoreError::Unavailable));
             return Err(StoreError::Unavailable);

@@ -459,7 +459,16 @@ impl Drop for Holding {
         let mut orphans = lock(&self.orphans);
         self.rx.close();
         let mut released = Vec::new();
-        drain(&mut self.rx, &mut self.leases, &mut released);
+        // Until the channel says no message can come: a send that began before the close
+        // counts its message before it queues it, and meanwhile the channel reads as empty.
+        // Stopping at that (as `drain` does) would lose a message whose send then succeeds.
+        loop {
+            match self.rx.try_recv() {
+                Ok(msg) => apply(msg, &mut self.leases, &mut released),
+                Err(mpsc::error::TryRecvError::Empty) => std::thread::yield_now(),
+                Err(mpsc::error::TryRecvError::Disconnected) => break,
+            }
+        }
         orphans.held.extend(self.leases.drain());
         orphans.unreleased.append(&mut self.unreleased);
         orphans.unreleased.append(&mut released);
