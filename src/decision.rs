@@ -155,7 +155,12 @@ pub struct LimitStatus {
     /// the same identifier was given twice).
     pub identifier: usize,
     /// Index of the limit in the limiter's policy (in a decision of the fallback
-    /// ([`Origin::Fallback`]), of the limit its scaled limit stands for).
+    /// ([`Origin::Fallback`]), of the limit its scaled limit stands for). In the decision a
+    /// layer hands [`on_limited`](crate::RateLimitLayer::on_limited) for a route that adds a
+    /// limiter ([`route_adding`](crate::RateLimitLayer::route_adding)), the statuses of the
+    /// route's limiter come first, and those of the layer's own limiter follow, their indices
+    /// counted on from the route's: index `n` past the route's limits is the layer limiter's
+    /// `n`th. [`limit`](Self::limit) names the limit either way.
     pub limit_index: usize,
     /// The limit (in a decision of the fallback, the scaled limit it enforced).
     pub limit: Limit,

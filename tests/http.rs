@@ -420,6 +420,42 @@ async fn redis_backed_layer_and_its_failure_policy() {
     );
 }
 
+/// In the decision of a route that adds a limiter, the layer's own limiter's statuses are
+/// numbered on from the route limiter's limits, also when the route's limiter listed none (its
+/// store down, the check failing open).
+#[tokio::test]
+async fn limit_indices_of_an_added_route_count_on_from_its_limits() {
+    let dead = RedisStore::builder(common::dead_url())
+        .timeout(Duration::from_millis(200))
+        .build_lazy()
+        .unwrap();
+    let route = Limiter::builder(dead, "5/min, 50/h".parse().unwrap())
+        .namespace("route".parse().unwrap())
+        .build();
+    let clock = manual_clock();
+    let default = Limiter::new(memory(&clock), "1/min".parse().unwrap());
+    let layer = RateLimitLayer::new(default)
+        .key(Header::named("x-api-key").unwrap())
+        .route_adding(|_req: &tollgate::key::RequestView<'_>| true, route)
+        .on_limited(|_req, decision| {
+            let indices: Vec<String> = decision
+                .statuses()
+                .iter()
+                .map(|s| format!("{}={}", s.limit_index, s.limit))
+                .collect();
+            http::Response::builder()
+                .status(StatusCode::TOO_MANY_REQUESTS)
+                .body(Bytes::from(indices.join(",")))
+                .unwrap()
+        });
+    let addr = serve(app(layer)).await;
+    let key = [("x-api-key", "k")];
+    assert_eq!(get_with(addr, "/", &key).await.status, StatusCode::OK);
+    let r = get_with(addr, "/", &key).await;
+    assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(r.body, "2=1/min");
+}
+
 /// A service that cannot fail stays one that cannot fail: rejections are responses, so the
 /// layered service's error type is still `Infallible`, as axum requires of every route.
 #[tokio::test]

@@ -40,7 +40,7 @@ pub(super) fn check_both_now(
     };
     match then {
         Some(then) if checks_second(&decision, then, mode) => {
-            then_now(decision, then, ids, cost, mode)
+            then_now((decision, first.limit_count()), then, ids, cost, mode)
         }
         _ => AtOnce::Decided(Ok(decision.visible())),
     }
@@ -71,20 +71,20 @@ fn checks_second(first: &Decision, then: &Limiter, mode: Mode) -> bool {
     !first.would_deny() || (first.is_shadow() && !(mode.shadow || then.is_shadow()))
 }
 
-/// The second limiter of [`check_both_now`], once the first allowed `decision` (or would deny
-/// it in a trial of its own).
+/// The second limiter of [`check_both_now`], once the first, of `offset` limits, allowed
+/// `decision` (or would deny it in a trial of its own).
 // Out of line: a layer has one limiter per request far more often than two, and inlining
 // a second check here would double the code the usual request runs through.
 #[inline(never)]
 fn then_now(
-    decision: Decision,
+    (decision, offset): (Decision, usize),
     then: &Limiter,
     ids: &[Identifier],
     cost: u64,
     mode: Mode,
 ) -> AtOnce {
     match then.run_now(ids, cost, mode) {
-        Some(Ok(second)) => AtOnce::Decided(Ok(joined(First::of(decision), second))),
+        Some(Ok(second)) => AtOnce::Decided(Ok(joined(First::of(decision), second, offset))),
         // An error drops the first decision, and with it any slot it took.
         Some(Err(e)) => AtOnce::Decided(Err(e)),
         None => AtOnce::Later(Some(decision)),
@@ -112,17 +112,22 @@ pub(super) async fn check_both(
     let Some(then) = then.filter(|then| checks_second(&decision, then, mode)) else {
         return Ok(decision.visible());
     };
+    let offset = first.limit_count();
     let first = First::of(decision);
     // An error or a denial here drops the first decision, and with it any slot it took.
     let second = then.run(ids, cost, mode).await?;
-    Ok(joined(first, second))
+    Ok(joined(first, second, offset))
 }
 
 /// The decision of two limiters, the first of which allowed (or would deny in a trial of its
 /// own): the limits of both, allowed if the second allowed, holding the slots of both then.
 /// When both are trials and the second would deny, the first's slot is given back: enforcing,
 /// the request is refused and holds none, and a trial holds the slots enforcing would.
-fn joined(first: First, second: Decision) -> Decision {
+///
+/// The second's statuses follow the first's, their limit indices counted on from the first
+/// limiter's limits (`offset` of them), whichever statuses the first decision lists (one the
+/// failure policy answered lists none).
+fn joined(first: First, second: Decision, offset: usize) -> Decision {
     let First {
         mut decision,
         trial,
@@ -131,12 +136,6 @@ fn joined(first: First, second: Decision) -> Decision {
         drop(decision.take_guard());
     }
     let mut second = second.visible();
-    let offset = decision
-        .statuses
-        .iter()
-        .map(|s| s.limit_index + 1)
-        .max()
-        .unwrap_or(0);
     decision.statuses.extend(second.statuses.iter().map(|s| {
         let mut s = *s;
         s.limit_index += offset;

@@ -323,6 +323,11 @@ impl Limiter {
         self.inner.version.load().policy.clone()
     }
 
+    /// How many limits the policy in force has (without a copy of it).
+    pub(crate) fn limit_count(&self) -> usize {
+        self.inner.version.load().policy.limits().len()
+    }
+
     /// The limiter's name in logs and metric labels: the name it was built with, or the
     /// text of the policy in force.
     pub fn name(&self) -> String {
