@@ -6,9 +6,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # redis-server for every Redis test; procps for `kill`, which the cluster tests send
-# signals with (a minimal Debian has neither).
+# signals with; openssl for the certificates of the TLS tests (a minimal Debian has none).
 missing=()
 command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
+command -v openssl >/dev/null 2>&1 || missing+=(openssl)
 # (the program: the shell's own `kill` is a builtin)
 [ -n "$(type -P kill)" ] || missing+=(procps)
 if [ "${#missing[@]}" -gt 0 ]; then

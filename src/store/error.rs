@@ -126,7 +126,8 @@ pub enum ConfigErrorKind {
     /// A limiter's [`Namespace`](crate::store::Namespace) is empty, too long, or holds `:`,
     /// `{`, `}`, whitespace or a control character.
     Namespace,
-    /// A `rediss://` URL, in a build whose `redis` crate has none of its TLS features.
+    /// A URL asking for TLS (`rediss://`, `rediss+cluster://`, `rediss+sentinel://`), in a
+    /// build whose `redis` crate has none of its TLS features.
     Tls,
 }
 

@@ -232,6 +232,83 @@ pub fn temp_dir(name: &str) -> std::path::PathBuf {
     dir
 }
 
+/// A certificate authority, and a certificate for `127.0.0.1` it signed, made with `openssl`
+/// once per test process, for servers that speak TLS beside their plain port (the tests talk
+/// to them on the plain one, the store under test on the TLS one). Made, it is what the
+/// process's TLS clients trust: `SSL_CERT_FILE`, which the system's root store reads, names
+/// it, so a binary that uses it must get it before any TLS client connects.
+pub struct Tls {
+    ca: std::path::PathBuf,
+    cert: std::path::PathBuf,
+    key: std::path::PathBuf,
+}
+
+impl Tls {
+    pub fn get() -> &'static Tls {
+        static TLS: std::sync::OnceLock<Tls> = std::sync::OnceLock::new();
+        TLS.get_or_init(|| {
+            let dir = temp_dir("tls");
+            let openssl = |args: &str| {
+                let status = Command::new("openssl")
+                    .args(args.split_whitespace())
+                    .current_dir(&dir)
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .status()
+                    .expect("openssl is required for the TLS tests: run scripts/test.sh");
+                assert!(status.success(), "openssl {args}");
+            };
+            openssl(
+                "req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.crt -days 2 \
+                 -subj /CN=tollgate-test-ca",
+            );
+            openssl(
+                "req -newkey rsa:2048 -nodes -keyout server.key -out server.csr \
+                 -subj /CN=127.0.0.1",
+            );
+            std::fs::write(dir.join("san"), "subjectAltName=IP:127.0.0.1\n").unwrap();
+            openssl(
+                "x509 -req -in server.csr -CA ca.crt -CAkey ca.key -CAcreateserial \
+                 -out server.crt -days 2 -extfile san",
+            );
+            let tls = Tls {
+                ca: dir.join("ca.crt"),
+                cert: dir.join("server.crt"),
+                key: dir.join("server.key"),
+            };
+            // (set once, before this process's first TLS client)
+            std::env::set_var("SSL_CERT_FILE", &tls.ca);
+            tls
+        })
+    }
+
+    /// [`Tls::server_args`] as lines of a config file (a sentinel's).
+    pub fn config_lines(&self, port: u16) -> String {
+        let args = self.server_args(port);
+        args.chunks(2)
+            .map(|pair| format!("{} {}\n", pair[0].trim_start_matches("--"), pair[1]))
+            .collect()
+    }
+
+    /// The arguments that make a server speak TLS on `port` too, without asking clients
+    /// for a certificate.
+    pub fn server_args(&self, port: u16) -> Vec<String> {
+        let path = |p: &std::path::Path| p.to_str().unwrap().to_string();
+        vec![
+            "--tls-port".into(),
+            port.to_string(),
+            "--tls-cert-file".into(),
+            path(&self.cert),
+            "--tls-key-file".into(),
+            path(&self.key),
+            "--tls-ca-cert-file".into(),
+            path(&self.ca),
+            "--tls-auth-clients".into(),
+            "no".into(),
+        ]
+    }
+}
+
 /// A `redis-server --sentinel` of the test's own, with its config file in a directory of its
 /// own; stopped and removed on drop.
 pub struct SentinelServer {
@@ -535,6 +612,8 @@ impl Drop for KeyWatch {
 /// never dropped).
 pub struct ClusterNode {
     pub port: u16,
+    /// The port it speaks TLS on, in a cluster started with [`ClusterServer::start_tls`].
+    pub tls_port: Option<u16>,
     /// The `redis-server` process (the shell's child).
     pub pid: u32,
     shell: Child,
@@ -591,6 +670,8 @@ pub struct ClusterServer {
     pub nodes: Vec<ClusterNode>,
     /// The `requirepass` of every node, if any.
     password: Option<String>,
+    /// Whether every node speaks TLS too, its cluster bus included.
+    tls: bool,
     dir: std::path::PathBuf,
 }
 
@@ -603,11 +684,28 @@ impl ClusterServer {
 
     /// [`ClusterServer::start`] with a password on every node.
     pub fn start_with(masters: usize, replicas: usize, password: Option<&str>) -> ClusterServer {
+        ClusterServer::start_as(masters, replicas, password, false)
+    }
+
+    /// [`ClusterServer::start`] with nodes that speak TLS too, on a port of their own
+    /// ([`ClusterNode::tls_port`]), and over their cluster bus: a TLS client is told their TLS
+    /// ports, a plain one (the tests') their plain ports.
+    pub fn start_tls(masters: usize) -> ClusterServer {
+        ClusterServer::start_as(masters, 0, None, true)
+    }
+
+    fn start_as(
+        masters: usize,
+        replicas: usize,
+        password: Option<&str>,
+        tls: bool,
+    ) -> ClusterServer {
         let count = masters * (1 + replicas);
         let dir = temp_dir("cluster");
         let mut cluster = ClusterServer {
             nodes: Vec::new(),
             password: password.map(str::to_string),
+            tls,
             dir,
         };
         while cluster.nodes.len() < count {
@@ -698,6 +796,11 @@ impl ClusterServer {
             args.extend(["--requirepass".into(), pw.clone()]);
             args.extend(["--masterauth".into(), pw.clone()]);
         }
+        let tls_port = self.tls.then(free_port);
+        if let Some(tls_port) = tls_port {
+            args.extend(Tls::get().server_args(tls_port));
+            args.extend(["--tls-cluster".into(), "yes".into()]);
+        }
         // The shell starts the node and kills it once the test process is gone.
         let watchdog = format!(
             "redis-server \"$@\" & c=$!; while kill -0 $c 2>/dev/null; do \
@@ -727,6 +830,7 @@ impl ClusterServer {
             .and_then(|p| p.trim().parse().ok())?;
         Some(ClusterNode {
             port,
+            tls_port,
             pid,
             shell,
             alive: true,
@@ -834,8 +938,18 @@ impl ClusterServer {
             .collect();
         match &self.password {
             Some(pw) => format!("redis+cluster://:{}@{}", encode(pw), nodes.join(",")),
-            None => format!("redis+cluster://{}", nodes.join(",")),
+            None => format!("rediss+cluster://{}", nodes.join(",")),
         }
+    }
+
+    /// The store's URL over TLS: every node's TLS port, as `rediss+cluster://`.
+    pub fn tls_url(&self) -> String {
+        let nodes: Vec<String> = self
+            .nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.tls_port.expect("a cluster speaking TLS")))
+            .collect();
+        format!("rediss+cluster://{}", nodes.join(","))
     }
 
     /// A plain connection to the node on `port`.

@@ -106,6 +106,8 @@ pub(crate) struct ClusterConn {
 struct Redirected {
     /// How to log in to every node.
     login: RedisConnectionInfo,
+    /// Whether every node is reached over TLS.
+    tls: bool,
     /// How long a connection to a node may take to open.
     connect_timeout: Duration,
     /// One cell a node, filled by the first call redirected there once its connection is
@@ -133,7 +135,9 @@ impl Redirected {
             .clone();
         // (a connection that fails to open leaves the cell empty: the next call tries again)
         let conn = cell
-            .get_or_try_init(|| node_connection(host, port, &self.login, self.connect_timeout))
+            .get_or_try_init(|| {
+                node_connection(host, port, (&self.login, self.tls), self.connect_timeout)
+            })
             .await?
             .clone();
         Ok((cell, conn))
@@ -327,7 +331,7 @@ async fn connect(target: &ClusterTarget, connect_timeout: Duration) -> RedisResu
     let nodes = target
         .nodes
         .iter()
-        .map(|(host, port)| tcp_info(host, *port, &target.login))
+        .map(|(host, port)| tcp_info(host, *port, &target.login, target.tls))
         .collect::<RedisResult<Vec<_>>>()?;
     // A third of the attempt's time for each node's connection: the client connects to the
     // nodes it was given, then to every master of the slot map, and a silent node takes the
@@ -340,6 +344,7 @@ async fn connect(target: &ClusterTarget, connect_timeout: Duration) -> RedisResu
     let inner = client.get_async_connection().await?;
     let redirected = Redirected {
         login: target.login.clone(),
+        tls: target.tls,
         connect_timeout: connect_timeout / 3,
         nodes: Mutex::default(),
     };
@@ -553,7 +558,13 @@ async fn refused_directly(
     limit: Duration,
 ) -> Option<Failure> {
     let asked = async {
-        let mut conn = node_connection(&master.host, master.port, &target.login, limit / 3).await?;
+        let mut conn = node_connection(
+            &master.host,
+            master.port,
+            (&target.login, target.tls),
+            limit / 3,
+        )
+        .await?;
         redis::cmd("PING").query_async::<()>(&mut conn).await
     };
     let e = match tokio::time::timeout(limit / 3, asked).await {

@@ -646,7 +646,8 @@ impl Connector {
                     .master()
                     .await
                     .map_err(|e| shared.lookup_cause(e, &sentinels.target().service))?;
-                let info = tcp_info(&host, port, &sentinels.target().master)
+                let target = sentinels.target();
+                let info = tcp_info(&host, port, &target.master, target.tls)
                     .map_err(|e| shared.cause(e.into()))?;
                 sentinels.current = Some((host, port));
                 info

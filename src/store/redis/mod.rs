@@ -286,6 +286,10 @@ impl RedisStore {
     ///   failovers and slot migrations. Every node takes the same credentials. An identifier's
     ///   keys share one hash slot; a check of identifiers in several slots runs one call per
     ///   slot, and gives back what admitting slots charged when another slot denies.
+    /// * `rediss+cluster://…`, `rediss+sentinel://…`: the same over TLS, to every node (for
+    ///   Sentinel, the sentinels and the master), with a TLS feature on as for `rediss://`.
+    ///   Certificates are checked against the system's roots (`SSL_CERT_FILE` names a
+    ///   private authority's, with `tokio-rustls-comp`).
     ///
     /// ```no_run
     /// # async fn f() -> Result<(), tollgate::StoreError> {

@@ -126,7 +126,13 @@ impl Sentinels {
             Some((i, conn)) if i == index => conn,
             _ => {
                 let (host, port) = &self.target.sentinels[index];
-                node_connection(host, *port, &self.target.auth, self.timeout).await?
+                node_connection(
+                    host,
+                    *port,
+                    (&self.target.auth, self.target.tls),
+                    self.timeout,
+                )
+                .await?
             }
         };
         let reply: Option<(String, String)> = redis::cmd("SENTINEL")

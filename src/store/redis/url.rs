@@ -1,6 +1,7 @@
 //! The store's URL: a server of its own (`redis://`, `rediss://`, `redis+unix://`, parsed by
 //! the `redis` crate), a service behind Sentinel (`redis+sentinel://`, parsed here) or a Redis
-//! Cluster (`redis+cluster://`, parsed here).
+//! Cluster (`redis+cluster://`, parsed here); `rediss+sentinel://` and `rediss+cluster://`
+//! speak TLS to every node, as `rediss://` does to its server.
 //!
 //! Credentials may hold any character: those the URL syntax reserves (`#`, `/`, `?`, `@`) are
 //! percent-encoded before the `redis` crate parses the URL, which decodes them again. The
@@ -37,6 +38,8 @@ pub(crate) struct ClusterTarget {
     pub(crate) nodes: Vec<(String, u16)>,
     /// How to log in to every node: user and password.
     pub(crate) login: RedisConnectionInfo,
+    /// Whether every node is reached over TLS (`rediss+cluster://`).
+    pub(crate) tls: bool,
 }
 
 /// A service behind Sentinel.
@@ -50,6 +53,8 @@ pub(crate) struct SentinelTarget {
     pub(crate) master: RedisConnectionInfo,
     /// How to log in to the sentinels (their own user and password, if any).
     pub(crate) auth: RedisConnectionInfo,
+    /// Whether the sentinels and the master are reached over TLS (`rediss+sentinel://`).
+    pub(crate) tls: bool,
 }
 
 impl Target {
@@ -96,11 +101,26 @@ pub(crate) fn data_settings(info: RedisConnectionInfo) -> RedisConnectionInfo {
 /// Parses the store's URL. Errors quote the URL with its credentials redacted.
 pub(crate) fn parse(url: &str) -> Result<Target, ConfigError> {
     let bad = || ConfigError::new(ConfigErrorKind::Url, redact_url(url));
-    if let Some(rest) = url.strip_prefix("redis+sentinel://") {
-        return parse_sentinel(rest).ok_or_else(bad).map(Target::Sentinel);
-    }
-    if let Some(rest) = url.strip_prefix("redis+cluster://") {
-        return parse_cluster(rest).ok_or_else(bad).map(Target::Cluster);
+    let unsupported = || ConfigError::new(ConfigErrorKind::Tls, redact_url(url));
+    let schemes: [(&str, bool, SchemeParser); 4] = [
+        ("redis+sentinel://", false, |r, tls| {
+            parse_sentinel(r, tls).map(Target::Sentinel)
+        }),
+        ("rediss+sentinel://", true, |r, tls| {
+            parse_sentinel(r, tls).map(Target::Sentinel)
+        }),
+        ("redis+cluster://", false, |r, tls| {
+            parse_cluster(r, tls).map(Target::Cluster)
+        }),
+        ("rediss+cluster://", true, |r, tls| {
+            parse_cluster(r, tls).map(Target::Cluster)
+        }),
+    ];
+    for (scheme, tls, parse) in schemes {
+        if let Some(rest) = url.strip_prefix(scheme) {
+            let target = parse(rest, tls).ok_or_else(bad)?;
+            return speaks(tls).then_some(target).ok_or_else(unsupported);
+        }
     }
     let info = encode_credentials(url)
         .as_str()
@@ -117,9 +137,18 @@ pub(crate) fn parse(url: &str) -> Result<Target, ConfigError> {
     Ok(Target::Standalone(info.set_redis_settings(redis)))
 }
 
+/// Parses what follows a scheme of this module's own, over TLS or not.
+type SchemeParser = fn(&str, bool) -> Option<Target>;
+
+/// Whether this build can reach a node as asked: over TLS only with one of the `redis` crate's
+/// TLS features.
+fn speaks(tls: bool) -> bool {
+    !tls || addr("localhost", 0, true).is_supported()
+}
+
 /// `redis+sentinel://[user:password@]host[:port][,host[:port]…]/service_name[/db]`, after the
-/// scheme.
-fn parse_sentinel(rest: &str) -> Option<SentinelTarget> {
+/// scheme (`tls`: of `rediss+sentinel://`).
+fn parse_sentinel(rest: &str, tls: bool) -> Option<SentinelTarget> {
     let (credentials, rest) = split_credentials(rest);
     let (hosts, path) = rest.split_once('/')?;
     let sentinels = hosts
@@ -141,12 +170,13 @@ fn parse_sentinel(rest: &str) -> Option<SentinelTarget> {
         service,
         master: data_settings(master),
         auth: RedisConnectionInfo::default().set_skip_set_lib_name(),
+        tls,
     })
 }
 
-/// `redis+cluster://[user:password@]host[:port][,host[:port]…][/]`, after the scheme. A
-/// cluster has database 0 only, so the URL names none.
-fn parse_cluster(rest: &str) -> Option<ClusterTarget> {
+/// `redis+cluster://[user:password@]host[:port][,host[:port]…][/]`, after the scheme (`tls`:
+/// of `rediss+cluster://`). A cluster has database 0 only, so the URL names none.
+fn parse_cluster(rest: &str, tls: bool) -> Option<ClusterTarget> {
     let (credentials, rest) = split_credentials(rest);
     let hosts = rest.strip_suffix('/').unwrap_or(rest);
     let nodes = hosts
@@ -157,6 +187,7 @@ fn parse_cluster(rest: &str) -> Option<ClusterTarget> {
     Some(ClusterTarget {
         nodes,
         login: data_settings(login),
+        tls,
     })
 }
 
@@ -209,13 +240,29 @@ fn host_port(text: &str, default_port: u16) -> Option<(String, u16)> {
     Some((host.to_string(), port))
 }
 
-/// The address of a Sentinel or of the master it names, with the given login.
+/// The address `host:port`, over TLS if `tls` (checking the node's certificate and name
+/// against the system's roots, as `rediss://` does).
+fn addr(host: &str, port: u16, tls: bool) -> ConnectionAddr {
+    match tls {
+        false => ConnectionAddr::Tcp(host.to_string(), port),
+        true => ConnectionAddr::TcpTls {
+            host: host.to_string(),
+            port,
+            insecure: false,
+            tls_params: None,
+        },
+    }
+}
+
+/// The address of a Sentinel, of the master it names or of a cluster node, with the given
+/// login, over TLS if `tls`.
 pub(crate) fn tcp_info(
     host: &str,
     port: u16,
     login: &RedisConnectionInfo,
+    tls: bool,
 ) -> redis::RedisResult<ConnectionInfo> {
-    Ok(ConnectionAddr::Tcp(host.to_string(), port)
+    Ok(addr(host, port, tls)
         .into_connection_info()?
         .set_redis_settings(login.clone()))
 }
@@ -225,13 +272,13 @@ pub(crate) fn tcp_info(
 pub(crate) async fn node_connection(
     host: &str,
     port: u16,
-    login: &RedisConnectionInfo,
+    (login, tls): (&RedisConnectionInfo, bool),
     timeout: Duration,
 ) -> redis::RedisResult<MultiplexedConnection> {
     let config = AsyncConnectionConfig::new()
         .set_connection_timeout(Some(timeout))
         .set_response_timeout(Some(timeout));
-    Client::open(tcp_info(host, port, login)?)?
+    Client::open(tcp_info(host, port, login, tls)?)?
         .get_multiplexed_async_connection_with_config(&config)
         .await
 }
@@ -317,21 +364,47 @@ mod tests {
         }
     }
 
-    /// A `rediss://` URL in a build without TLS (the tests' build has none) says which
-    /// feature to turn on, not that the URL is not a Redis URL.
+    /// TLS URLs reach every node over TLS (the tests' build speaks TLS, as an application's
+    /// that turns on one of the `redis` crate's TLS features); in a build that cannot, the
+    /// error says which feature to turn on, not that the URL is not a Redis URL.
     #[test]
-    fn tls_urls_without_tls_name_the_feature() {
+    fn tls_urls_reach_their_nodes_over_tls() {
+        assert!(speaks(true), "the tests' build speaks TLS");
         for url in [
             "rediss://:secret@127.0.0.1:6380/",
             "valkeys://127.0.0.1:6380",
         ] {
-            let Err(e) = parse(url) else {
-                panic!("{url} parsed");
+            let Ok(Target::Standalone(info)) = parse(url) else {
+                panic!("{url} not parsed as one server");
             };
-            assert_eq!(e.kind(), ConfigErrorKind::Tls, "{e}");
-            assert!(e.to_string().contains("tokio-rustls-comp"), "{e}");
-            assert!(!e.to_string().contains("secret"), "{e}");
+            assert!(matches!(
+                info.addr(),
+                ConnectionAddr::TcpTls {
+                    insecure: false,
+                    ..
+                }
+            ));
         }
+        let c = cluster("rediss+cluster://:secret@127.0.0.1:7000,127.0.0.1:7001");
+        assert!(c.tls);
+        assert!(!cluster("redis+cluster://127.0.0.1:7000").tls);
+        let s = sentinel("rediss+sentinel://127.0.0.1:26379/mymaster");
+        assert!(s.tls);
+        assert!(!sentinel("redis+sentinel://127.0.0.1:26379/mymaster").tls);
+        let info = tcp_info("127.0.0.1", 7000, &c.login, true).unwrap();
+        assert!(matches!(
+            info.addr(),
+            ConnectionAddr::TcpTls {
+                insecure: false,
+                ..
+            }
+        ));
+        let e = ConfigError::new(
+            ConfigErrorKind::Tls,
+            redact_url("rediss+cluster://:secret@127.0.0.1:7000"),
+        );
+        assert!(e.to_string().contains("tokio-rustls-comp"), "{e}");
+        assert!(!e.to_string().contains("secret"), "{e}");
     }
 
     #[test]
