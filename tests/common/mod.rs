@@ -938,7 +938,7 @@ impl ClusterServer {
             .collect();
         match &self.password {
             Some(pw) => format!("redis+cluster://:{}@{}", encode(pw), nodes.join(",")),
-            None => format!("rediss+cluster://{}", nodes.join(",")),
+            None => format!("redis+cluster://{}", nodes.join(",")),
         }
     }
 
