@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 
 use common::{Proxy, RedisServer};
 use observed::{log_text, metric, observed};
+use tollgate::store::StoreHealth;
 use tollgate::{Error, Limiter, OnStoreError, Origin, RedisStore, StoreError};
 
 /// A runtime of one thread, with its time and IO drivers, for tests that run several in turn.
@@ -332,6 +333,7 @@ async fn a_stall_opens_the_breaker_and_recovery_closes_it() {
     let store = store_at(&proxy.url(), "stall", 100).await;
     let limiter = limiter(&store, "1000/s", "stall", OnStoreError::Closed);
     assert_eq!(limiter.check(&["a"]).await.unwrap().origin(), Origin::Store);
+    assert!(store.health().is_up(), "{:?}", store.health());
 
     proxy.freeze(true);
     let mut kinds: HashMap<&'static str, usize> = HashMap::new();
@@ -356,6 +358,10 @@ async fn a_stall_opens_the_breaker_and_recovery_closes_it() {
     assert_eq!(kinds.get("timeout"), Some(&3), "{kinds:?}");
     assert_eq!(kinds.get("unavailable"), Some(&47), "{kinds:?}");
     assert_eq!(fast, 47);
+    // connected (the silence has not yet lasted long enough to give the connection up), with
+    // the breaker open
+    let health = store.health();
+    assert!(matches!(health, StoreHealth::BreakerOpen), "{health:?}");
 
     proxy.freeze(false);
     let resumed = Instant::now();
@@ -374,6 +380,7 @@ async fn a_stall_opens_the_breaker_and_recovery_closes_it() {
         "{:?}",
         resumed.elapsed()
     );
+    assert!(store.health().is_up(), "{:?}", store.health());
     assert_eq!(logged("rate-limit store failing", "stall"), 1);
     assert_eq!(logged("rate-limit store answers again", "stall"), 1);
 }
@@ -589,6 +596,12 @@ async fn why_the_store_cannot_connect_is_logged() {
     observed();
     let store = store_at(&common::dead_url(), "unreachable", 100).await;
     let limiter = limiter(&store, "2/min", "unreachable", OnStoreError::Open);
+    // (a store just built may still be on its first attempt)
+    let health = store.health();
+    assert!(
+        matches!(health, StoreHealth::Connecting | StoreHealth::Down),
+        "{health:?}"
+    );
     let d = limiter.check(&["a"]).await.unwrap();
     assert_eq!(d.origin(), Origin::FailOpen);
     let lines = || {
@@ -607,6 +620,8 @@ async fn why_the_store_cannot_connect_is_logged() {
     let lines = lines();
     assert_eq!(lines.len(), 1, "{lines:?}");
     assert!(lines[0].to_lowercase().contains("refused"), "{lines:?}");
+    let health = store.health();
+    assert!(matches!(health, StoreHealth::Down), "{health:?}");
 }
 
 /// Redis stops answering while every caller gives up before the store's timeout (a deadline

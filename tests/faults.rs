@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use common::{eventually, unique_prefix, RedisServer};
 use redis::Commands;
-use tollgate::store::MisconfigurationKind;
-use tollgate::{Error, Limiter, RedisStore, StoreError};
+use tollgate::store::{MisconfigurationKind, StoreHealth};
+use tollgate::{Error, Limiter, RedisStore, Store, StoreError};
 
 /// How long recovery may take in these tests: the store retries at most every 500 ms, so
 /// this leaves a loaded machine plenty of room.
@@ -32,6 +32,14 @@ async fn limiter_with_prefix(url: String, policy: &str, timeout: Duration) -> (L
 }
 
 /// A check that went through Redis and was allowed.
+/// What the limiter's Redis store knows of its server now.
+fn health(l: &Limiter) -> StoreHealth {
+    match l.store() {
+        Store::Redis(store) => store.health(),
+        other => panic!("not a Redis store: {other:?}"),
+    }
+}
+
 async fn allowed(l: &Limiter, id: &str) -> Result<(), String> {
     match l.check(&[id]).await {
         Ok(d) if d.is_allowed() => Ok(()),
@@ -130,6 +138,7 @@ async fn a_password_changed_and_back_is_survived() {
     let url = format!("redis://:{password}@127.0.0.1:{}/", server.port);
     let l = limiter(url, "1000/min", Duration::from_millis(250)).await;
     allowed(&l, "a").await.unwrap();
+    assert!(health(&l).is_up(), "{:?}", health(&l));
     let mut admin = server.conn();
     let _: () = redis::cmd("CONFIG")
         .arg("SET")
@@ -146,6 +155,14 @@ async fn a_password_changed_and_back_is_survived() {
     })
     .await;
     assert_eq!(kind, MisconfigurationKind::Authentication);
+    // the store's health says so too, without a check
+    match health(&l) {
+        StoreHealth::Misconfigured(m) => {
+            assert_eq!(m.kind(), MisconfigurationKind::Authentication);
+            assert!(!format!("{m} {m:?}").contains(password), "{m:?}");
+        }
+        other => panic!("{other:?}"),
+    }
     let err = l.check(&["a"]).await.unwrap_err();
     assert!(!format!("{err} {err:?}").contains(password), "{err:?}");
     assert!(!format!("{:?}", l.store()).contains(password));
@@ -157,6 +174,7 @@ async fn a_password_changed_and_back_is_survived() {
         .query(&mut admin)
         .unwrap();
     let (_, took) = eventually(RECOVERY, || allowed(&l, "a")).await;
+    assert!(health(&l).is_up(), "{:?}", health(&l));
     eprintln!("checks back {took:?} after the right password");
     // the store retries at most every 500 ms: about half a second, with room for a loaded
     // machine

@@ -225,3 +225,32 @@ async fn a_service_that_is_not_send_is_limited() {
     assert!(err.is::<RateLimited>(), "{err}");
     assert_eq!(calls.get(), 1);
 }
+
+/// A closure that returns `Identifiers::none()` lets the call through unlimited, unchecked and
+/// uncounted; one that returns an empty list by mistake fails the call.
+#[tokio::test]
+async fn calls_identified_by_none_pass_unlimited() {
+    use tollgate::service::Identifiers;
+    let limiter = Limiter::new(MemoryStore::new(), "1/min".parse().unwrap());
+    let svc = ServiceBuilder::new()
+        .layer(KeyedRateLimitLayer::new(limiter, |c: &Charge| {
+            match c.provider {
+                "internal" => Identifiers::none(),
+                "nobody" => Vec::<String>::new().into(),
+                provider => Identifiers::new([format!("psp:{provider}")], c.cents),
+            }
+        }))
+        .service(service_fn(provider));
+    let call = |provider, cents| svc.clone().oneshot(Charge { provider, cents });
+    for _ in 0..5 {
+        call("internal", 1).await.unwrap();
+    }
+    let err = call("nobody", 1).await.unwrap_err();
+    assert!(
+        matches!(err.downcast_ref(), Some(tollgate::Error::NoIdentifiers)),
+        "{err}"
+    );
+    call("acme", 1).await.unwrap();
+    let err = call("acme", 1).await.unwrap_err();
+    assert!(err.downcast_ref::<RateLimited>().is_some(), "{err}");
+}

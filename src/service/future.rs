@@ -86,6 +86,15 @@ impl<S: Service<Req>, Req> KeyedResponseFuture<S, Req> {
         }
     }
 
+    /// The response of `fut`, the call of a request that is not limited, made on a ready
+    /// service (`inner` is a clone of it, unused).
+    pub(crate) fn calling(inner: S, fut: S::Future) -> Self {
+        KeyedResponseFuture {
+            state: State::Calling { fut, guard: None },
+            inner,
+        }
+    }
+
     /// Checks the request, then gets `inner` ready and passes the request to it.
     pub(crate) fn checking_unready(inner: S, check: CheckFuture<Req>) -> Self {
         KeyedResponseFuture {

@@ -8,7 +8,8 @@ use super::KeyedRateLimit;
 use crate::{Limiter, Scheduler};
 
 /// What a [`KeyedRateLimitLayer`] checks a request for: the identifiers (all-or-nothing, as
-/// with [`Limiter::check`]) and the cost (default 1).
+/// with [`Limiter::check`]) and the cost (default 1) — or, with [`Identifiers::none`],
+/// nothing: the request passes unlimited.
 ///
 /// The layer's closure returns one, usually built with `.into()`:
 ///
@@ -17,18 +18,54 @@ use crate::{Limiter, Scheduler};
 ///
 /// let one: Identifiers = "psp:acme".into();                                  // cost 1
 /// let both: Identifiers = vec!["psp:acme".to_string(), "merchant:7".to_string()].into();
-/// let weighted: Identifiers = (vec!["psp:acme".to_string()], 5).into();      // cost 5
+/// let weighted = Identifiers::new(["psp:acme"], 5);                         // cost 5
 /// assert_eq!(weighted.ids(), ["psp:acme"]);
 /// assert_eq!(weighted.cost(), 5);
+/// let health_check = Identifiers::none();                                   // not limited
+/// assert!(!health_check.is_limited());
 /// # let _ = (one, both);
 /// ```
+///
+/// An empty list of identifiers is an error ([`Error::NoIdentifiers`](crate::Error)), as
+/// with [`Limiter::check`]: a closure that found none by mistake fails loudly, and one that
+/// means to let a request through says so with [`Identifiers::none`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Identifiers {
     ids: Vec<String>,
     cost: u64,
+    /// `false` for [`Identifiers::none`]: the request passes unchecked.
+    limited: bool,
 }
 
 impl Identifiers {
+    /// The identifiers `ids`, checked together for `cost`.
+    pub fn new<I>(ids: I, cost: u64) -> Identifiers
+    where
+        I: IntoIterator,
+        I::Item: Into<String>,
+    {
+        Identifiers {
+            ids: ids.into_iter().map(Into::into).collect(),
+            cost,
+            limited: true,
+        }
+    }
+
+    /// No identifiers: the request passes unlimited — unchecked, uncounted, and with no
+    /// decision in the metrics (a health check, a caller of the service's own).
+    pub fn none() -> Identifiers {
+        Identifiers {
+            ids: Vec::new(),
+            cost: 0,
+            limited: false,
+        }
+    }
+
+    /// Whether the request is checked: `false` for [`Identifiers::none`].
+    pub fn is_limited(&self) -> bool {
+        self.limited
+    }
+
     /// The identifiers the request is checked for.
     pub fn ids(&self) -> &[String] {
         &self.ids
@@ -47,10 +84,7 @@ impl Identifiers {
 impl From<String> for Identifiers {
     /// One identifier, cost 1.
     fn from(id: String) -> Identifiers {
-        Identifiers {
-            ids: vec![id],
-            cost: 1,
-        }
+        Identifiers::new([id], 1)
     }
 }
 
@@ -64,14 +98,14 @@ impl From<&str> for Identifiers {
 impl From<Vec<String>> for Identifiers {
     /// Several identifiers, cost 1.
     fn from(ids: Vec<String>) -> Identifiers {
-        Identifiers { ids, cost: 1 }
+        Identifiers::new(ids, 1)
     }
 }
 
 impl From<(Vec<String>, u64)> for Identifiers {
     /// Several identifiers and the cost.
     fn from((ids, cost): (Vec<String>, u64)) -> Identifiers {
-        Identifiers { ids, cost }
+        Identifiers::new(ids, cost)
     }
 }
 

@@ -75,7 +75,13 @@ where
     }
 
     fn call(&mut self, req: Req) -> Self::Future {
-        let (ids, cost) = (self.layer.identify)(&req).into_parts();
+        let identifiers = (self.layer.identify)(&req);
+        if !identifiers.is_limited() {
+            // (this is the service `poll_ready` made ready; the future keeps a clone)
+            let fut = self.inner.call(req);
+            return KeyedResponseFuture::calling(self.inner.clone(), fut);
+        }
+        let (ids, cost) = identifiers.into_parts();
         let max_wait = self.layer.max_wait;
         let shadow = self.layer.shadow;
         let check: CheckFuture<Req> = match &self.layer.gate {

@@ -28,7 +28,7 @@ use lease::{Backend, KeeperSlot, Lease, Renewal};
 pub(crate) use memory::OneKey;
 pub use memory::{MemoryStore, MemoryStoreBuilder};
 #[cfg(feature = "redis")]
-pub use redis::{RedisStore, RedisStoreBuilder};
+pub use redis::{RedisStore, RedisStoreBuilder, StoreHealth};
 
 /// A store for [`Limiter`](crate::Limiter)s: a cheap handle, cloned freely. Several limiters
 /// (different policies, different routes) may share one store.

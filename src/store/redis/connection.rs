@@ -44,6 +44,7 @@ use super::cluster::{self, Conn};
 use super::sentinel::{Lookup, Sentinels, RECHECK};
 use super::url::{tcp_info, ClusterTarget, Target};
 use super::validate::{self, Failure, Role};
+use super::StoreHealth;
 use crate::observe::BoundedLog;
 use crate::store::error::{Misconfiguration, MisconfigurationKind};
 use crate::store::StoreError;
@@ -556,6 +557,16 @@ impl Link {
     /// Whether the connection is a Redis Cluster's: calls then go one slot at a time.
     pub(crate) fn is_cluster(&self) -> bool {
         self.shared.cluster
+    }
+
+    /// The connection's part of [`RedisStore::health`](super::RedisStore::health).
+    pub(crate) fn health(&self) -> StoreHealth {
+        match &*self.shared.state.borrow() {
+            State::Connecting => StoreHealth::Connecting,
+            State::Up { .. } => StoreHealth::Up,
+            State::Down(Cause::Misconfigured(m)) => StoreHealth::Misconfigured(m.clone()),
+            State::Down(_) => StoreHealth::Down,
+        }
     }
 
     /// The state, in a word, for `Debug`.

@@ -21,7 +21,7 @@ use redis::{ErrorKind, RedisResult, Script, ScriptInvocation, ServerErrorKind};
 use tokio::time::Instant;
 
 use super::breaker::Breaker;
-use super::error::{redact_url, ConfigError, ConfigErrorKind};
+use super::error::{redact_url, ConfigError, ConfigErrorKind, Misconfiguration};
 use super::keyspace;
 use super::lease::{lease_id, KeeperSlot, Lease, Reached};
 use super::script;
@@ -107,6 +107,42 @@ impl fmt::Debug for RedisStore {
             .field("clock", &self.clock)
             .field("timeout", &self.timeout)
             .finish_non_exhaustive()
+    }
+}
+
+/// What a [`RedisStore`] knows of its server now ([`RedisStore::health`]). Only
+/// [`Up`](StoreHealth::Up) means checks are being decided by Redis; in every other state
+/// they are answered by their limiters' [failure policies](crate::OnStoreError) (or wait for
+/// a connection under way, up to their timeout).
+///
+/// For a Redis Cluster, the connection is the cluster client's as a whole: a master that
+/// fails while the others answer shows as [`BreakerOpen`](StoreHealth::BreakerOpen) once its
+/// slots' calls keep failing, and in the store's error metrics.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+pub enum StoreHealth {
+    /// Connected, and calls go to Redis.
+    Up,
+    /// Connecting: the first connection, or a new one after the last was lost. Checks wait
+    /// for it, up to their timeout.
+    Connecting,
+    /// The last connection attempt failed (refused, unreachable, timed out); the store tries
+    /// again in the background, and checks fail at once meanwhile.
+    Down,
+    /// The server answers but cannot serve the store as configured (a wrong password, a
+    /// replica, an ACL user without a command the store needs): what is wrong, and the fix.
+    /// The store tries again in the background, so a fixed server is used without a restart.
+    Misconfigured(Misconfiguration),
+    /// Connected, but calls have been failing or timing out: the breaker is open, and checks
+    /// are answered at once until a probe gets an answer.
+    BreakerOpen,
+}
+
+impl StoreHealth {
+    /// Whether checks are being decided by Redis ([`Up`](StoreHealth::Up)).
+    pub fn is_up(&self) -> bool {
+        matches!(self, StoreHealth::Up)
     }
 }
 
@@ -322,6 +358,28 @@ impl RedisStore {
     /// The key prefix.
     pub fn prefix(&self) -> &str {
         &self.prefix
+    }
+
+    /// What the store knows of its server now, without asking it (no call is made): for a
+    /// readiness probe, a status page, a log line at start-up. See [`StoreHealth`].
+    ///
+    /// ```no_run
+    /// # async fn f() -> Result<(), tollgate::StoreError> {
+    /// use tollgate::store::StoreHealth;
+    ///
+    /// let store = tollgate::RedisStore::builder("redis://127.0.0.1:6379").build_lazy()?;
+    /// // in a readiness handler:
+    /// let ready = store.health().is_up();
+    /// if let StoreHealth::Misconfigured(why) = store.health() {
+    ///     eprintln!("rate limiting cannot work until this is fixed: {why}");
+    /// }
+    /// # let _ = ready; Ok(()) }
+    /// ```
+    pub fn health(&self) -> StoreHealth {
+        match self.link.health() {
+            StoreHealth::Up if !self.breaker.is_closed() => StoreHealth::BreakerOpen,
+            health => health,
+        }
     }
 
     pub(crate) fn clock(&self) -> &Clock {
