@@ -239,3 +239,42 @@ async fn a_fleet_refusal_names_no_limit() {
         release.send(false).unwrap();
     }
 }
+
+/// While its store cannot answer, a fleet shedder sheds as its failure policy says: by default
+/// nothing, with a fallback each process at its share of the budget, closed every request
+/// that is not critical.
+#[tokio::test]
+async fn a_fleet_shedder_without_its_store_sheds_as_its_failure_policy_says() {
+    use tollgate::OnStoreError;
+    use tower::ServiceExt;
+    let dead = RedisStore::builder(common::dead_url())
+        .timeout(Duration::from_millis(200))
+        .build_lazy()
+        .unwrap();
+    let policies = [
+        (OnStoreError::Open, 6),
+        (OnStoreError::fallback(0.5).unwrap(), 2),
+        (OnStoreError::Closed, 0),
+    ];
+    for (on_error, admitted) in policies {
+        let shed = FleetShedder::new(dead.clone(), 4)
+            .reserve_for_critical(0.0)
+            .on_store_error(on_error)
+            .build()
+            .unwrap();
+        let app = Router::new()
+            .route("/", axum::routing::post(|| async { "ok" }))
+            .layer(shed);
+        // (a response kept unread keeps its slot)
+        let mut held = Vec::new();
+        for _ in 0..6 {
+            let req = http::Request::post("/")
+                .body(axum::body::Body::empty())
+                .unwrap();
+            held.push(app.clone().oneshot(req).await.unwrap());
+        }
+        let statuses: Vec<StatusCode> = held.iter().map(|r| r.status()).collect();
+        let ok = statuses.iter().filter(|s| **s == StatusCode::OK).count();
+        assert_eq!(ok, admitted, "{on_error:?}: {statuses:?}");
+    }
+}

@@ -18,7 +18,7 @@ use super::priority::Classifier;
 use super::Priority;
 use crate::key::RequestView;
 use crate::layer::RateLimitLayer;
-use crate::limiter::Limiter;
+use crate::limiter::{Limiter, OnStoreError};
 use crate::observe::BoundedLog;
 use crate::policy::{Limit, Policy, PolicyError, PolicyErrorKind, DEFAULT_LEASE};
 use crate::store::{Namespace, Store};
@@ -70,6 +70,7 @@ pub struct FleetShedder {
     name: String,
     lease: Duration,
     classify: Classifier,
+    on_error: OnStoreError,
 }
 
 impl std::fmt::Debug for FleetShedder {
@@ -78,6 +79,7 @@ impl std::fmt::Debug for FleetShedder {
             .field("capacity", &self.capacity)
             .field("reserved", &self.reserved)
             .field("name", &self.name)
+            .field("on_store_error", &self.on_error)
             .finish_non_exhaustive()
     }
 }
@@ -98,6 +100,7 @@ impl FleetShedder {
             name: "fleet".into(),
             lease: DEFAULT_LEASE,
             classify: Arc::new(Priority::by_method),
+            on_error: OnStoreError::Open,
         }
     }
 
@@ -120,6 +123,18 @@ impl FleetShedder {
     /// Names the budget (default `fleet`): shedders with different names share nothing.
     pub fn name(mut self, name: impl Into<String>) -> Self {
         self.name = name.into();
+        self
+    }
+
+    /// What the shedder does while its store cannot answer (default
+    /// [`OnStoreError::Open`]: it sheds nothing, so that a Redis outage does not take the
+    /// service down with it). With [`OnStoreError::fallback`]`(1.0 / processes)` each process
+    /// sheds at its share of the budget on its own meanwhile, which keeps the protection
+    /// through an outage; [`OnStoreError::Closed`] sheds every request that is not critical.
+    /// Answers are counted as any limiter's (`tollgate_failure_policy_total`, under the
+    /// shedder's name).
+    pub fn on_store_error(mut self, on_error: OnStoreError) -> Self {
+        self.on_error = on_error;
         self
     }
 
@@ -183,7 +198,9 @@ impl FleetShedder {
         let name = format!("shed:{}", self.name);
         // named as its budget, so that its decisions are counted under the shedder's name
         // rather than the policy's text (which two shedders of one capacity share)
-        let mut limiter = Limiter::builder(self.store, Policy::new([limit])?).name(name.clone());
+        let mut limiter = Limiter::builder(self.store, Policy::new([limit])?)
+            .name(name.clone())
+            .on_store_error(self.on_error);
         // In a namespace of its own: the slots of any concurrency limit are shared by
         // identifier, and another limiter keyed on what clients send (a header) could be
         // sent `shed:fleet` and take the fleet's slots. (`shed` is a valid namespace: the
