@@ -1,5 +1,6 @@
 //! The response body of the HTTP middlewares.
 
+use std::fmt;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
@@ -7,24 +8,29 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 
-use crate::ConcurrencyGuard;
-
 pin_project! {
     /// The body of a response that went through [`RateLimit`](crate::layer::RateLimit) (or
     /// a load shedder): the inner service's body, or the short text of a response the
     /// middleware produced itself (a rejection).
     ///
-    /// It holds the request's concurrency slot, when there is one, until the body has been
-    /// sent to the end (or dropped: the client went away), so streaming responses count as
-    /// in flight.
+    /// It holds the request's concurrency slot, or its place among the requests in flight a
+    /// [`UtilizationShedLayer`](crate::shed::UtilizationShedLayer) counts, until the body
+    /// has been sent to the end (or dropped: the client went away), so streaming responses
+    /// count as in flight.
     #[derive(Debug)]
     pub struct ResponseBody<B> {
         #[pin]
         kind: Kind<B>,
-        // Boxed: most responses hold none, and the body is moved (and boxed by axum) whole.
-        guard: Option<Box<ConcurrencyGuard>>,
+        // Boxed: most responses hold nothing, and the body is moved (and boxed by axum)
+        // whole. Unnamed, so that this module knows nothing of who holds what.
+        held: Option<Box<dyn Held>>,
     }
 }
+
+/// What a body may hold until it ends: a concurrency guard, a shedder's in-flight guard.
+pub(crate) trait Held: fmt::Debug + Send + Sync + 'static {}
+
+impl<T: fmt::Debug + Send + Sync + 'static> Held for T {}
 
 pin_project! {
     #[project = KindProj]
@@ -40,7 +46,7 @@ impl<B> ResponseBody<B> {
     pub(crate) fn inner(body: B) -> Self {
         ResponseBody {
             kind: Kind::Inner { body },
-            guard: None,
+            held: None,
         }
     }
 
@@ -51,13 +57,13 @@ impl<B> ResponseBody<B> {
             kind: Kind::Full {
                 data: (!data.is_empty()).then_some(data),
             },
-            guard: None,
+            held: None,
         }
     }
 
-    /// Holds `guard` until the body ends.
-    pub(crate) fn guarded(mut self, guard: Option<ConcurrencyGuard>) -> Self {
-        self.guard = guard.map(Box::new);
+    /// Holds `guard` (a request's slots, its place in a count) until the body ends.
+    pub(crate) fn guarded(mut self, guard: Option<impl Held>) -> Self {
+        self.held = guard.map(|g| Box::new(g) as Box<dyn Held>);
         self
     }
 }
@@ -89,7 +95,7 @@ where
         };
         // The end of the body, or an error that ends it: the request is no longer in flight.
         if matches!(frame, Poll::Ready(None | Some(Err(_)))) {
-            this.guard.take();
+            this.held.take();
         }
         frame
     }

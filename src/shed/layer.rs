@@ -59,11 +59,10 @@ impl UtilizationShedLayer {
     ///
     /// If the shedder reads an [`InFlight`] (made by [`UtilizationShedder::in_flight`], or by
     /// [`UtilizationShedder::new`] from one), the layer counts the requests in flight through
-    /// it: from the admission of a request until its response
-    /// future is dropped (servers drop it as soon as it completes). Shed requests are not
-    /// counted. A streaming response
-    /// body is not counted once its headers are out, so long streams make the utilization
-    /// look lower than it is.
+    /// it: from the admission of a request until its response body has been sent to the end
+    /// (or dropped: the client went away), so a streaming response counts for as long as it
+    /// streams, as it does against a concurrency limit. A response future dropped before it
+    /// completes leaves the count at once. Shed requests are not counted.
     pub fn new(shedder: impl Into<Arc<UtilizationShedder>>) -> Self {
         crate::observe::describe_metrics();
         UtilizationShedLayer {
@@ -233,7 +232,8 @@ pin_project! {
     /// answer to a shed request.
     ///
     /// The future of an admitted request holds its place in the in-flight count, if the
-    /// shedder counts them, until it is dropped (which servers do as soon as it completes).
+    /// shedder counts them, and hands it to the response's body, which holds it until it
+    /// ends.
     pub struct ResponseFuture<F> {
         #[pin]
         kind: Kind<F>,
@@ -247,7 +247,7 @@ pin_project! {
         Called {
             #[pin]
             fut: F,
-            // Released with the future.
+            // Released with the future, or handed to the response's body.
             guard: Option<InFlightGuard>,
         },
         Shed {
@@ -280,9 +280,11 @@ where
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         match self.project().kind.project() {
-            KindProj::Called { fut, .. } => {
+            KindProj::Called { fut, guard } => {
                 let res = ready!(fut.poll(cx))?;
-                Poll::Ready(Ok(res.map(ResponseBody::inner)))
+                // the request stays in flight until its body ends
+                let guard = guard.take();
+                Poll::Ready(Ok(res.map(|b| ResponseBody::inner(b).guarded(guard))))
             }
             KindProj::Shed {
                 grpc,

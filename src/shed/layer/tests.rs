@@ -158,7 +158,7 @@ async fn an_in_flight_source_is_counted_by_the_layer() {
 }
 
 #[tokio::test]
-async fn in_flight_is_counted_until_the_response_future_ends() {
+async fn in_flight_is_counted_until_the_response_body_ends() {
     let clock = ManualClock::new(0);
     let shedder = UtilizationShedder::in_flight(ShedConfig::default(), 2)
         .clock(Clock::Manual(clock.clone()))
@@ -193,12 +193,15 @@ async fn in_flight_is_counted_until_the_response_future_ends() {
     let res = svc.clone().oneshot(get("/list")).await.unwrap();
     assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
 
-    // A dropped response future leaves the count; a completed one too.
+    // A dropped response future leaves the count; a completed one once its body ends.
     drop(b);
     assert_eq!(counter.current(), 1);
     release.send(true).unwrap();
     let res = a.await.unwrap().unwrap();
     assert_eq!(res.status(), StatusCode::OK);
+    assert_eq!(counter.current(), 1, "the body is still to be sent");
+    let body = res.into_body().collect().await.unwrap().to_bytes();
+    assert!(!body.is_empty());
     assert_eq!(counter.current(), 0);
 }
 
