@@ -545,3 +545,50 @@ async fn cors_and_timeout_layers_wrap_the_limit() {
     assert!(second.headers.contains_key("access-control-allow-origin"));
     assert!(second.headers.contains_key("retry-after"));
 }
+
+/// A layer set to hand its decisions over puts a copy of each admitted request's decision in
+/// the request's extensions, for the handler: decided at once (the memory store) and after
+/// a wait (Redis, here failing open); a request the layer does not check carries none, and a
+/// layer not set to carries none either.
+#[tokio::test]
+async fn handlers_read_the_decision_when_the_layer_hands_it_over() {
+    use axum::Extension;
+    use tollgate::{Decision, Origin};
+    let told = |decision: Option<Extension<Decision>>| async move {
+        match decision {
+            None => "none".to_string(),
+            Some(Extension(d)) => {
+                let left = d.limits().map(|s| s.remaining).min();
+                format!("{:?} {left:?} {}", d.origin(), d.guard().is_some())
+            }
+        }
+    };
+    let app = |layer: RateLimitLayer| {
+        Router::new()
+            .route("/", get(told))
+            .route("/health", get(told))
+            .layer(layer.bypass(|req: &tollgate::key::RequestView<'_>| req.uri.path() == "/health"))
+    };
+    let key = [("x-api-key", "k")];
+    let clock = manual_clock();
+    let memory = Limiter::new(memory(&clock), "10/min, 100/h".parse().unwrap());
+    let layer = RateLimitLayer::new(memory).key(Header::named("x-api-key").unwrap());
+    let addr = serve(app(layer.clone().decision_in_extensions(true))).await;
+    assert_eq!(get_with(addr, "/", &key).await.body, "Store Some(9) false");
+    assert_eq!(get_with(addr, "/", &key).await.body, "Store Some(8) false");
+    assert_eq!(get_with(addr, "/health", &key).await.body, "none");
+    let addr = serve(app(layer)).await;
+    assert_eq!(get_with(addr, "/", &key).await.body, "none");
+
+    let dead = RedisStore::builder(common::dead_url())
+        .timeout(Duration::from_millis(200))
+        .build_lazy()
+        .unwrap();
+    let failing = Limiter::new(dead, "10/min".parse().unwrap());
+    let layer = RateLimitLayer::new(failing)
+        .key(Header::named("x-api-key").unwrap())
+        .decision_in_extensions(true);
+    let addr = serve(app(layer)).await;
+    let r = get_with(addr, "/", &key).await;
+    assert_eq!(r.body, format!("{:?} None false", Origin::FailOpen));
+}

@@ -132,6 +132,8 @@ pub(crate) struct Config {
     /// The application's handler of limited requests.
     pub(crate) custom_limited: Option<LimitedFn>,
     pub(crate) problem_details: bool,
+    /// A copy of each admitted request's decision in its extensions, for the handler.
+    pub(crate) decision_in_extensions: bool,
     /// Every check of the layer in shadow mode.
     pub(crate) shadow: bool,
     /// Charged by response: a peek before the handler, the charge after it for the responses
@@ -171,6 +173,7 @@ impl Config {
             limited_status: StatusCode::TOO_MANY_REQUESTS,
             custom_limited: None,
             problem_details: false,
+            decision_in_extensions: false,
             shadow: false,
             charge_if: None,
             partition_secret: None,

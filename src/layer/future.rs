@@ -140,6 +140,7 @@ where
         pending: Option<Box<Pending>>,
         pks: Option<Arc<[Vec<u8>]>>,
     ) -> Self {
+        hand_over(&config, &mut req, &decision);
         let upgrade = upgrade::offer(&mut req, &mut decision);
         ResponseFuture {
             state: State::Calling {
@@ -289,6 +290,15 @@ where
 /// What the future resolves to.
 type Answer<E, ResBody> = Result<Response<ResponseBody<ResBody>>, E>;
 
+/// Puts a copy of `decision`, without its slots, in `req`'s extensions for the handler, when
+/// the layer is set to (`RateLimitLayer::decision_in_extensions`).
+#[inline]
+fn hand_over<B>(config: &Config, req: &mut Request<B>, decision: &Decision) {
+    if config.decision_in_extensions {
+        req.extensions_mut().insert(decision.clone());
+    }
+}
+
 /// A step of the future other than the inner service's answer (see `poll`): the check made
 /// in the future, a charge by response, the layer's own answer. `None` to go on to the next.
 #[inline(never)]
@@ -315,6 +325,7 @@ where
                 }
             };
             if let Some(decision) = this.decision.as_mut() {
+                hand_over(this.config, &mut req, decision);
                 *this.upgrade = upgrade::offer(&mut req, decision);
             }
             let fut = inner.call(req);

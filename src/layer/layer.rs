@@ -223,6 +223,38 @@ impl RateLimitLayer {
         self.edit(|c| c.headers = style)
     }
 
+    /// Hands the handler each admitted request's decision (default: off): a copy of it, with
+    /// its figures but not its slots (which the layer holds until the response ends), in
+    /// the request's extensions, for `Extension<Decision>` in axum or
+    /// `req.extensions().get::<Decision>()` in tonic, hyper or any tower service. A handler
+    /// can then put the remaining quota in its body, or tell a request let through because
+    /// the store failed ([`Origin::FailOpen`](crate::Origin::FailOpen)) from one the store
+    /// admitted. Requests the layer does not check (a [bypass](Self::bypass), a missing key
+    /// let through) carry none.
+    ///
+    /// ```
+    /// use axum::{routing::get, Extension, Router};
+    /// use tollgate::key::Header;
+    /// use tollgate::{Decision, Limiter, MemoryStore, RateLimitLayer};
+    ///
+    /// async fn quota(Extension(decision): Extension<Decision>) -> String {
+    ///     let left = decision.limits().map(|s| s.remaining).min().unwrap_or(0);
+    ///     format!("{left} requests left")
+    /// }
+    ///
+    /// let limiter = Limiter::new(MemoryStore::new(), "100/min".parse().unwrap());
+    /// let layer = RateLimitLayer::new(limiter)
+    ///     .key(Header::named("x-api-key").unwrap())
+    ///     .decision_in_extensions(true);
+    /// let _app: Router = Router::new().route("/quota", get(quota)).layer(layer);
+    /// ```
+    ///
+    /// It costs a copy of the statuses a request; off, nothing. With
+    /// [`charge_if`](Self::charge_if) the copy is of the peek made before the handler.
+    pub fn decision_in_extensions(self, on: bool) -> Self {
+        self.edit(|c| c.decision_in_extensions = on)
+    }
+
     /// Adds draft-11's `pk` parameter (partition key) to each `RateLimit` item: the keyed
     /// hash (HMAC-SHA-1 under `secret`, 12 bytes, a structured-field byte sequence) of the
     /// identifier the item describes, never the identifier itself. Off by default.
