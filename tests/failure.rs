@@ -1164,3 +1164,23 @@ async fn a_layer_charging_by_response_counts_each_failure_answer_once() {
         assert_eq!(answered(name, action), 1.0, "{name}");
     }
 }
+
+/// A store built lazily outside a runtime connects when its health is asked within one: a
+/// readiness probe that gates traffic sees it come up without waiting for a check.
+#[test]
+fn a_lazy_store_asked_its_health_connects() {
+    let server = RedisServer::start();
+    let store = RedisStore::builder(server.url())
+        .prefix("lazy-health")
+        .build_lazy()
+        .unwrap();
+    let health = store.health();
+    assert!(matches!(health, StoreHealth::Connecting), "{health:?}");
+    current_thread().block_on(async {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !store.health().is_up() {
+            assert!(Instant::now() < deadline, "{:?}", store.health());
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    });
+}

@@ -31,7 +31,6 @@ async fn limiter_with_prefix(url: String, policy: &str, timeout: Duration) -> (L
     (closed(store, policy.parse().unwrap()), prefix)
 }
 
-/// A check that went through Redis and was allowed.
 /// What the limiter's Redis store knows of its server now.
 fn health(l: &Limiter) -> StoreHealth {
     match l.store() {
@@ -40,6 +39,7 @@ fn health(l: &Limiter) -> StoreHealth {
     }
 }
 
+/// A check that went through Redis and was allowed.
 async fn allowed(l: &Limiter, id: &str) -> Result<(), String> {
     match l.check(&[id]).await {
         Ok(d) if d.is_allowed() => Ok(()),

@@ -276,5 +276,15 @@ async fn a_fleet_shedder_without_its_store_sheds_as_its_failure_policy_says() {
         let statuses: Vec<StatusCode> = held.iter().map(|r| r.status()).collect();
         let ok = statuses.iter().filter(|s| **s == StatusCode::OK).count();
         assert_eq!(ok, admitted, "{on_error:?}: {statuses:?}");
+        // every other request is shed, and told so, whoever refused it
+        for res in held.drain(admitted..) {
+            assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
+            let body = http_body_util::BodyExt::collect(res.into_body()).await;
+            let body = body.unwrap().to_bytes();
+            assert!(
+                String::from_utf8_lossy(&body).contains("overloaded"),
+                "{on_error:?}: {body:?}"
+            );
+        }
     }
 }

@@ -125,8 +125,8 @@ pub(super) async fn check_both(
 /// the request is refused and holds none, and a trial holds the slots enforcing would.
 ///
 /// The second's statuses follow the first's, their limit indices counted on from the first
-/// limiter's limits (`offset` of them), whichever statuses the first decision lists (one the
-/// failure policy answered lists none).
+/// limiter's limits (`offset` of them, in the policy in force, for a first decision that
+/// lists none: one the failure policy answered).
 fn joined(first: First, second: Decision, offset: usize) -> Decision {
     let First {
         mut decision,
@@ -136,6 +136,13 @@ fn joined(first: First, second: Decision, offset: usize) -> Decision {
         drop(decision.take_guard());
     }
     let mut second = second.visible();
+    // The first decision's own count when it lists its limits (an allowed decision lists
+    // them all, on the policy it was made on, which a policy change meanwhile leaves as it
+    // was); the limiter's now when it lists none (answered by the failure policy).
+    let offset = (decision.statuses.iter())
+        .map(|s| s.limit_index + 1)
+        .max()
+        .unwrap_or(offset);
     decision.statuses.extend(second.statuses.iter().map(|s| {
         let mut s = *s;
         s.limit_index += offset;

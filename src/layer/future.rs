@@ -18,8 +18,8 @@ use super::config::Config;
 use super::upgrade::{self, Offered};
 use crate::http::headers::add_headers;
 use crate::http::response::{
-    error_response, grpc_pushback, grpc_response, own_response, GrpcCode, LimitedMessage,
-    SHED_MESSAGE,
+    error_response, grpc_pushback, grpc_response, own_response, shed_problem_response, GrpcCode,
+    LimitedMessage, SHED_MESSAGE,
 };
 use crate::http::ResponseBody;
 use crate::key::RequestView;
@@ -389,12 +389,24 @@ fn refusal<B>(
         Ok(decision) => limited(config, req, &decision, grpc, pks),
         Err(Error::Store(_)) => {
             // The store's error stays out of the response: it describes the deployment.
-            let mut res = error_response(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "rate limiting unavailable",
-                grpc,
-                config.problem_details,
-            );
+            let status = StatusCode::SERVICE_UNAVAILABLE;
+            let mut res = match &config.shed {
+                None => error_response(
+                    status,
+                    "rate limiting unavailable",
+                    grpc,
+                    config.problem_details,
+                ),
+                // A fleet shedder failing closed sheds: answered and counted as its other
+                // refusals are.
+                Some(record) => {
+                    record(&RequestView::of(req));
+                    match (config.problem_details, grpc) {
+                        (true, None) => shed_problem_response(status),
+                        _ => own_response(status, SHED_MESSAGE, grpc),
+                    }
+                }
+            };
             res.headers_mut()
                 .insert(RETRY_AFTER, HeaderValue::from_static("1"));
             if grpc.is_some() {

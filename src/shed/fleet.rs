@@ -130,7 +130,8 @@ impl FleetShedder {
     /// [`OnStoreError::Open`]: it sheds nothing, so that a Redis outage does not take the
     /// service down with it). With [`OnStoreError::fallback`]`(1.0 / processes)` each process
     /// sheds at its share of the budget on its own meanwhile, which keeps the protection
-    /// through an outage; [`OnStoreError::Closed`] sheds every request that is not critical.
+    /// through an outage; [`OnStoreError::Closed`] sheds every request that is not critical
+    /// (answered and counted as any shed).
     /// Answers are counted as any limiter's (`tollgate_failure_policy_total`, under the
     /// shedder's name).
     pub fn on_store_error(mut self, on_error: OnStoreError) -> Self {

@@ -468,23 +468,7 @@ impl Link {
     /// The current connection and its generation. While a connection attempt is under way,
     /// waits for it until `deadline`; while the store is down, fails at once.
     pub(crate) async fn connection(&self, deadline: Instant) -> Result<(Conn, u64), StoreError> {
-        if self.task.has_pending.load(Ordering::Acquire) {
-            let pending = self
-                .task
-                .pending
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .take();
-            if let Some(connector) = pending {
-                self.task.has_pending.store(false, Ordering::Release);
-                if self.task.restarting.swap(false, Ordering::AcqRel) {
-                    self.task
-                        .restart_log
-                        .connection_task_lost(&self.shared.prefix);
-                }
-                self.start(connector);
-            }
-        }
+        self.start_pending();
         let mut rx = self.shared.state.subscribe();
         let waited = matches!(*rx.borrow_and_update(), State::Connecting);
         let settled =
@@ -559,8 +543,36 @@ impl Link {
         self.shared.cluster
     }
 
-    /// The connection's part of [`RedisStore::health`](super::RedisStore::health).
+    /// Starts the connection task if it waits to be started (a lazy store built outside a
+    /// runtime, or one whose task ended with its runtime), within a runtime.
+    fn start_pending(&self) {
+        if !self.task.has_pending.load(Ordering::Acquire)
+            || tokio::runtime::Handle::try_current().is_err()
+        {
+            return;
+        }
+        let pending = self
+            .task
+            .pending
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        if let Some(connector) = pending {
+            self.task.has_pending.store(false, Ordering::Release);
+            if self.task.restarting.swap(false, Ordering::AcqRel) {
+                self.task
+                    .restart_log
+                    .connection_task_lost(&self.shared.prefix);
+            }
+            self.start(connector);
+        }
+    }
+
+    /// The connection's part of [`RedisStore::health`](super::RedisStore::health); within a
+    /// runtime, it starts the connection task that waits to be (a readiness probe would
+    /// otherwise see `Connecting` until a check came).
     pub(crate) fn health(&self) -> StoreHealth {
+        self.start_pending();
         match &*self.shared.state.borrow() {
             State::Connecting => StoreHealth::Connecting,
             State::Up { .. } => StoreHealth::Up,

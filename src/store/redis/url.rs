@@ -100,6 +100,12 @@ pub(crate) fn data_settings(info: RedisConnectionInfo) -> RedisConnectionInfo {
 
 /// Parses the store's URL. Errors quote the URL with its credentials redacted.
 pub(crate) fn parse(url: &str) -> Result<Target, ConfigError> {
+    parse_with(url, speaks_tls())
+}
+
+/// [`parse`] in a build that speaks TLS or not (`supported`; a `rediss://` URL's support is
+/// the `redis` crate's own to tell).
+fn parse_with(url: &str, supported: bool) -> Result<Target, ConfigError> {
     let bad = || ConfigError::new(ConfigErrorKind::Url, redact_url(url));
     let unsupported = || ConfigError::new(ConfigErrorKind::Tls, redact_url(url));
     let schemes: [(&str, bool, SchemeParser); 4] = [
@@ -119,7 +125,9 @@ pub(crate) fn parse(url: &str) -> Result<Target, ConfigError> {
     for (scheme, tls, parse) in schemes {
         if let Some(rest) = url.strip_prefix(scheme) {
             let target = parse(rest, tls).ok_or_else(bad)?;
-            return speaks(tls).then_some(target).ok_or_else(unsupported);
+            return (!tls || supported)
+                .then_some(target)
+                .ok_or_else(unsupported);
         }
     }
     let info = encode_credentials(url)
@@ -140,10 +148,10 @@ pub(crate) fn parse(url: &str) -> Result<Target, ConfigError> {
 /// Parses what follows a scheme of this module's own, over TLS or not.
 type SchemeParser = fn(&str, bool) -> Option<Target>;
 
-/// Whether this build can reach a node as asked: over TLS only with one of the `redis` crate's
-/// TLS features.
-fn speaks(tls: bool) -> bool {
-    !tls || addr("localhost", 0, true).is_supported()
+/// Whether this build can reach a node over TLS: with one of the `redis` crate's TLS
+/// features only.
+fn speaks_tls() -> bool {
+    addr("localhost", 0, true).is_supported()
 }
 
 /// `redis+sentinel://[user:password@]host[:port][,host[:port]…]/service_name[/db]`, after the
@@ -369,7 +377,7 @@ mod tests {
     /// error says which feature to turn on, not that the URL is not a Redis URL.
     #[test]
     fn tls_urls_reach_their_nodes_over_tls() {
-        assert!(speaks(true), "the tests' build speaks TLS");
+        assert!(speaks_tls(), "the tests' build speaks TLS");
         for url in [
             "rediss://:secret@127.0.0.1:6380/",
             "valkeys://127.0.0.1:6380",
@@ -399,12 +407,24 @@ mod tests {
                 ..
             }
         ));
-        let e = ConfigError::new(
-            ConfigErrorKind::Tls,
-            redact_url("rediss+cluster://:secret@127.0.0.1:7000"),
-        );
-        assert!(e.to_string().contains("tokio-rustls-comp"), "{e}");
-        assert!(!e.to_string().contains("secret"), "{e}");
+        // a build without TLS refuses them, naming the feature, and reads the others
+        for url in [
+            "rediss+cluster://:secret@127.0.0.1:7000",
+            "rediss+sentinel://:secret@127.0.0.1:26379/mymaster",
+        ] {
+            let Err(e) = parse_with(url, false) else {
+                panic!("{url} parsed without TLS");
+            };
+            assert_eq!(e.kind(), ConfigErrorKind::Tls, "{e}");
+            assert!(e.to_string().contains("tokio-rustls-comp"), "{e}");
+            assert!(!e.to_string().contains("secret"), "{e}");
+        }
+        for url in [
+            "redis+cluster://127.0.0.1:7000",
+            "redis+sentinel://127.0.0.1:26379/mymaster",
+        ] {
+            assert!(parse_with(url, false).is_ok(), "{url}");
+        }
     }
 
     #[test]
