@@ -1086,6 +1086,28 @@ async fn peeks_are_not_counted_as_checks_answered() {
     assert_eq!(hits(), 1.0);
 }
 
+/// A waiter of a scheduler under `prefix` (`1/min`, its queue's first slot taken), placed a
+/// minute ahead and polled on `runtime` until it waits.
+fn a_waiter(
+    runtime: &tokio::runtime::Runtime,
+    server: &RedisServer,
+    prefix: &str,
+) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<tollgate::Decision, Error>>>> {
+    let scheduler = runtime.block_on(async {
+        let store = store_at(&server.url(), prefix, 200).await;
+        let scheduler = tollgate::Scheduler::new(store, "1/min".parse().unwrap());
+        let first = scheduler.schedule("psp", Duration::ZERO).await.unwrap();
+        assert!(first.is_allowed());
+        scheduler
+    });
+    let mut waiter =
+        Box::pin(async move { scheduler.schedule("psp", Duration::from_secs(120)).await });
+    let waited = runtime
+        .block_on(async { tokio::time::timeout(Duration::from_millis(500), &mut waiter).await });
+    assert!(waited.is_err(), "still waiting for its slot");
+    waiter
+}
+
 /// A scheduled waiter dropped where no Tokio runtime runs (moved to a thread of its own)
 /// cannot send its give-back: its slot stays taken, and that is counted and logged.
 #[test]
@@ -1093,26 +1115,7 @@ fn a_give_back_without_a_runtime_is_counted_and_logged() {
     observed();
     let server = RedisServer::start();
     let runtime = current_thread();
-    let scheduler = runtime.block_on(async {
-        let store = store_at(&server.url(), "give-back-alone", 200).await;
-        let scheduler = tollgate::Scheduler::new(store, "1/min".parse().unwrap());
-        let first = scheduler
-            .schedule("psp:alone", Duration::ZERO)
-            .await
-            .unwrap();
-        assert!(first.is_allowed());
-        scheduler
-    });
-    // placed a minute ahead, and waiting
-    let mut waiter = Box::pin(async move {
-        scheduler
-            .schedule("psp:alone", Duration::from_secs(120))
-            .await
-    });
-    let waited = runtime
-        .block_on(async { tokio::time::timeout(Duration::from_millis(500), &mut waiter).await });
-    assert!(waited.is_err(), "still waiting for its slot");
-    drop(waiter);
+    drop(a_waiter(&runtime, &server, "give-back-alone"));
     assert_eq!(
         metric(
             "tollgate_give_back_failures_total",
@@ -1183,4 +1186,25 @@ fn a_lazy_store_asked_its_health_connects() {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     });
+}
+
+/// A scheduled waiter dropped as its runtime shuts down: the give-back's task is dropped with
+/// the runtime before it runs, its slot stays taken, and that is counted and logged.
+#[test]
+fn a_give_back_dropped_with_its_runtime_is_counted_and_logged() {
+    observed();
+    let server = RedisServer::start();
+    let runtime = current_thread();
+    let waiter = a_waiter(&runtime, &server, "give-back-shutdown");
+    // dropped on the runtime (its give-back's task is spawned there), which then shuts down
+    // before running it
+    runtime.block_on(async move { drop(waiter) });
+    drop(runtime);
+    assert_eq!(
+        metric(
+            "tollgate_give_back_failures_total",
+            &[("store", "give-back-shutdown"), ("kind", "unavailable")],
+        ),
+        1.0
+    );
 }

@@ -524,3 +524,20 @@ async fn a_failed_store_answers_through_the_failure_policy() {
         "{wait:?}"
     );
 }
+
+/// A scheduler says what it was built with, as a limiter does.
+#[test]
+fn a_scheduler_says_what_it_was_built_with() {
+    use tollgate::Store;
+    let rate: tollgate::Limit = "10/s".parse().unwrap();
+    let plain = Scheduler::new(MemoryStore::new(), rate);
+    assert_eq!(plain.name(), "10/s");
+    assert_eq!(plain.on_store_error(), OnStoreError::Open);
+    assert!(matches!(plain.store(), Store::Memory(_)));
+    let named = Scheduler::builder(MemoryStore::new(), rate)
+        .name("psp")
+        .on_store_error(OnStoreError::Closed)
+        .build();
+    assert_eq!(named.name(), "psp");
+    assert_eq!(named.on_store_error(), OnStoreError::Closed);
+}

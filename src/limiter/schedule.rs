@@ -236,6 +236,22 @@ impl Scheduler {
         self.inner.rate.burst
     }
 
+    /// The scheduler's name in logs and metric labels: the name it was built with, or the
+    /// rate's text.
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// The store its queues live in.
+    pub fn store(&self) -> &Store {
+        &self.inner.store
+    }
+
+    /// What an event gets when the store cannot place it.
+    pub fn on_store_error(&self) -> OnStoreError {
+        self.inner.on_error
+    }
+
     /// Waits for the next free slot of `identifier`, when it lies at most `max_wait` ahead.
     /// See [`Scheduler::schedule_n`].
     ///

@@ -143,9 +143,14 @@ impl Store {
                     r.give_back_failed(&StoreError::Unavailable);
                     return;
                 };
-                let r = r.clone();
+                // A task dropped before it is done (its runtime shutting down) sent nothing, or
+                // nothing it heard back from: counted and logged as a give-back that failed.
+                let mut unsent = Unsent(Some(r.clone()));
                 runtime.spawn(async move {
-                    if let Err(e) = r.give_back(&key, &placement).await {
+                    let Some(r) = unsent.0.clone() else { return };
+                    let result = r.give_back(&key, &placement).await;
+                    unsent.done();
+                    if let Err(e) = result {
                         r.give_back_failed(&e);
                     }
                 });
@@ -302,6 +307,28 @@ impl Backend for Store {
             }
             #[cfg(feature = "redis")]
             Store::Redis(r) => r.reached("release", r.release(leases).await),
+        }
+    }
+}
+
+/// A scheduler's give-back on its way in a task of its own: the store, until it is done. The
+/// task dropped before (its runtime shutting down) counts it as failed.
+#[cfg(feature = "redis")]
+struct Unsent(Option<RedisStore>);
+
+#[cfg(feature = "redis")]
+impl Unsent {
+    /// The give-back is done (whatever came of it).
+    fn done(&mut self) {
+        self.0 = None;
+    }
+}
+
+#[cfg(feature = "redis")]
+impl Drop for Unsent {
+    fn drop(&mut self) {
+        if let Some(r) = self.0.take() {
+            r.give_back_failed(&StoreError::Unavailable);
         }
     }
 }
