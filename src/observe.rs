@@ -673,6 +673,26 @@ impl BoundedLog {
         let _ = (service, why);
     }
 
+    /// The sentinel `sentinel` of `service` failed (`why`: the kind of failure, or that it
+    /// does not know the service or names another master) while another answered: the store
+    /// goes on, but the sentinels are one fewer than they look, and a failover may need it.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub(crate) fn sentinel_failed(&self, service: &str, sentinel: &str, why: &str) {
+        #[cfg(feature = "tracing")]
+        if let Some((count, since)) = self.count(Instant::now()) {
+            tracing::warn!(
+                target: "tollgate",
+                service,
+                sentinel,
+                why,
+                failures = count,
+                since_s = since.map(|d| d.as_secs()),
+                "a sentinel of the rate-limit store's service failed while another answered: the sentinels are fewer than they look"
+            );
+        }
+        let _ = (service, sentinel, why);
+    }
+
     /// A memory store at its bound (`max_keys`) evicted a state still in use: that
     /// identifier's counts start afresh (its quota comes back early) and a concurrency slot it
     /// held is free again. A flood of new identifiers (spoofed addresses, random keys) does

@@ -296,3 +296,34 @@ async fn sentinels_out_of_reach_are_logged() {
     }
     checks_run_on(&l, &master).await.unwrap();
 }
+
+/// A sentinel lost while another answers is logged, whether the lookup asked it first (and
+/// moved on to the next) or never asks it (the one before it answers): every so often the
+/// store asks every sentinel, and logs those that fail.
+#[tokio::test]
+async fn a_sentinel_lost_while_another_answers_is_logged() {
+    observed::observed();
+    let master = data_server(None);
+    let watcher = sentinel(master.port);
+    // port 1: where nothing listens, so a connection is refused at once
+    let lost = "127.0.0.1:1";
+    let warned = || {
+        observed::log_text()
+            .lines()
+            .filter(|l| l.contains("failed while another answered"))
+            .filter(|l| l.contains(&format!("sentinel=\"{lost}\"")))
+            .count()
+    };
+    let live = format!("127.0.0.1:{}", watcher.port);
+    for (hosts, lines) in [(format!("{lost},{live}"), 1), (format!("{live},{lost}"), 2)] {
+        let store = store_through(&hosts).await;
+        let l = closed(store, "100000/min".parse().unwrap());
+        checks_run_on(&l, &master).await.unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while warned() < lines {
+            assert!(Instant::now() < deadline, "{hosts}: no word of {lost}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        checks_run_on(&l, &master).await.unwrap();
+    }
+}

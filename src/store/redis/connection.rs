@@ -611,7 +611,7 @@ pub(crate) struct Connector {
 /// Where the server is.
 enum Source {
     Fixed(ConnectionInfo),
-    Sentinels(Sentinels),
+    Sentinels(Box<Sentinels>),
     Cluster(ClusterTarget),
 }
 
@@ -625,7 +625,7 @@ impl Connector {
         let secrets = target.secrets();
         let source = match target.clone() {
             Target::Standalone(info) => Source::Fixed(info),
-            Target::Sentinel(s) => Source::Sentinels(Sentinels::new(s, connect_timeout)),
+            Target::Sentinel(s) => Source::Sentinels(Box::new(Sentinels::new(s, connect_timeout))),
             Target::Cluster(c) => Source::Cluster(c),
         };
         Connector {

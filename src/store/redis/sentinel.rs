@@ -9,9 +9,16 @@
 //! still up and writable (a `SENTINEL FAILOVER`, a partition) would otherwise go unnoticed
 //! until the old master is turned into a replica, which the sentinels do only when they next
 //! poll it (every 10 s).
+//!
+//! A lookup stops at the first sentinel that answers, so a sentinel lost while another
+//! answers would never be asked again, and its loss (a quorum one failure from gone) would
+//! pass unseen. A sentinel that failed before another answered is logged; and every
+//! [`SWEEP`], the sentinels the lookup did not ask are asked too, each over a connection of
+//! its own, and those that fail, do not know the service or name another master are logged.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+use futures_util::future::join_all;
 use redis::aio::MultiplexedConnection;
 use redis::RedisError;
 
@@ -22,6 +29,9 @@ use crate::store::error::MisconfigurationKind;
 
 /// How often a connected store asks whether the master moved.
 pub(crate) const RECHECK: Duration = Duration::from_secs(1);
+
+/// How often a connected store asks every sentinel, not only the first that answers.
+const SWEEP: Duration = Duration::from_secs(30);
 
 /// Why no master was found.
 #[derive(Debug)]
@@ -45,6 +55,10 @@ pub(crate) struct Sentinels {
     pub(crate) current: Option<(String, u16)>,
     /// Rechecks that found no master, logged at most every 10 s.
     recheck_log: BoundedLog,
+    /// Sentinels that failed while another answered, logged at most every 10 s.
+    sentinel_log: BoundedLog,
+    /// When every sentinel was last asked (none yet: at the first recheck).
+    swept: Option<Instant>,
 }
 
 impl Sentinels {
@@ -56,6 +70,8 @@ impl Sentinels {
             conn: None,
             current: None,
             recheck_log: BoundedLog::default(),
+            sentinel_log: BoundedLog::default(),
+            swept: None,
         }
     }
 
@@ -63,29 +79,42 @@ impl Sentinels {
         &self.target
     }
 
-    /// The master's address, from the first sentinel that knows it.
+    /// The master's address, from the first sentinel that knows it. Sentinels that failed
+    /// before it are logged.
     pub(crate) async fn master(&mut self) -> Result<(String, u16), Lookup> {
         let n = self.target.sentinels.len();
         let (mut unknown, mut not_sentinel, mut refused) = (0, 0, 0);
         let mut last = None;
+        // the sentinels that failed or did not know the service, and why
+        let mut failed: Vec<(usize, String)> = Vec::new();
         let first = self.preferred;
         for i in 0..n {
             let index = (first + i) % n;
             match tokio::time::timeout(self.timeout, self.ask(index)).await {
                 Ok(Ok(Some(master))) => {
                     self.preferred = index;
+                    for (index, why) in failed {
+                        self.sentinel_failed(index, &why);
+                    }
                     return Ok(master);
                 }
-                Ok(Ok(None)) => unknown += 1,
+                Ok(Ok(None)) => {
+                    unknown += 1;
+                    failed.push((index, UNKNOWN_SERVICE.into()));
+                }
                 Ok(Err(e)) => {
                     match validate::classify(&e).misconfigured {
                         Some(MisconfigurationKind::Authentication) => refused += 1,
                         Some(MisconfigurationKind::CommandDenied) => not_sentinel += 1,
                         _ => {}
                     }
+                    failed.push((index, validate::error_label(&e)));
                     last = Some(e);
                 }
-                Err(elapsed) => last = Some(std::io::Error::from(elapsed).into()),
+                Err(elapsed) => {
+                    failed.push((index, "timed out".into()));
+                    last = Some(std::io::Error::from(elapsed).into());
+                }
             }
         }
         let kind = if unknown == n {
@@ -106,7 +135,13 @@ impl Sentinels {
     /// goes unseen meanwhile).
     pub(crate) async fn moved(&mut self) -> bool {
         match self.master().await {
-            Ok(master) => self.current.as_ref() != Some(&master),
+            Ok(master) => {
+                if self.swept.is_none_or(|at| at.elapsed() >= SWEEP) {
+                    self.swept = Some(Instant::now());
+                    self.sweep(&master).await;
+                }
+                self.current.as_ref() != Some(&master)
+            }
             Err(lookup) => {
                 // the kind of failure, not its text (which could quote a password)
                 let why = match &lookup {
@@ -120,28 +155,73 @@ impl Sentinels {
         }
     }
 
+    /// Asks every sentinel but the one that named `master` just now, each over a connection
+    /// of its own (the one kept stays with the sentinel that answers), and logs those that
+    /// fail, do not know the service, or name another master.
+    ///
+    /// They are asked all at once: a silent one holds the recheck up for one timeout.
+    async fn sweep(&self, master: &(String, u16)) {
+        let others = (0..self.target.sentinels.len()).filter(|&i| i != self.preferred);
+        let answers = join_all(others.map(|index| async move {
+            let asked = async {
+                let mut conn = self.connect(index).await?;
+                self.query(&mut conn).await
+            };
+            (index, tokio::time::timeout(self.timeout, asked).await)
+        }))
+        .await;
+        for (index, answer) in answers {
+            let why = match answer {
+                Ok(Ok(Some(named))) if named == *master => continue,
+                Ok(Ok(Some(_))) => "names another master".to_string(),
+                Ok(Ok(None)) => UNKNOWN_SERVICE.to_string(),
+                Ok(Err(e)) => validate::error_label(&e),
+                Err(_) => "timed out".to_string(),
+            };
+            self.sentinel_failed(index, &why);
+        }
+    }
+
+    /// Logs that the sentinel of `index` failed (`why`) while another answered.
+    fn sentinel_failed(&self, index: usize, why: &str) {
+        let (host, port) = &self.target.sentinels[index];
+        let sentinel = format!("{host}:{port}");
+        (self.sentinel_log).sentinel_failed(&self.target.service, &sentinel, why);
+    }
+
     /// One sentinel's answer: the master's address, or `None` when it knows no such service.
     async fn ask(&mut self, index: usize) -> redis::RedisResult<Option<(String, u16)>> {
         let mut conn = match self.conn.take() {
             Some((i, conn)) if i == index => conn,
-            _ => {
-                let (host, port) = &self.target.sentinels[index];
-                node_connection(
-                    host,
-                    *port,
-                    (&self.target.auth, self.target.tls),
-                    self.timeout,
-                )
-                .await?
-            }
+            _ => self.connect(index).await?,
         };
+        let reply = self.query(&mut conn).await?;
+        // Kept only after a good answer, for the next question to the same sentinel.
+        self.conn = Some((index, conn));
+        Ok(reply)
+    }
+
+    /// A connection of its own to the sentinel of `index`.
+    async fn connect(&self, index: usize) -> redis::RedisResult<MultiplexedConnection> {
+        let (host, port) = &self.target.sentinels[index];
+        let login = (&self.target.auth, self.target.tls);
+        node_connection(host, *port, login, self.timeout).await
+    }
+
+    /// The master the sentinel at the end of `conn` names, or `None` when it knows no such
+    /// service.
+    async fn query(
+        &self,
+        conn: &mut MultiplexedConnection,
+    ) -> redis::RedisResult<Option<(String, u16)>> {
         let reply: Option<(String, String)> = redis::cmd("SENTINEL")
             .arg("GET-MASTER-ADDR-BY-NAME")
             .arg(&self.target.service)
-            .query_async(&mut conn)
+            .query_async(conn)
             .await?;
-        // Kept only after a good answer, for the next question to the same sentinel.
-        self.conn = Some((index, conn));
         Ok(reply.and_then(|(host, port)| Some((host, port.parse().ok()?))))
     }
 }
+
+/// Why a sentinel that answers is of no use: it does not know the service.
+const UNKNOWN_SERVICE: &str = "does not know the service";
