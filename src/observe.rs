@@ -23,7 +23,7 @@
 //! | `tollgate_memory_evictions_total` | counter | none (states still in use that a memory store at its bound evicted) |
 //! | `tollgate_charges_refused_total` | counter | `limiter` (the one that checked the request first: a route's, or the layer's default; a layer charging by response whose charge the limits no longer admitted, its request served over the limit) |
 //! | `tollgate_client_ip_fallbacks_total` | counter | `reason` (`headers_disagree`, `not_an_address`, `too_few_hops`: a request through the proxies keyed by a proxy's address, its forwarding headers giving no client; see [`ClientIp`](crate::key::ClientIp)) |
-//! | `tollgate_shed_total` | counter | `shedder` (`utilization` for a [`UtilizationShedLayer`](crate::shed::UtilizationShedLayer), `shed:NAME` for a [`FleetShedder`](crate::shed::FleetShedder)'s layer), `priority` (`high`, `normal`, `low`) |
+//! | `tollgate_shed_total` | counter | `shedder` (`utilization`, or `utilization:NAME` when [named](crate::shed::UtilizationShedder::name), for a [`UtilizationShedLayer`](crate::shed::UtilizationShedLayer), `shed:NAME` for a [`FleetShedder`](crate::shed::FleetShedder)'s layer), `priority` (`high`, `normal`, `low`) |
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -501,6 +501,22 @@ pub(crate) fn policy_changed(limiter: &str, old: &Policy, new: &Policy, afresh: 
     let _ = (limiter, old, new, afresh);
 }
 
+/// The fallback of the limiter `limiter` at `share` of the fleet raises `limit` to a count of
+/// 1 (its share, `share_count`, is below 1): while the store fails, each process admits more
+/// than its share of that limit, and the fleet more than the limit.
+pub(crate) fn fallback_raised(limiter: &str, limit: &Limit, share: f64, share_count: f64) {
+    #[cfg(feature = "tracing")]
+    tracing::warn!(
+        target: "tollgate",
+        limiter,
+        limit = %limit,
+        share,
+        share_count,
+        "rate-limit fallback holds a limit at a count of 1, above this process's share of it: while the store fails, the fleet admits more than the limit"
+    );
+    let _ = (limiter, limit, share, share_count);
+}
+
 /// Events logged at a bounded rate: the first at once, then at most one line every
 /// [`LOG_EVERY`], with the number of events since the previous line. The exact figures are in
 /// the metrics. One for each kind of event: a limiter's would-be denials in shadow mode, a
@@ -606,7 +622,7 @@ impl BoundedLog {
         );
     }
 
-    /// The load shedder `shedder` (`utilization`, or a fleet shedder's `shed:NAME`) shed a
+    /// The load shedder `shedder` (`utilization[:NAME]`, or a fleet shedder's `shed:NAME`) shed a
     /// request of `priority` (its label), under the shedding amount `amount` when the shedder
     /// has one (a utilization shedder; a fleet shedder sheds when its share is full): counted,
     /// and logged at `info` (shedding is the policy working, not a failure) at most every

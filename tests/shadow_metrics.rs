@@ -507,6 +507,23 @@ async fn shed_requests_are_counted_and_logged() {
                 && l.contains("shedder=\"utilization\"")),
         "{logged}"
     );
+    // a named shedder's, under its name
+    let named = UtilizationShedder::new(ShedConfig::default(), || 1.0)
+        .clock(Clock::Manual(clock.clone()))
+        .name("pool");
+    for _ in 0..150 {
+        named.should_shed(Priority::Low);
+        clock.advance(std::time::Duration::from_secs(1));
+    }
+    let layer = UtilizationShedLayer::new(named);
+    let status = status_of(&layer, Request::new(Full::default())).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    let named_sheds = observed::metric(
+        "tollgate_shed_total",
+        &[("shedder", "utilization:pool"), ("priority", "normal")],
+    );
+    assert_eq!(named_sheds, 1.0);
+    assert_eq!(shed("normal") - before, 3.0, "the unnamed shedder's count");
 }
 
 /// A fleet shedder's refusals are counted as sheds, under its name and by the priority its
@@ -821,4 +838,40 @@ async fn a_waiting_check_of_slots_given_up_on_mid_check_counts_its_denial() {
     assert_eq!(decisions("gave-up-mid-check", "allowed").0, 1.0);
     assert_eq!(decisions("gave-up-mid-check", "denied").0, 1.0);
     drop(held);
+}
+
+/// A fallback that holds a limit at a count of 1, above the process's share of it, says so
+/// where the limiter (or scheduler) is built: while the store fails, the fleet would admit
+/// more than the limit.
+#[test]
+fn a_fallback_held_above_its_share_is_warned_about() {
+    use tollgate::{OnStoreError, Scheduler};
+    observed();
+    let tenth = OnStoreError::fallback(0.1).unwrap();
+    let lines = |name: &str| {
+        log_text()
+            .lines()
+            .filter(|l| l.contains("fallback holds a limit at a count of 1"))
+            .filter(|l| l.contains(&format!("limiter=\"{name}\"")))
+            .map(str::to_owned)
+            .collect::<Vec<_>>()
+    };
+    // 5/min at a tenth is half a request a minute: held at 1; 100/h at a tenth is 10
+    let _held = Limiter::builder(MemoryStore::new(), "5/min, 100/h".parse().unwrap())
+        .name("fallback-raised")
+        .on_store_error(tenth)
+        .build();
+    let held = lines("fallback-raised");
+    assert_eq!(held.len(), 1, "{held:?}");
+    assert!(held[0].contains("limit=5/min"), "{held:?}");
+    let _fine = Limiter::builder(MemoryStore::new(), "50/min".parse().unwrap())
+        .name("fallback-fine")
+        .on_store_error(tenth)
+        .build();
+    assert!(lines("fallback-fine").is_empty());
+    let _scheduler = Scheduler::builder(MemoryStore::new(), "2/s".parse().unwrap())
+        .name("fallback-scheduler")
+        .on_store_error(tenth)
+        .build();
+    assert_eq!(lines("fallback-scheduler").len(), 1);
 }

@@ -119,7 +119,15 @@ impl Version {
             .unwrap_or_else(|| policy.to_string().into());
         let fallback = match on_error {
             OnStoreError::Fallback(f) => {
-                let (scaled, origins) = policy.scaled(f.share_of_fleet());
+                let share = f.share_of_fleet();
+                // A count scaled below 1 is held at 1: said once, where it is decided.
+                for limit in policy.limits() {
+                    let share_count = limit.count() as f64 * share;
+                    if share_count < 1.0 {
+                        observe::fallback_raised(&name, limit, share, share_count);
+                    }
+                }
+                let (scaled, origins) = policy.scaled(share);
                 Some((scaled, origins.into()))
             }
             _ => None,

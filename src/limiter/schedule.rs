@@ -162,14 +162,19 @@ impl SchedulerBuilder {
     /// Builds the scheduler.
     pub fn build(self) -> Scheduler {
         crate::observe::describe_metrics();
+        let name: Arc<str> = self.name.unwrap_or_else(|| self.rate.to_string()).into();
         let fallback = match self.on_error {
             OnStoreError::Fallback(f) => {
-                let scaled = self.rate.scaled(f.share_of_fleet());
+                let share = f.share_of_fleet();
+                let share_count = self.rate.count() as f64 * share;
+                if share_count < 1.0 {
+                    crate::observe::fallback_raised(&name, &self.rate, share, share_count);
+                }
+                let scaled = self.rate.scaled(share);
                 Some((Store::from(MemoryStore::new()), scaled, rate_of(&scaled)))
             }
             _ => None,
         };
-        let name: Arc<str> = self.name.unwrap_or_else(|| self.rate.to_string()).into();
         Scheduler {
             inner: Arc::new(Inner {
                 // (a fallback's rejections are labelled with the rate they stand for: its one

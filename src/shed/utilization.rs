@@ -96,6 +96,8 @@ pub struct UtilizationShedder {
     epoch: Instant,
     rng: SplitMix,
     state: Mutex<State>,
+    /// Its name in logs and metric labels: `utilization`, or `utilization:NAME`.
+    label: String,
     /// Requests a layer shed, logged at most every 10 s.
     shed_log: BoundedLog,
     /// Readings outside [0, 1], logged at a bounded rate.
@@ -105,6 +107,7 @@ pub struct UtilizationShedder {
 impl fmt::Debug for UtilizationShedder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("UtilizationShedder")
+            .field("name", &self.label)
             .field("config", &self.config)
             .field("in_flight", &self.in_flight)
             .field("clock", &self.clock)
@@ -134,17 +137,26 @@ impl UtilizationShedder {
                 amount: config.resting_amount(),
                 last_update: None,
             }),
+            label: "utilization".into(),
             shed_log: BoundedLog::default(),
             reading_log: BoundedLog::default(),
         }
     }
 
     /// A request of `priority` a layer shed: counted
-    /// (`tollgate_shed_total{shedder="utilization",priority}`) and logged at most every 10 s,
-    /// with the shedding amount.
+    /// (`tollgate_shed_total{shedder="utilization",priority}`, or `utilization:NAME` for a
+    /// named shedder) and logged at most every 10 s, with the shedding amount.
     pub(crate) fn record_shed(&self, priority: Priority) {
         self.shed_log
-            .shed("utilization", priority.label(), || Some(self.amount()));
+            .shed(&self.label, priority.label(), || Some(self.amount()));
+    }
+
+    /// Names the shedder in logs and metric labels (`shedder="utilization:NAME"`; unnamed,
+    /// `utilization`), to tell apart the shedders of one process (of a thread pool and of a
+    /// connection pool, say).
+    pub fn name(mut self, name: impl AsRef<str>) -> Self {
+        self.label = format!("utilization:{}", name.as_ref());
+        self
     }
 
     /// A shedder whose utilization is the number of requests in flight out of `capacity`
