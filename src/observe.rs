@@ -689,24 +689,24 @@ impl BoundedLog {
         let _ = (service, why);
     }
 
-    /// The sentinel `sentinel` of `service` failed (`why`: the kind of failure, or that it
-    /// does not know the service or names another master) while another answered: the store
-    /// goes on, but the sentinels are one fewer than they look, and a failover may need it.
+    /// `count` sentinels of `service` failed while another answered (`sentinels`: each one's
+    /// address and why: the kind of failure, or that it does not know the service): the
+    /// store goes on, but the sentinels are fewer than they look, and a failover may need
+    /// them.
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
-    pub(crate) fn sentinel_failed(&self, service: &str, sentinel: &str, why: &str) {
+    pub(crate) fn sentinels_failed(&self, service: &str, sentinels: &str, count: u64) {
         #[cfg(feature = "tracing")]
-        if let Some((count, since)) = self.count(Instant::now()) {
+        if let Some((failures, since)) = self.count_n(Instant::now(), count) {
             tracing::warn!(
                 target: "tollgate",
                 service,
-                sentinel,
-                why,
-                failures = count,
+                sentinels,
+                failures,
                 since_s = since.map(|d| d.as_secs()),
-                "a sentinel of the rate-limit store's service failed while another answered: the sentinels are fewer than they look"
+                "sentinels of the rate-limit store's service failed while another answered: the sentinels are fewer than they look"
             );
         }
-        let _ = (service, sentinel, why);
+        let _ = (service, sentinels, count);
     }
 
     /// A memory store at its bound (`max_keys`) evicted a state still in use: that

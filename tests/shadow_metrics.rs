@@ -560,6 +560,24 @@ async fn fleet_sheds_are_counted_and_logged() {
     assert_eq!(shed() - before, 2.0);
     assert!(log_text().contains("shed:counted-fleet"), "{}", log_text());
     drop(held);
+    // a fleet shedder failing closed, its store down, sheds: counted as its other refusals
+    let dead = tollgate::RedisStore::builder(common::dead_url())
+        .timeout(std::time::Duration::from_millis(200))
+        .build_lazy()
+        .unwrap();
+    let closed = FleetShedder::new(dead, 1)
+        .name("closed-fleet")
+        .classify(|_| Priority::Low)
+        .on_store_error(tollgate::OnStoreError::Closed)
+        .build()
+        .unwrap();
+    let status = status_of(&closed, Request::new(Full::default())).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    let closed_sheds = observed::metric(
+        "tollgate_shed_total",
+        &[("shedder", "shed:closed-fleet"), ("priority", "low")],
+    );
+    assert_eq!(closed_sheds, 1.0);
 }
 
 /// Every metric of the table in `src/observe.rs` is described to a recorder installed before

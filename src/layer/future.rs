@@ -397,10 +397,12 @@ fn refusal<B>(
                     grpc,
                     config.problem_details,
                 ),
-                // A fleet shedder failing closed sheds: answered and counted as its other
-                // refusals are.
+                // A fleet shedder failing closed sheds: counted as its other refusals are, and
+                // answered with their status and message (an `on_limited` handler is not
+                // called: there is no decision to hand it).
                 Some(record) => {
                     record(&RequestView::of(req));
+                    let status = config.limited_status;
                     match (config.problem_details, grpc) {
                         (true, None) => shed_problem_response(status),
                         _ => own_response(status, SHED_MESSAGE, grpc),

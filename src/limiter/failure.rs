@@ -36,7 +36,8 @@ pub enum OnStoreError {
 /// The share of the fleet's limits a process enforces on its own while the store is down:
 /// every count and burst of the policy multiplied by it, rounded down, never below 1. A limit
 /// held at 1 above its share (`5/min` at a tenth) lets the fleet admit more than the limit
-/// while the store fails: a warning says so where the limiter is built.
+/// while the store fails: a warning says so where the limiter is built (and when its policy
+/// changes).
 ///
 /// How to choose it: with `N` processes behind a balancer that spreads clients evenly,
 /// `1/N` keeps the fleet within the policy; a little more (say `1.5/N`) tolerates an uneven

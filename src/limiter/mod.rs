@@ -120,12 +120,11 @@ impl Version {
         let fallback = match on_error {
             OnStoreError::Fallback(f) => {
                 let share = f.share_of_fleet();
-                // A count scaled below 1 is held at 1: said once, where it is decided.
-                for limit in policy.limits() {
+                // A count scaled below 1 is held at 1: said where it is decided, as the
+                // limiter is built or its policy changes.
+                for limit in policy.limits().iter().filter(|l| l.held_at_one(share)) {
                     let share_count = limit.count() as f64 * share;
-                    if share_count < 1.0 {
-                        observe::fallback_raised(&name, limit, share, share_count);
-                    }
+                    observe::fallback_raised(&name, limit, share, share_count);
                 }
                 let (scaled, origins) = policy.scaled(share);
                 Some((scaled, origins.into()))

@@ -166,8 +166,8 @@ impl SchedulerBuilder {
         let fallback = match self.on_error {
             OnStoreError::Fallback(f) => {
                 let share = f.share_of_fleet();
-                let share_count = self.rate.count() as f64 * share;
-                if share_count < 1.0 {
+                if self.rate.held_at_one(share) {
+                    let share_count = self.rate.count() as f64 * share;
                     crate::observe::fallback_raised(&name, &self.rate, share, share_count);
                 }
                 let scaled = self.rate.scaled(share);

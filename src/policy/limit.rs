@@ -214,19 +214,14 @@ impl Limit {
     /// one. A burst scaled less than its count (rounded down to a count of 1, say) may stand
     /// for a longer run ahead than a limit may hold (`burst × window / count`, about 35
     /// years): it is then cut to the longest that holds, so the scaled limit is valid.
+    /// Whether [`scaled`](Self::scaled) to `share` holds this limit's count at 1, above its
+    /// share of it (below one request a window).
+    pub(crate) fn held_at_one(&self, share: f64) -> bool {
+        scaled_down(self.count, share) == 0
+    }
+
     pub(crate) fn scaled(&self, share: f64) -> Limit {
-        // A product that is whole but for the floating point's last bit is that whole number:
-        // `100 × 0.29` is 28.999999999999996, and `98 × (1/49)` 1.9999999999999998.
-        let scale = |n: u64| {
-            let product = n as f64 * share;
-            let near = product.round();
-            // (a few units in the last place: 49,999,999.95 is no whole number)
-            let whole = match (product - near).abs() <= near * 8.0 * f64::EPSILON {
-                true => near,
-                false => product.floor(),
-            };
-            (whole as u64).clamp(1, n)
-        };
+        let scale = |n: u64| scaled_down(n, share).clamp(1, n);
         let count = scale(self.count);
         // (at least 32: a count of 1 over the longest window, 400 days)
         let longest = MAX_TOLERANCE_US * u128::from(count) / self.window.as_micros().max(1);
@@ -342,4 +337,18 @@ impl Limit {
         // Bounded by MAX_WINDOW, so this fits easily.
         self.window.as_micros() as u64
     }
+}
+
+/// `n × share`, rounded down. A product that is whole but for the floating point's last bit
+/// is that whole number: `100 × 0.29` is 28.999999999999996, and `98 × (1/49)`
+/// 1.9999999999999998.
+fn scaled_down(n: u64, share: f64) -> u64 {
+    let product = n as f64 * share;
+    let near = product.round();
+    // (a few units in the last place: 49,999,999.95 is no whole number)
+    let whole = match (product - near).abs() <= near * 8.0 * f64::EPSILON {
+        true => near,
+        false => product.floor(),
+    };
+    whole as u64
 }

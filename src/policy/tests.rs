@@ -323,3 +323,18 @@ fn a_whole_share_of_a_count_is_not_rounded_down() {
         }
     }
 }
+
+/// A limit is held at 1 by its fallback only when its share is below one request a window:
+/// not when the share is 1 but for the floating point's last bit.
+#[test]
+fn a_limit_is_held_at_one_only_below_one_request() {
+    let held = |limit: &str, share: f64| limit.parse::<Limit>().unwrap().held_at_one(share);
+    assert!(held("5/min", 0.1));
+    assert!(!held("10/min", 0.1));
+    assert!(!held("50/min", 0.1));
+    for n in 2..=200u64 {
+        // n × (1/n) may be 0.9999999999999999
+        assert!(!held(&format!("{n}/min"), 1.0 / n as f64), "{n}");
+        assert!(held(&format!("{n}/min"), 1.0 / (n + 1) as f64), "{n}");
+    }
+}

@@ -462,8 +462,9 @@ impl Drop for Holding {
         // Until the channel says no message can come: a send that began before the close
         // counts its message before it queues it, and meanwhile the channel reads as empty.
         // Stopping at that (as `drain` does) would lose a message whose send then succeeds.
-        // (Tokio says `Disconnected` here from 1.52.3 on, the crate's least version; before,
-        // a closed channel with senders read as empty for good.)
+        // (From Tokio 1.52.3 on, the crate's least version. Before 1.49 a closed channel
+        // with senders read as empty for good; from 1.49 to 1.52.3 it read as disconnected
+        // even with a send under way, whose message was then lost.)
         loop {
             match self.rx.try_recv() {
                 Ok(msg) => apply(msg, &mut self.leases, &mut released),

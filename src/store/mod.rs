@@ -146,8 +146,8 @@ impl Store {
                 // A task dropped before it is done (its runtime shutting down) sent nothing, or
                 // nothing it heard back from: counted and logged as a give-back that failed.
                 let mut unsent = Unsent(Some(r.clone()));
+                let r = r.clone();
                 runtime.spawn(async move {
-                    let Some(r) = unsent.0.clone() else { return };
                     let result = r.give_back(&key, &placement).await;
                     unsent.done();
                     if let Err(e) = result {

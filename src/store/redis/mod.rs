@@ -360,10 +360,10 @@ impl RedisStore {
         &self.prefix
     }
 
-    /// What the store knows of its server now, without asking it (no call is made): for a
-    /// readiness probe, a status page, a log line at start-up. See [`StoreHealth`]. Called
-    /// within a Tokio runtime, it starts connecting a store built lazily outside one, which
-    /// would otherwise wait for its first check.
+    /// What the store knows of its server now, without asking it (no check or `PING` is
+    /// sent): for a readiness probe, a status page, a log line at start-up. See
+    /// [`StoreHealth`]. Called within a Tokio runtime, it starts connecting a store built
+    /// lazily outside one, which would otherwise wait for its first check.
     ///
     /// ```no_run
     /// # async fn f() -> Result<(), tollgate::StoreError> {

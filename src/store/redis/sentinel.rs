@@ -12,10 +12,14 @@
 //!
 //! A lookup stops at the first sentinel that answers, so a sentinel lost while another
 //! answers would never be asked again, and its loss (a quorum one failure from gone) would
-//! pass unseen. A sentinel that failed before another answered is logged; and every
-//! [`SWEEP`], the sentinels the lookup did not ask are asked too, each over a connection of
-//! its own, and those that fail, do not know the service or name another master are logged.
+//! pass unseen. The sentinels that failed before another answered are logged; and every
+//! [`SWEEP`], the sentinels the lookup did not ask are asked too, in a task of their own
+//! (the recheck does not wait for them), each over a connection of its own, and those that
+//! fail or do not know the service are logged, all of them in one line. (One that names
+//! another master is not: sentinels disagree for a moment during every failover.)
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures_util::future::join_all;
@@ -56,9 +60,13 @@ pub(crate) struct Sentinels {
     /// Rechecks that found no master, logged at most every 10 s.
     recheck_log: BoundedLog,
     /// Sentinels that failed while another answered, logged at most every 10 s.
-    sentinel_log: BoundedLog,
-    /// When every sentinel was last asked (none yet: at the first recheck).
+    sentinel_log: Arc<BoundedLog>,
+    /// When the sentinels the lookups skip were last asked (none yet: at the first recheck).
     swept: Option<Instant>,
+    /// A sweep is under way, in its task.
+    sweeping: Arc<AtomicBool>,
+    /// The sentinels the last lookup asked: the first, and how many from it on.
+    asked: (usize, usize),
 }
 
 impl Sentinels {
@@ -70,8 +78,10 @@ impl Sentinels {
             conn: None,
             current: None,
             recheck_log: BoundedLog::default(),
-            sentinel_log: BoundedLog::default(),
+            sentinel_log: Arc::default(),
             swept: None,
+            sweeping: Arc::default(),
+            asked: (0, 0),
         }
     }
 
@@ -93,9 +103,8 @@ impl Sentinels {
             match tokio::time::timeout(self.timeout, self.ask(index)).await {
                 Ok(Ok(Some(master))) => {
                     self.preferred = index;
-                    for (index, why) in failed {
-                        self.sentinel_failed(index, &why);
-                    }
+                    self.asked = (first, i + 1);
+                    failed_while_answered(&self.sentinel_log, &self.target, &failed);
                     return Ok(master);
                 }
                 Ok(Ok(None)) => {
@@ -136,11 +145,12 @@ impl Sentinels {
     pub(crate) async fn moved(&mut self) -> bool {
         match self.master().await {
             Ok(master) => {
-                if self.swept.is_none_or(|at| at.elapsed() >= SWEEP) {
+                let moved = self.current.as_ref() != Some(&master);
+                if !moved && self.swept.is_none_or(|at| at.elapsed() >= SWEEP) {
                     self.swept = Some(Instant::now());
-                    self.sweep(&master).await;
+                    self.sweep();
                 }
-                self.current.as_ref() != Some(&master)
+                moved
             }
             Err(lookup) => {
                 // the kind of failure, not its text (which could quote a password)
@@ -155,71 +165,114 @@ impl Sentinels {
         }
     }
 
-    /// Asks every sentinel but the one that named `master` just now, each over a connection
-    /// of its own (the one kept stays with the sentinel that answers), and logs those that
-    /// fail, do not know the service, or name another master.
-    ///
-    /// They are asked all at once: a silent one holds the recheck up for one timeout.
-    async fn sweep(&self, master: &(String, u16)) {
-        let others = (0..self.target.sentinels.len()).filter(|&i| i != self.preferred);
-        let answers = join_all(others.map(|index| async move {
-            let asked = async {
-                let mut conn = self.connect(index).await?;
-                self.query(&mut conn).await
-            };
-            (index, tokio::time::timeout(self.timeout, asked).await)
-        }))
-        .await;
-        for (index, answer) in answers {
-            let why = match answer {
-                Ok(Ok(Some(named))) if named == *master => continue,
-                Ok(Ok(Some(_))) => "names another master".to_string(),
-                Ok(Ok(None)) => UNKNOWN_SERVICE.to_string(),
-                Ok(Err(e)) => validate::error_label(&e),
-                Err(_) => "timed out".to_string(),
-            };
-            self.sentinel_failed(index, &why);
+    /// Asks the sentinels the last lookup did not, in a task of its own (none while another
+    /// sweep is under way, or outside a runtime), each over a connection of its own (the one
+    /// kept stays with the sentinel that answers), all at once, and logs those that fail or do
+    /// not know the service.
+    fn sweep(&self) {
+        let n = self.target.sentinels.len();
+        let (first, count) = self.asked;
+        let others: Vec<usize> = (count..n).map(|k| (first + k) % n).collect();
+        if others.is_empty() {
+            return;
         }
-    }
-
-    /// Logs that the sentinel of `index` failed (`why`) while another answered.
-    fn sentinel_failed(&self, index: usize, why: &str) {
-        let (host, port) = &self.target.sentinels[index];
-        let sentinel = format!("{host}:{port}");
-        (self.sentinel_log).sentinel_failed(&self.target.service, &sentinel, why);
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        if self.sweeping.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let sweeping = Sweeping(self.sweeping.clone());
+        let (target, timeout, log) = (self.target.clone(), self.timeout, self.sentinel_log.clone());
+        runtime.spawn(async move {
+            let _sweeping = sweeping;
+            let answers = join_all(others.into_iter().map(|index| {
+                let target = &target;
+                async move {
+                    let asked = async {
+                        let mut conn = connect(target, index, timeout).await?;
+                        query(target, &mut conn).await
+                    };
+                    (index, tokio::time::timeout(timeout, asked).await)
+                }
+            }))
+            .await;
+            let failed: Vec<(usize, String)> = answers
+                .into_iter()
+                .filter_map(|(index, answer)| {
+                    let why = match answer {
+                        Ok(Ok(Some(_))) => return None,
+                        Ok(Ok(None)) => UNKNOWN_SERVICE.to_string(),
+                        Ok(Err(e)) => validate::error_label(&e),
+                        Err(_) => "timed out".to_string(),
+                    };
+                    Some((index, why))
+                })
+                .collect();
+            failed_while_answered(&log, &target, &failed);
+        });
     }
 
     /// One sentinel's answer: the master's address, or `None` when it knows no such service.
     async fn ask(&mut self, index: usize) -> redis::RedisResult<Option<(String, u16)>> {
         let mut conn = match self.conn.take() {
             Some((i, conn)) if i == index => conn,
-            _ => self.connect(index).await?,
+            _ => connect(&self.target, index, self.timeout).await?,
         };
-        let reply = self.query(&mut conn).await?;
+        let reply = query(&self.target, &mut conn).await?;
         // Kept only after a good answer, for the next question to the same sentinel.
         self.conn = Some((index, conn));
         Ok(reply)
     }
+}
 
-    /// A connection of its own to the sentinel of `index`.
-    async fn connect(&self, index: usize) -> redis::RedisResult<MultiplexedConnection> {
-        let (host, port) = &self.target.sentinels[index];
-        let login = (&self.target.auth, self.target.tls);
-        node_connection(host, *port, login, self.timeout).await
+/// A connection of its own to the sentinel of `index` among `target`'s.
+async fn connect(
+    target: &SentinelTarget,
+    index: usize,
+    timeout: Duration,
+) -> redis::RedisResult<MultiplexedConnection> {
+    let (host, port) = &target.sentinels[index];
+    node_connection(host, *port, (&target.auth, target.tls), timeout).await
+}
+
+/// The master of `target`'s service the sentinel at the end of `conn` names, or `None` when
+/// it knows no such service.
+async fn query(
+    target: &SentinelTarget,
+    conn: &mut MultiplexedConnection,
+) -> redis::RedisResult<Option<(String, u16)>> {
+    let reply: Option<(String, String)> = redis::cmd("SENTINEL")
+        .arg("GET-MASTER-ADDR-BY-NAME")
+        .arg(&target.service)
+        .query_async(conn)
+        .await?;
+    Ok(reply.and_then(|(host, port)| Some((host, port.parse().ok()?))))
+}
+
+/// Logs, in one line, the sentinels of `target` that `failed` (their index, and why) while
+/// another answered.
+fn failed_while_answered(log: &BoundedLog, target: &SentinelTarget, failed: &[(usize, String)]) {
+    if failed.is_empty() {
+        return;
     }
+    let sentinels = failed
+        .iter()
+        .map(|(index, why)| {
+            let (host, port) = &target.sentinels[*index];
+            format!("{host}:{port} ({why})")
+        })
+        .collect::<Vec<_>>()
+        .join(", ");
+    log.sentinels_failed(&target.service, &sentinels, failed.len() as u64);
+}
 
-    /// The master the sentinel at the end of `conn` names, or `None` when it knows no such
-    /// service.
-    async fn query(
-        &self,
-        conn: &mut MultiplexedConnection,
-    ) -> redis::RedisResult<Option<(String, u16)>> {
-        let reply: Option<(String, String)> = redis::cmd("SENTINEL")
-            .arg("GET-MASTER-ADDR-BY-NAME")
-            .arg(&self.target.service)
-            .query_async(conn)
-            .await?;
-        Ok(reply.and_then(|(host, port)| Some((host, port.parse().ok()?))))
+/// Marks the sweep done however its task ends.
+struct Sweeping(Arc<AtomicBool>);
+
+impl Drop for Sweeping {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Release);
     }
 }
 
