@@ -20,7 +20,7 @@
 //! | `tollgate_give_back_failures_total` | counter | `store`, `kind` ([`StoreError::kind_label`]) |
 //! | `tollgate_lease_failures_total` | counter | `store`, `call` (`renew`, `release`), `kind` ([`StoreError::kind_label`]) |
 //! | `tollgate_leases_lost_total` | counter | `store` (`memory` for the memory store) |
-//! | `tollgate_memory_evictions_total` | counter | none (states still in use that a memory store at its bound evicted) |
+//! | `tollgate_memory_evictions_total` | counter | `store` (the memory store's name: `memory`, a [name](crate::store::MemoryStoreBuilder::name) of its own, or `fallback:NAME` for a limiter's or scheduler's fallback), for states still in use that a memory store at its bound evicted |
 //! | `tollgate_charges_refused_total` | counter | `limiter` (the one that checked the request first: a route's, or the layer's default; a layer charging by response whose charge the limits no longer admitted, its request served over the limit) |
 //! | `tollgate_client_ip_fallbacks_total` | counter | `reason` (`headers_disagree`, `not_an_address`, `too_few_hops`: a request through the proxies keyed by a proxy's address, its forwarding headers giving no client; see [`ClientIp`](crate::key::ClientIp)) |
 //! | `tollgate_shed_total` | counter | `shedder` (`utilization`, or `utilization:NAME` when [named](crate::shed::UtilizationShedder::name), for a [`UtilizationShedLayer`](crate::shed::UtilizationShedLayer), `shed:NAME` for a [`FleetShedder`](crate::shed::FleetShedder)'s layer), `priority` (`high`, `normal`, `low`) |
@@ -713,18 +713,21 @@ impl BoundedLog {
     /// identifier's counts start afresh (its quota comes back early) and a concurrency slot it
     /// held is free again. A flood of new identifiers (spoofed addresses, random keys) does
     /// this; a bound too small for the traffic too.
-    pub(crate) fn state_evicted(&self) {
+    pub(crate) fn state_evicted(&self, store: &str) {
         #[cfg(feature = "metrics")]
-        metrics::counter!("tollgate_memory_evictions_total").increment(1);
+        metrics::counter!("tollgate_memory_evictions_total", "store" => store.to_string())
+            .increment(1);
         #[cfg(feature = "tracing")]
         if let Some((count, since)) = self.count(Instant::now()) {
             tracing::warn!(
                 target: "tollgate",
+                store,
                 evicted = count,
                 since_s = since.map(|d| d.as_secs()),
                 "in-process rate-limit store at its bound (max_keys) evicted states still in use: their counts start afresh"
             );
         }
+        let _ = store;
     }
 
     /// The task keeping the connection of the Redis store `store` had ended under it (its

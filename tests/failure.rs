@@ -875,15 +875,34 @@ fn a_redis_slot_let_go_as_its_runtime_shuts_down_is_released() {
 #[tokio::test]
 async fn live_states_evicted_at_the_bound_are_counted_and_logged() {
     observed();
-    let store = tollgate::MemoryStore::builder().max_keys(64).build();
+    let store = tollgate::MemoryStore::builder()
+        .max_keys(64)
+        .name("bounded")
+        .build();
     let limiter = Limiter::new(store, "1/min".parse().unwrap());
-    let evicted = || metric("tollgate_memory_evictions_total", &[]);
-    let before = evicted();
+    let evicted = |store| metric("tollgate_memory_evictions_total", &[("store", store)]);
+    let before = evicted("bounded");
     for i in 0..1000 {
         let _ = limiter.check(&[format!("ip:{i}")]).await.unwrap();
     }
-    assert!(evicted() - before >= 900.0, "{}", evicted() - before);
-    assert!(log_text().contains("at its bound (max_keys) evicted states still in use"));
+    assert!(
+        evicted("bounded") - before >= 900.0,
+        "{}",
+        evicted("bounded") - before
+    );
+    assert!(log_text().lines().any(|l| l
+        .contains("at its bound (max_keys) evicted states still in use")
+        && l.contains("store=\"bounded\"")));
+    // an unnamed store is `memory`
+    let unnamed = Limiter::new(
+        tollgate::MemoryStore::builder().max_keys(64).build(),
+        "1/min".parse().unwrap(),
+    );
+    let before = evicted("memory");
+    for i in 0..200 {
+        let _ = unnamed.check(&[format!("ip:{i}")]).await.unwrap();
+    }
+    assert!(evicted("memory") > before);
 }
 
 /// A Redis store used from a second runtime once the first, on which it connected, has shut

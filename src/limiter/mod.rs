@@ -270,9 +270,17 @@ impl LimiterBuilder {
     /// Builds the limiter.
     pub fn build(self) -> Limiter {
         crate::observe::describe_metrics();
-        let fallback_store = matches!(self.on_error, OnStoreError::Fallback(_))
-            .then(|| Store::from(MemoryStore::new()));
         let given_name: Option<Arc<str>> = self.name.map(Into::into);
+        let fallback_store = matches!(self.on_error, OnStoreError::Fallback(_)).then(|| {
+            let name = given_name
+                .as_deref()
+                .map_or_else(|| self.policy.to_string(), str::to_string);
+            Store::from(
+                MemoryStore::builder()
+                    .name(format!("fallback:{name}"))
+                    .build(),
+            )
+        });
         let version = Version::new(
             self.policy,
             given_name.as_ref(),
@@ -625,3 +633,31 @@ impl Limiter {
 /// A limiter's check of one request. It owns the request while it runs and hands it back
 /// with the outcome, so that the request can then be passed on (or answered).
 pub(crate) type CheckFuture<R> = Pin<Box<dyn Future<Output = (Result<Decision, Error>, R)> + Send>>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A limiter's fallback store is named after it, so that its evictions are told apart
+    /// from the main store's.
+    #[test]
+    fn a_fallback_store_is_named_after_its_limiter() {
+        let fallback = |builder: LimiterBuilder| {
+            let limiter = builder
+                .on_store_error(OnStoreError::fallback(0.5).unwrap())
+                .build();
+            match limiter.inner.fallback_store.as_ref() {
+                Some(Store::Memory(m)) => m.name().to_string(),
+                other => panic!("{other:?}"),
+            }
+        };
+        let policy = || "10/min".parse::<Policy>().unwrap();
+        let named = Limiter::builder(MemoryStore::new(), policy()).name("api");
+        assert_eq!(fallback(named), "fallback:api");
+        assert_eq!(
+            fallback(Limiter::builder(MemoryStore::new(), policy())),
+            "fallback:10/min"
+        );
+        assert_eq!(MemoryStore::new().name(), "memory");
+    }
+}

@@ -171,7 +171,10 @@ impl SchedulerBuilder {
                     crate::observe::fallback_raised(&name, &self.rate, share, share_count);
                 }
                 let scaled = self.rate.scaled(share);
-                Some((Store::from(MemoryStore::new()), scaled, rate_of(&scaled)))
+                let store = MemoryStore::builder()
+                    .name(format!("fallback:{name}"))
+                    .build();
+                Some((Store::from(store), scaled, rate_of(&scaled)))
             }
             _ => None,
         };

@@ -70,6 +70,8 @@ struct Inner {
     /// What the real clock reads (see [`CounterClock`]).
     counter: CounterClock,
     max_per_shard: usize,
+    /// Its name in logs and metric labels.
+    name: Arc<str>,
     /// Live states evicted at the bound, logged at most every 10 s.
     evictions: BoundedLog,
 }
@@ -101,6 +103,7 @@ struct Stored {
 pub struct MemoryStoreBuilder {
     clock: Clock,
     max_keys: Option<usize>,
+    name: Option<String>,
 }
 
 impl MemoryStoreBuilder {
@@ -118,13 +121,22 @@ impl MemoryStoreBuilder {
     /// evict before the total reaches `max_keys` (noticeably for small values), and holds at
     /// most 63 more. An evicted state starts again empty; for a concurrency limit, that frees
     /// the slots it held. Evicting a state still in use is counted
-    /// (`tollgate_memory_evictions_total`) and logged at most every 10 s.
+    /// (`tollgate_memory_evictions_total{store}`, the store's [name](Self::name)) and logged
+    /// at most every 10 s.
     ///
     /// The bound counts states, not bytes: a state of window and GCRA limits takes some
     /// hundred bytes, but a sliding log's holds one `u64` per cost unit admitted in its window,
     /// up to its count (`10000/h log`: up to 80 KB for a busy identifier).
     pub fn max_keys(mut self, max_keys: usize) -> Self {
         self.max_keys = Some(max_keys);
+        self
+    }
+
+    /// Names the store in logs and metric labels (`store`; default `memory`), to tell apart
+    /// the memory stores of one process. A limiter's or scheduler's fallback store is named
+    /// `fallback:NAME`, after it.
+    pub fn name(mut self, name: impl Into<String>) -> Self {
+        self.name = Some(name.into());
         self
     }
 
@@ -139,6 +151,7 @@ impl MemoryStoreBuilder {
                 clock: self.clock,
                 counter: CounterClock::new(),
                 max_per_shard: max_keys.div_ceil(SHARDS),
+                name: self.name.as_deref().unwrap_or("memory").into(),
                 evictions: BoundedLog::default(),
             }),
             keeper: Arc::default(),
@@ -156,6 +169,11 @@ impl MemoryStore {
     /// A store with the system clock and the default bound.
     pub fn new() -> MemoryStore {
         MemoryStore::builder().build()
+    }
+
+    /// The store's name in logs and metric labels ([`MemoryStoreBuilder::name`]).
+    pub fn name(&self) -> &str {
+        &self.inner.name
     }
 
     /// Configures a store.
@@ -613,7 +631,7 @@ fn make_room(
                     .remove(hash, &key)
                     .is_some_and(|s| s.expires_at > now)
                 {
-                    inner.evictions.state_evicted();
+                    inner.evictions.state_evicted(&inner.name);
                 }
             }
             None => break,
