@@ -40,7 +40,7 @@ pub(super) fn check_both_now(
     };
     match then {
         Some(then) if checks_second(&decision, then, mode) => {
-            then_now((decision, first.limit_count()), then, ids, cost, mode)
+            then_now((decision, first), then, ids, cost, mode)
         }
         _ => AtOnce::Decided(Ok(decision.visible())),
     }
@@ -71,20 +71,20 @@ fn checks_second(first: &Decision, then: &Limiter, mode: Mode) -> bool {
     !first.would_deny() || (first.is_shadow() && !(mode.shadow || then.is_shadow()))
 }
 
-/// The second limiter of [`check_both_now`], once the first, of `offset` limits, allowed
-/// `decision` (or would deny it in a trial of its own).
+/// The second limiter of [`check_both_now`], once the first allowed `decision` (or would
+/// deny it in a trial of its own).
 // Out of line: a layer has one limiter per request far more often than two, and inlining
 // a second check here would double the code the usual request runs through.
 #[inline(never)]
 fn then_now(
-    (decision, offset): (Decision, usize),
+    (decision, first): (Decision, &Limiter),
     then: &Limiter,
     ids: &[Identifier],
     cost: u64,
     mode: Mode,
 ) -> AtOnce {
     match then.run_now(ids, cost, mode) {
-        Some(Ok(second)) => AtOnce::Decided(Ok(joined(First::of(decision), second, offset))),
+        Some(Ok(second)) => AtOnce::Decided(Ok(joined(First::of(decision), second, first))),
         // An error drops the first decision, and with it any slot it took.
         Some(Err(e)) => AtOnce::Decided(Err(e)),
         None => AtOnce::Later(Some(decision)),
@@ -112,11 +112,11 @@ pub(super) async fn check_both(
     let Some(then) = then.filter(|then| checks_second(&decision, then, mode)) else {
         return Ok(decision.visible());
     };
-    let offset = first.limit_count();
+    let limiter = first;
     let first = First::of(decision);
     // An error or a denial here drops the first decision, and with it any slot it took.
     let second = then.run(ids, cost, mode).await?;
-    Ok(joined(first, second, offset))
+    Ok(joined(first, second, limiter))
 }
 
 /// The decision of two limiters, the first of which allowed (or would deny in a trial of its
@@ -125,9 +125,8 @@ pub(super) async fn check_both(
 /// the request is refused and holds none, and a trial holds the slots enforcing would.
 ///
 /// The second's statuses follow the first's, their limit indices counted on from the first
-/// limiter's limits (`offset` of them, in the policy in force, for a first decision that
-/// lists none: one the failure policy answered).
-fn joined(first: First, second: Decision, offset: usize) -> Decision {
+/// limiter's (`limiter`'s) limits.
+fn joined(first: First, second: Decision, limiter: &Limiter) -> Decision {
     let First {
         mut decision,
         trial,
@@ -142,7 +141,7 @@ fn joined(first: First, second: Decision, offset: usize) -> Decision {
     let offset = (decision.statuses.iter())
         .map(|s| s.limit_index + 1)
         .max()
-        .unwrap_or(offset);
+        .unwrap_or_else(|| limiter.limit_count());
     decision.statuses.extend(second.statuses.iter().map(|s| {
         let mut s = *s;
         s.limit_index += offset;
