@@ -684,6 +684,15 @@ fn client_ip_fallbacks_to_a_proxy_are_counted_and_logged() {
         after.map(|n| n as i64),
         [before[0] + 2.0, before[1] + 2.0, before[2] + 1.0].map(|n| n as i64)
     );
+    // an X-Real-IP that hides the client, or is repeated (one not overwritten by the proxy)
+    for real_ip in [
+        &[("x-real-ip", "unknown")][..],
+        &[("x-real-ip", "203.0.113.7"); 2],
+    ] {
+        let hidden = key(&proxies, "10.0.0.2:4000", real_ip);
+        assert_eq!(hidden.as_deref(), Some("ip:10.0.0.2"), "{real_ip:?}");
+    }
+    assert_eq!(fallbacks("not_an_address") - before[1], 4.0);
 
     assert!(
         log_text().contains("client IP not found in the forwarding headers"),

@@ -509,7 +509,15 @@ impl ClientIp {
         fell: &mut Option<&'static str>,
     ) -> Option<IpAddr> {
         match header {
-            ForwardingHeader::XRealIp => real_ip(headers).or(peer),
+            ForwardingHeader::XRealIp => {
+                let found = real_ip(headers);
+                // present but of no use (`unknown`, not an address, repeated): the proxy's
+                // address keys the request, as for a chain's entry that is no address
+                if found.is_none() && headers.contains_key(header.name()) {
+                    *fell = Some("not_an_address");
+                }
+                found.or(peer)
+            }
             ForwardingHeader::Forwarded | ForwardingHeader::XForwardedFor => {
                 self.client_by_chain(headers, header, peer, fell)
             }
