@@ -197,16 +197,6 @@ impl StoreKeys {
     }
 }
 
-/// A call to the store `store` (whose keys are `keys`) that its caller dropped after `took`,
-/// unanswered: its latency so far.
-#[cfg_attr(not(feature = "redis"), allow(dead_code))]
-pub(crate) fn store_call_dropped(store: &Arc<str>, keys: &StoreKeys, took: Duration) {
-    #[cfg(feature = "metrics")]
-    metrics::with_recorder(|r| r.register_histogram(&keys.call_seconds, &METADATA))
-        .record(took.as_secs_f64());
-    let _ = (store, keys, took);
-}
-
 /// One check of the store `store` (whose keys are `keys`): its latency (none when the breaker
 /// answered without calling it), and its failure if it failed.
 #[cfg_attr(not(feature = "redis"), allow(dead_code))]
@@ -502,9 +492,11 @@ pub(crate) fn policy_changed(limiter: &str, old: &Policy, new: &Policy, afresh: 
 }
 
 /// The fallback of the limiter `limiter` at `share` of the fleet raises `limit` to a count of
-/// 1 (its share, `share_count`, is below 1): while the store fails, each process admits more
+/// 1 (its share of the count is below 1): while the store fails, each process admits more
 /// than its share of that limit, and the fleet more than the limit.
-pub(crate) fn fallback_raised(limiter: &str, limit: &Limit, share: f64, share_count: f64) {
+pub(crate) fn fallback_raised(limiter: &str, limit: &Limit, share: f64) {
+    #[cfg(feature = "tracing")]
+    let share_count = limit.count() as f64 * share;
     #[cfg(feature = "tracing")]
     tracing::warn!(
         target: "tollgate",
@@ -514,7 +506,7 @@ pub(crate) fn fallback_raised(limiter: &str, limit: &Limit, share: f64, share_co
         share_count,
         "rate-limit fallback holds a limit at a count of 1, above this process's share of it: while the store fails, the fleet admits more than the limit"
     );
-    let _ = (limiter, limit, share, share_count);
+    let _ = (limiter, limit, share);
 }
 
 /// Events logged at a bounded rate: the first at once, then at most one line every

@@ -180,6 +180,19 @@ pub(crate) fn problem_response(status: StatusCode, decision: &Decision) -> Respo
     )
 }
 
+/// A load shedder's answer of `status` (problem details with `problem`, for HTTP), before
+/// its `Retry-After` or gRPC pushback.
+pub(crate) fn shed_answer(
+    status: StatusCode,
+    grpc: Option<&HeaderValue>,
+    problem: bool,
+) -> Response<Bytes> {
+    match (problem, grpc) {
+        (true, None) => shed_problem_response(status),
+        _ => own_response(status, SHED_MESSAGE, grpc),
+    }
+}
+
 /// The RFC 9457 `application/problem+json` answer of a load shedder: `status` (503, the
 /// draft's `temporary-reduced-capacity` problem type, unless the application chose
 /// another), the shedder's message, and no `violated-policies` (no client's quota was

@@ -18,7 +18,7 @@ use super::config::Config;
 use super::upgrade::{self, Offered};
 use crate::http::headers::add_headers;
 use crate::http::response::{
-    error_response, grpc_pushback, grpc_response, own_response, shed_problem_response, GrpcCode,
+    error_response, grpc_pushback, grpc_response, own_response, shed_answer, GrpcCode,
     LimitedMessage, SHED_MESSAGE,
 };
 use crate::http::ResponseBody;
@@ -402,11 +402,7 @@ fn refusal<B>(
                 // called: there is no decision to hand it).
                 Some(record) => {
                     record(&RequestView::of(req));
-                    let status = config.limited_status;
-                    match (config.problem_details, grpc) {
-                        (true, None) => shed_problem_response(status),
-                        _ => own_response(status, SHED_MESSAGE, grpc),
-                    }
+                    shed_answer(config.limited_status, grpc, config.problem_details)
                 }
             };
             res.headers_mut()

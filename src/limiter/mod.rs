@@ -28,6 +28,8 @@ pub(crate) use check::Mode;
 pub use error::Error;
 pub use failure::{Fallback, OnStoreError};
 pub use schedule::{Scheduler, SchedulerBuilder};
+#[cfg(feature = "redis")]
+pub(crate) use wait::{FIRST_POLL, LONGEST_POLL};
 
 /// The most distinct identifiers one check may name.
 pub const MAX_IDENTIFIERS: usize = 16;
@@ -123,8 +125,7 @@ impl Version {
                 // A count scaled below 1 is held at 1: said where it is decided, as the
                 // limiter is built or its policy changes.
                 for limit in policy.limits().iter().filter(|l| l.held_at_one(share)) {
-                    let share_count = limit.count() as f64 * share;
-                    observe::fallback_raised(&name, limit, share, share_count);
+                    observe::fallback_raised(&name, limit, share);
                 }
                 let (scaled, origins) = policy.scaled(share);
                 Some((scaled, origins.into()))

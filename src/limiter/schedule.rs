@@ -167,8 +167,7 @@ impl SchedulerBuilder {
             OnStoreError::Fallback(f) => {
                 let share = f.share_of_fleet();
                 if self.rate.held_at_one(share) {
-                    let share_count = self.rate.count() as f64 * share;
-                    crate::observe::fallback_raised(&name, &self.rate, share, share_count);
+                    crate::observe::fallback_raised(&name, &self.rate, share);
                 }
                 let scaled = self.rate.scaled(share);
                 let store = MemoryStore::builder()

@@ -189,10 +189,10 @@ impl Drop for Waiting<'_> {
 
 /// The first wait before a check denied a concurrency slot checks again; each next one is
 /// twice as long, up to [`LONGEST_POLL`].
-const FIRST_POLL: Duration = Duration::from_millis(5);
+pub(crate) const FIRST_POLL: Duration = Duration::from_millis(5);
 
 /// The longest wait between two checks of a request denied a concurrency slot.
-const LONGEST_POLL: Duration = Duration::from_millis(100);
+pub(crate) const LONGEST_POLL: Duration = Duration::from_millis(100);
 
 /// How long a request `decision` denied waits before it checks again, when `left` of its wait
 /// remains (`None`: no deadline); `None` when it is not to check again. A rate limit says when

@@ -210,16 +210,16 @@ impl Limit {
         Ok(limit)
     }
 
-    /// This limit with its count (and burst) multiplied by `share`, rounded down, never below
-    /// one. A burst scaled less than its count (rounded down to a count of 1, say) may stand
-    /// for a longer run ahead than a limit may hold (`burst × window / count`, about 35
-    /// years): it is then cut to the longest that holds, so the scaled limit is valid.
     /// Whether [`scaled`](Self::scaled) to `share` holds this limit's count at 1, above its
     /// share of it (below one request a window).
     pub(crate) fn held_at_one(&self, share: f64) -> bool {
         scaled_down(self.count, share) == 0
     }
 
+    /// This limit with its count (and burst) multiplied by `share`, rounded down, never below
+    /// one. A burst scaled less than its count (rounded down to a count of 1, say) may stand
+    /// for a longer run ahead than a limit may hold (`burst × window / count`, about 35
+    /// years): it is then cut to the longest that holds, so the scaled limit is valid.
     pub(crate) fn scaled(&self, share: f64) -> Limit {
         let scale = |n: u64| scaled_down(n, share).clamp(1, n);
         let count = scale(self.count);

@@ -15,7 +15,7 @@ use tower_service::Service;
 
 use super::priority::Classifier;
 use super::{InFlight, InFlightGuard, Priority, ShedConfig, UtilizationShedder};
-use crate::http::response::{grpc_pushback, own_response, shed_problem_response, SHED_MESSAGE};
+use crate::http::response::{grpc_pushback, shed_answer};
 use crate::http::ResponseBody;
 use crate::key::RequestView;
 
@@ -209,10 +209,7 @@ fn shed_response(
     retry_after: &HeaderValue,
     problem: bool,
 ) -> Response<Bytes> {
-    let mut res = match (problem, grpc) {
-        (true, None) => shed_problem_response(StatusCode::SERVICE_UNAVAILABLE),
-        _ => own_response(StatusCode::SERVICE_UNAVAILABLE, SHED_MESSAGE, grpc),
-    };
+    let mut res = shed_answer(StatusCode::SERVICE_UNAVAILABLE, grpc, problem);
     match grpc {
         None => {
             res.headers_mut().insert(RETRY_AFTER, retry_after.clone());

@@ -198,7 +198,9 @@ impl Drop for Timing<'_> {
     fn drop(&mut self) {
         if !self.done {
             let breaker = self.breaker;
-            observe::store_call_dropped(&breaker.store, &breaker.keys, self.started.elapsed());
+            // its latency so far, and no failure: its caller gave up, not the store
+            let took = Some(self.started.elapsed());
+            observe::store_call(&breaker.store, &breaker.keys, took, Ok(()));
         }
     }
 }

@@ -695,8 +695,8 @@ fn stamp(text: &[u8]) -> Result<u64, StoreError> {
 }
 
 /// The latest time a script's reply may carry (the time it read, plus a check's wait): 2^53
-/// µs, up to which a double holds every µs.
-const MAX_TIME_US: u64 = 1 << 53;
+/// µs, up to which a double holds every µs, and the latest a manual clock reads.
+const MAX_TIME_US: u64 = crate::clock::ManualClock::MAX_MICROS;
 
 /// Reads the check script's reply: the states it returns go through the twin
 /// ([`decide_at`]), which derives every figure; the script's own verdict must agree with

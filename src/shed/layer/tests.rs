@@ -4,6 +4,7 @@ use http_body_util::{BodyExt, Full};
 use tower::{service_fn, ServiceExt};
 
 use super::*;
+use crate::http::response::SHED_MESSAGE;
 use crate::{Clock, ManualClock};
 use http::header::CONTENT_TYPE;
 

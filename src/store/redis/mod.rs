@@ -64,12 +64,12 @@ const LEASES_PER_CALL: usize = 256;
 const CALLS_IN_FLIGHT: usize = 16;
 
 /// The first pause of a waiting check across cluster slots before it asks again (at least
-/// its retry time); each next one is twice as long, up to [`LONGEST_SPLIT_PAUSE`]. As the
+/// its retry time); each next one is twice as long, up to [`LONGEST_SPLIT_PAUSE`]: the
 /// polls of a wait for a concurrency slot.
-const FIRST_SPLIT_PAUSE: Duration = Duration::from_millis(5);
+const FIRST_SPLIT_PAUSE: Duration = crate::limiter::FIRST_POLL;
 
 /// The longest pause of a waiting check across cluster slots between two tries.
-const LONGEST_SPLIT_PAUSE: Duration = Duration::from_millis(100);
+const LONGEST_SPLIT_PAUSE: Duration = crate::limiter::LONGEST_POLL;
 
 /// State in Redis, shared by every process that uses the same server and prefix.
 ///
